@@ -1,0 +1,55 @@
+# Shared shell helpers: find or install PostgreSQL, run server commands as the right user.
+# Sourced by quickstart.sh, test.sh, drill.sh and bench.sh.
+
+pg_find_bindir() {
+  local d
+  if command -v pg_config >/dev/null 2>&1; then
+    d=$(pg_config --bindir 2>/dev/null)
+    if [ -x "$d/initdb" ] && [ -x "$d/postgres" ]; then echo "$d"; return 0; fi
+  fi
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    if [ -x "$d/initdb" ] && [ -x "$d/postgres" ]; then echo "$d"; return 0; fi
+  done
+  return 1
+}
+
+# Installs PostgreSQL with apt when its server binaries are missing (root only).
+pg_ensure_installed() {
+  if pg_find_bindir >/dev/null; then return 0; fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "PostgreSQL server binaries (initdb, postgres) are missing: run 'sudo apt-get install -y postgresql'" >&2
+    return 1
+  fi
+  echo "installing PostgreSQL (apt-get install -y postgresql)…" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+  pg_find_bindir >/dev/null
+}
+
+# Runs a server command as the postgres OS user when we are root (PostgreSQL refuses root).
+as_pg() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# pg_start DIR PORT [extra postgresql.conf lines]: initdb + start a private cluster in DIR.
+pg_start() {
+  local dir=$1 port=$2 extra=${3:-}
+  local bin; bin=$(pg_find_bindir)
+  mkdir -p "$dir"
+  if [ "$(id -u)" -eq 0 ]; then chown postgres: "$dir"; fi
+  as_pg "$bin/initdb" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 -D "$dir/data" >/dev/null
+  cat >>"$dir/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+max_connections = 200
+$extra
+CONF
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+}
+
+pg_stop() {
+  local dir=$1 mode=${2:-fast}
+  local bin; bin=$(pg_find_bindir)
+  [ -f "$dir/data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$dir/data" -m "$mode" -w stop >/dev/null 2>&1 || true
+}

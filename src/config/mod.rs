@@ -1,0 +1,222 @@
+//! Configuration: validated in full before PostgreSQL is opened.
+//!
+//! Layers, later wins:
+//! 1. `config/default.toml`, embedded in the binary;
+//! 2. the replica's file (`--config FILE`), which must set `replica.id`;
+//! 3. environment overrides `QLSCHED__SECTION__KEY=value` (the value is read as TOML if it
+//!    parses as a TOML value the key accepts, else as a string). `QLSCHED__DATABASE__PASSWORD`
+//!    is the only way to give the password directly; files may name a `password_file`.
+//!
+//! The layers are merged as TOML tables, key by key, remembering which layer wrote each key;
+//! then every bound is checked and all problems are reported together, each naming the file
+//! (or environment variable), the key, the value and the bound. Passwords never reach a
+//! problem message, a log line or `Debug`.
+
+mod check;
+mod dsn;
+mod duration;
+mod error;
+mod layers;
+mod raw;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use dsn::Secret;
+pub use error::{ConfigError, ConfigProblem};
+pub use layers::ENV_PREFIX;
+
+/// The built-in defaults (`config/default.toml`), the first layer.
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+/// A replica's validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The replica file it was loaded from, as given.
+    pub source: PathBuf,
+    pub replica_id: ReplicaId,
+    pub database: DatabaseConfig,
+    pub scheduler: SchedulerConfig,
+    pub http: HttpConfig,
+    pub metrics: MetricsConfig,
+    pub log: LogConfig,
+}
+
+/// This replica's name: `^[a-z0-9][a-z0-9-]{0,62}$`. Used as the lease owner.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReplicaId(String);
+
+impl ReplicaId {
+    /// `None` unless `id` matches `^[a-z0-9][a-z0-9-]{0,62}$`.
+    pub fn parse(id: &str) -> Option<ReplicaId> {
+        validate::is_replica_id(id).then(|| ReplicaId(id.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ReplicaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How to reach PostgreSQL. `Debug` never shows the password.
+#[derive(Clone)]
+pub struct DatabaseConfig {
+    /// Parsed DSN with `connect_timeout`, `application_name` and the password (if any)
+    /// applied.
+    pub pg: tokio_postgres::Config,
+    /// 2..=64 connections: at least the claim connection and the admit connection.
+    pub pool_size: u32,
+    pub connect_timeout: Duration,
+    /// The connection target without secrets, for logs.
+    pub dsn_redacted: String,
+    password: Option<Secret>,
+}
+
+impl DatabaseConfig {
+    /// The password from `password_file` or `QLSCHED__DATABASE__PASSWORD`, if one was given
+    /// (already applied to `pg`).
+    pub fn password(&self) -> Option<&Secret> {
+        self.password.as_ref()
+    }
+}
+
+impl fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("dsn_redacted", &self.dsn_redacted)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Claiming and admitting (SPEC §7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most rows leased per round, 1..=256.
+    pub claim_budget: u32,
+    /// Lease length, 5s..=300s, at least 3 x `cadence`.
+    pub lease: Duration,
+    /// Idle interval between rounds, 100ms..=60s.
+    pub cadence: Duration,
+    /// How long stop waits for claim actors before abandoning them, 0s..=60s.
+    pub drain: Duration,
+    /// Bound on one admission transaction, 100ms..=60s, less than `lease`.
+    pub admit_timeout: Duration,
+    /// Retries of an admission after 40001/40P01, 0..=20.
+    pub max_serialization_retries: u32,
+    /// How long a row whose decision was rejected is left alone, 1s..=3600s.
+    pub reject_backoff: Duration,
+}
+
+/// Health, readiness and metrics endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// `None`: HTTP is off.
+    pub bind: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// How often the due-backlog gauge is recomputed, 1s..=300s.
+    pub backlog_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// One of `trace`, `debug`, `info`, `warning`, `error`, `critical` (slog level names).
+    pub level: String,
+}
+
+impl Config {
+    /// Loads `path` over the built-in defaults, with overrides from the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let env = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+        Self::load_with_env(path, env)
+    }
+
+    /// Loads `path` over the built-in defaults, with overrides taken from `env` (only
+    /// `QLSCHED__…` variables are looked at). Opens no network connection.
+    pub fn load_with_env(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let label = path.display().to_string();
+        let mut problems = Vec::new();
+        let defaults = layers::parse_file(layers::DEFAULTS_LABEL, DEFAULT_TOML, &mut problems);
+        let replica = layers::parse_file(&label, &text, &mut problems);
+        if !problems.is_empty() {
+            // A file that does not parse would only add noise (every key "missing").
+            return Err(ConfigError::Problems(problems));
+        }
+        let mut all = vec![defaults, replica];
+        all.extend(layers::env_layers(env, &mut problems));
+        let merged = layers::merge(all, &mut problems);
+
+        let raw = match toml::Value::Table(merged.table.clone()).try_into::<raw::RawConfig>() {
+            Ok(raw) => raw,
+            Err(e) => {
+                // Unreachable in practice: every key was checked alone while merging.
+                let msg = e.message().trim().to_owned();
+                problems.push(ConfigProblem::new(label, "(merged)", "(merged)", msg));
+                return Err(ConfigError::Problems(problems));
+            }
+        };
+        match validate::validate(raw, &merged, &label, path) {
+            Ok(config) if problems.is_empty() => Ok(config),
+            Ok(_) => Err(ConfigError::Problems(problems)),
+            Err(more) => {
+                problems.extend(more);
+                Err(ConfigError::Problems(problems))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_in_defaults_parse_and_leave_only_replica_id_missing() {
+        let dir = std::env::temp_dir().join(format!("qlsched-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("empty.toml");
+        std::fs::write(&path, "").unwrap();
+        let err = Config::load_with_env(&path, []).unwrap_err();
+        let problems = err.problems();
+        assert_eq!(problems.len(), 1, "{err}");
+        assert_eq!(problems[0].key, "replica.id");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replica_id_parse_applies_the_pattern() {
+        assert_eq!(ReplicaId::parse("a-1").unwrap().as_str(), "a-1");
+        assert!(ReplicaId::parse("-a").is_none());
+        assert!(ReplicaId::parse("A").is_none());
+        assert!(ReplicaId::parse(&"a".repeat(64)).is_none());
+        assert!(ReplicaId::parse(&"a".repeat(63)).is_some());
+    }
+}

@@ -1,0 +1,59 @@
+//! Health, readiness and metrics over HTTP (actix-web).
+//!
+//! - `GET /healthz`: 200 while the process runs.
+//! - `GET /readyz`: 200 only after `db check`, recovery and the lifecycle have started; 503
+//!   from the first moment of a stop.
+//! - `GET /metrics`: Prometheus text.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use actix_web::{web, App, HttpResponse, HttpServer};
+
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct State {
+    pub ready: Arc<AtomicBool>,
+    pub metrics: Metrics,
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain").body("ok\n")
+}
+
+async fn readyz(state: web::Data<State>) -> HttpResponse {
+    if state.ready.load(Ordering::SeqCst) {
+        HttpResponse::Ok().content_type("text/plain").body("ready\n")
+    } else {
+        HttpResponse::ServiceUnavailable().content_type("text/plain").body("not ready\n")
+    }
+}
+
+async fn metrics(state: web::Data<State>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(state.metrics.render())
+}
+
+/// Binds and starts the server on the current actix system; returns its handle.
+pub fn serve(bind: SocketAddr, state: State) -> std::io::Result<actix_web::dev::ServerHandle> {
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(state.clone()))
+            .route("/healthz", web::get().to(healthz))
+            .route("/readyz", web::get().to(readyz))
+            .route("/metrics", web::get().to(metrics))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(1)
+    .bind(bind)?
+    .run();
+    let handle = server.handle();
+    actix::spawn(async move {
+        let _ = server.await;
+    });
+    Ok(handle)
+}

@@ -1,0 +1,123 @@
+//! `claim_due`: pick and lease due schedule rows in one autocommit statement.
+
+use uuid::Uuid;
+
+use super::{Conn, StoreError};
+
+/// The four-part lease fence, plus where the claimed row version lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub owner: String,
+    pub token: Uuid,
+    pub version: i64,
+    pub expires_at_ms: i64,
+}
+
+/// What the admission re-verifies about the definition the decision was made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TriggerDef {
+    pub project_id: String,
+    pub trigger_revision: i64,
+    pub trigger_digest: String,
+    pub cron_expr: String,
+    pub timezone: String,
+    pub misfire_policy: String,
+    pub misfire_grace_ms: i64,
+    pub task_id: String,
+    pub task_revision: i64,
+    pub task_digest: String,
+    pub execution_revision_id: Uuid,
+}
+
+/// One leased schedule row as the claim statement left it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedRow {
+    pub trigger_id: String,
+    /// Physical address of the claimed row version; the admission re-locks by it (a TID
+    /// scan takes a tuple-level predicate lock, not a B-tree page lock).
+    pub tid: String,
+    pub next_fire_at_ms: Option<i64>,
+    pub state_version: i64,
+    pub fence: Fence,
+    /// Database clock when the claim was taken (`claimAcquiredAtMs`); the decision's input.
+    pub observed_at_ms: i64,
+    pub def: TriggerDef,
+}
+
+/// Leases up to `limit` due rows for `owner` for `lease_ms`.
+///
+/// Locking: one statement, autocommit READ COMMITTED. `FOR UPDATE OF s SKIP LOCKED` makes
+/// concurrent claimers take disjoint rows without waiting; a row another claimer updated
+/// after our snapshot is re-checked against the WHERE (its `claimable_at_ms` moved to the new
+/// expiry, so it drops out). The scan is a range of the partial index on
+/// `(claimable_at_ms, project_id, trigger_id)`, which holds only free-and-due rows at its
+/// head: live claims sit at their expiry, disabled rows are absent. The clock is read once
+/// (materialised CTE) and used for due-ness, expiry and the returned observation. No cron is
+/// evaluated and no id is minted while the row locks are held.
+pub async fn claim_due(
+    conn: &Conn<'_>,
+    owner: &str,
+    lease_ms: i64,
+    limit: i64,
+) -> Result<Vec<ClaimedRow>, StoreError> {
+    let rows = conn.query(CLAIM_DUE_SQL, &[&owner, &lease_ms, &limit]).await?;
+    Ok(rows.iter().map(claimed_row).collect())
+}
+
+pub const CLAIM_DUE_SQL: &str = "
+WITH obs AS MATERIALIZED (
+    SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), picked AS (
+    SELECT s.trigger_id
+      FROM qlsched.trigger_schedules s
+      JOIN qlsched.triggers t ON t.trigger_id = s.trigger_id
+      JOIN qlsched.projects p ON p.project_id = s.project_id
+     WHERE s.claimable_at_ms <= (SELECT now_ms FROM obs)
+       AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
+       AND t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision
+       AND p.status = 'active'
+     ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
+     LIMIT $3
+       FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE qlsched.trigger_schedules s
+   SET claim_owner = $1,
+       claim_token = gen_random_uuid(),
+       claim_version = s.claim_version + 1,
+       claim_expires_at_ms = obs.now_ms + $2,
+       claimable_at_ms = obs.now_ms + $2,
+       state_version = s.state_version + 1,
+       updated_at_ms = obs.now_ms
+  FROM picked, obs, qlsched.triggers t, qlsched.tasks k
+ WHERE s.trigger_id = picked.trigger_id
+   AND t.trigger_id = s.trigger_id
+   AND k.task_id = t.task_id
+RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
+          s.claim_owner, s.claim_token, s.claim_version, s.claim_expires_at_ms, obs.now_ms,
+          s.project_id, s.trigger_revision, t.content_digest, t.cron_expr, t.timezone,
+          t.misfire_policy, t.misfire_grace_ms, t.task_id, k.revision, k.content_digest,
+          k.execution_revision_id";
+
+fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
+    ClaimedRow {
+        trigger_id: r.get(0),
+        tid: r.get(1),
+        next_fire_at_ms: r.get(2),
+        state_version: r.get(3),
+        fence: Fence { owner: r.get(4), token: r.get(5), version: r.get(6), expires_at_ms: r.get(7) },
+        observed_at_ms: r.get(8),
+        def: TriggerDef {
+            project_id: r.get(9),
+            trigger_revision: r.get(10),
+            trigger_digest: r.get(11),
+            cron_expr: r.get(12),
+            timezone: r.get(13),
+            misfire_policy: r.get(14),
+            misfire_grace_ms: r.get(15),
+            task_id: r.get(16),
+            task_revision: r.get(17),
+            task_digest: r.get(18),
+            execution_revision_id: r.get(19),
+        },
+    }
+}

@@ -1,0 +1,302 @@
+//! Roles, database, migrations and the readiness gate (`db bootstrap`, `db migrate`,
+//! `db check`). Migrations are embedded with refinery (checksummed); grants are installed
+//! by code because role names carry an install-specific prefix.
+
+use std::fmt;
+
+use super::{StoreError, SCHEMA};
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+/// The capability this binary was built for.
+pub const CAPABILITY: (&str, i32) = ("cluster_scheduler_admission", 1);
+/// Where refinery records the applied stream.
+pub const HISTORY_TABLE: &str = "qlsched.schema_migrations";
+
+/// The four LOGIN roles of one install, named `<prefix>_owner` etc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Roles {
+    pub owner: String,
+    pub admin: String,
+    pub runtime: String,
+    pub worker_ingress: String,
+}
+
+impl Roles {
+    pub fn with_prefix(prefix: &str) -> Result<Roles, StoreError> {
+        let ok = !prefix.is_empty()
+            && prefix.len() <= 40
+            && prefix.starts_with(|c: char| c.is_ascii_lowercase())
+            && prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !ok {
+            return Err(StoreError::Invalid(format!(
+                "role prefix `{prefix}` must match [a-z][a-z0-9_]{{0,39}}"
+            )));
+        }
+        Ok(Roles {
+            owner: format!("{prefix}_owner"),
+            admin: format!("{prefix}_admin"),
+            runtime: format!("{prefix}_runtime"),
+            worker_ingress: format!("{prefix}_worker_ingress"),
+        })
+    }
+    fn all(&self) -> [&str; 4] {
+        [&self.owner, &self.admin, &self.runtime, &self.worker_ingress]
+    }
+}
+
+/// Table privileges that exist in PostgreSQL 15 (MAINTAIN is 17+ and is not used).
+pub const PRIVILEGES: [&str; 7] =
+    ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"];
+
+/// The exact grants of SPEC §1: (table, admin, runtime). worker_ingress has none at all.
+pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
+    ("projects", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
+    ("execution_revisions", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
+    ("tasks", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
+    ("triggers", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
+    ("trigger_schedules", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT", "UPDATE"]),
+    ("runs", &["SELECT"], &["SELECT", "INSERT"]),
+    ("attempts", &["SELECT"], &["SELECT", "INSERT"]),
+    ("run_events", &["SELECT"], &["SELECT", "INSERT"]),
+    ("capability", &["SELECT"], &["SELECT"]),
+    ("replicas", &["SELECT"], &["SELECT", "INSERT", "UPDATE"]),
+    ("schema_migrations", &["SELECT"], &["SELECT"]),
+];
+
+fn ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Creates the LOGIN roles (if missing), the database owned by the owner role (if missing),
+/// and the schema; runs as a superuser. Idempotent.
+pub async fn bootstrap(
+    superuser: &tokio_postgres::Config,
+    roles: &Roles,
+    database: &str,
+) -> Result<(), StoreError> {
+    let client = super::connect(superuser).await?;
+    for role in roles.all() {
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await?
+            .is_some();
+        if !exists {
+            client.batch_execute(&format!("CREATE ROLE {} LOGIN", ident(role))).await?;
+        }
+    }
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&database])
+        .await?
+        .is_some();
+    if !exists {
+        client
+            .batch_execute(&format!(
+                "CREATE DATABASE {} OWNER {} ENCODING 'UTF8'",
+                ident(database),
+                ident(&roles.owner)
+            ))
+            .await?;
+    }
+    drop(client);
+    let mut in_db = superuser.clone();
+    in_db.dbname(database);
+    let client = super::connect(&in_db).await?;
+    let connect_roles = [&roles.owner, &roles.admin, &roles.runtime, &roles.worker_ingress]
+        .map(|r| ident(r))
+        .join(", ");
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema} AUTHORIZATION {owner};
+             REVOKE ALL ON DATABASE {db} FROM PUBLIC;
+             GRANT CONNECT ON DATABASE {db} TO {connect_roles};
+             REVOKE ALL ON SCHEMA public FROM PUBLIC;",
+            schema = SCHEMA,
+            owner = ident(&roles.owner),
+            db = ident(database),
+        ))
+        .await?;
+    Ok(())
+}
+
+/// Applies pending migrations (as the owner role) and installs the exact grants.
+/// Refuses a database whose applied stream diverges from the binary's.
+pub async fn migrate(owner: &tokio_postgres::Config, roles: &Roles) -> Result<Vec<String>, StoreError> {
+    let mut client = super::connect(owner).await?;
+    client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}")).await?;
+    let drift = stream_drift(&client).await?;
+    if let Some(changed) = drift.iter().find(|d| !matches!(d, Drift::NotApplied { .. })) {
+        return Err(StoreError::Invalid(format!("refusing to migrate: {changed}")));
+    }
+    let mut runner = embedded::migrations::runner();
+    runner.set_migration_table_name(HISTORY_TABLE);
+    let report = runner.set_abort_divergent(true).set_abort_missing(true).run_async(&mut client).await?;
+    install_grants(&client, roles).await?;
+    Ok(report.applied_migrations().iter().map(|m| m.to_string()).collect())
+}
+
+async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Result<(), StoreError> {
+    let mut sql = String::from("BEGIN;\n");
+    let others = [&roles.admin, &roles.runtime, &roles.worker_ingress].map(|r| ident(r)).join(", ");
+    sql += &format!("REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
+    sql += &format!("REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
+    sql += &format!(
+        "GRANT USAGE ON SCHEMA {SCHEMA} TO {}, {};\n",
+        ident(&roles.admin),
+        ident(&roles.runtime)
+    );
+    for (table, admin, runtime) in GRANTS {
+        sql += &format!("GRANT {} ON {SCHEMA}.{table} TO {};\n", admin.join(", "), ident(&roles.admin));
+        sql += &format!("GRANT {} ON {SCHEMA}.{table} TO {};\n", runtime.join(", "), ident(&roles.runtime));
+    }
+    sql += "COMMIT;";
+    client.batch_execute(&sql).await?;
+    Ok(())
+}
+
+/// One difference between the database's applied stream and the binary's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Drift {
+    /// In the binary, not yet applied.
+    NotApplied { file: String },
+    /// Applied with a different checksum (the file was edited after release).
+    Changed { file: String },
+    /// Applied in the database, unknown to this binary (a newer or foreign migration).
+    Extra { file: String },
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Drift::NotApplied { file } => write!(f, "migration {file} is not applied (run `qlsched db migrate`)"),
+            Drift::Changed { file } => write!(f, "migration {file} was changed after it was applied (checksum differs)"),
+            Drift::Extra { file } => write!(f, "migration {file} is applied in the database but unknown to this binary"),
+        }
+    }
+}
+
+fn file_name(version: u32, name: &str) -> String {
+    format!("V{version}__{name}.sql")
+}
+
+/// Compares the applied stream with the embedded one. Reads only (works as the runtime role).
+pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>, StoreError> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE])
+        .await?
+        .get(0);
+    let applied: Vec<(u32, String, String)> = if exists {
+        client
+            .query(&format!("SELECT version, name, checksum FROM {HISTORY_TABLE} ORDER BY version"), &[])
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, String>(1), r.get::<_, String>(2)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let runner = embedded::migrations::runner();
+    let mut local = runner.get_migrations().clone();
+    local.sort_by_key(|m| m.version());
+    let mut drift = Vec::new();
+    for m in &local {
+        match applied.iter().find(|(v, _, _)| *v == m.version()) {
+            None => drift.push(Drift::NotApplied { file: file_name(m.version(), m.name()) }),
+            Some((_, name, sum)) if name != m.name() || *sum != m.checksum().to_string() => {
+                drift.push(Drift::Changed { file: file_name(m.version(), m.name()) })
+            }
+            Some(_) => {}
+        }
+    }
+    for (v, name, _) in &applied {
+        if !local.iter().any(|m| m.version() == *v) {
+            drift.push(Drift::Extra { file: file_name(*v, name) });
+        }
+    }
+    Ok(drift)
+}
+
+/// Privileges a role holds on each scheduler table, as the catalog says.
+pub async fn table_privileges(
+    client: &tokio_postgres::Client,
+    role: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text, p.privilege
+               FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+               CROSS JOIN unnest($3::text[]) AS p(privilege)
+              WHERE c.relkind = 'r' AND has_table_privilege($2, c.oid, p.privilege)
+              ORDER BY 1, 2",
+            &[&SCHEMA, &role, &PRIVILEGES.to_vec()],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The privileges SPEC §1 gives a role kind ("admin" | "runtime" | "worker_ingress").
+pub fn expected_privileges(kind: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = GRANTS
+        .iter()
+        .flat_map(|(table, admin, runtime)| {
+            let privs: &[&str] = match kind {
+                "admin" => admin,
+                "runtime" => runtime,
+                _ => &[],
+            };
+            privs.iter().map(move |p| (table.to_string(), p.to_string()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The readiness gate: applied stream equals the binary's, capability matches, and the
+/// given roles hold exactly their grants. Returns every problem found (empty = ready).
+pub async fn check(
+    client: &tokio_postgres::Client,
+    roles_to_check: &[(&str, &str)],
+) -> Result<Vec<String>, StoreError> {
+    let mut problems: Vec<String> = stream_drift(client).await?.iter().map(|d| d.to_string()).collect();
+    if !problems.is_empty() {
+        return Ok(problems);
+    }
+    let cap = client.query_opt("SELECT name, version FROM qlsched.capability", &[]).await?;
+    match cap {
+        Some(r) if r.get::<_, String>(0) == CAPABILITY.0 && r.get::<_, i32>(1) == CAPABILITY.1 => {}
+        Some(r) => problems.push(format!(
+            "capability is {} v{}, this binary needs {} v{}",
+            r.get::<_, String>(0),
+            r.get::<_, i32>(1),
+            CAPABILITY.0,
+            CAPABILITY.1
+        )),
+        None => problems.push("capability row is missing".into()),
+    }
+    for (role, kind) in roles_to_check {
+        let have = table_privileges(client, role).await?;
+        let want = expected_privileges(kind);
+        for extra in have.iter().filter(|p| !want.contains(p)) {
+            problems.push(format!("role {role} has {} on {SCHEMA}.{}, which it must not", extra.1, extra.0));
+        }
+        for missing in want.iter().filter(|p| !have.contains(p)) {
+            problems.push(format!("role {role} lacks {} on {SCHEMA}.{}", missing.1, missing.0));
+        }
+    }
+    Ok(problems)
+}
+
+/// Quotes for callers that build DDL (tests, bootstrap passwords).
+pub fn quote_ident(s: &str) -> String {
+    ident(s)
+}
+pub fn quote_literal(s: &str) -> String {
+    literal(s)
+}

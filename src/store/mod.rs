@@ -1,0 +1,171 @@
+//! Every SQL statement of qlsched, in one place. Each function is named for the question it
+//! answers and carries, in one comment, the reason its locking is right.
+//!
+//! Time is always the database clock (`clock_timestamp()` in Unix ms), observed inside the
+//! same statement that acts on it.
+
+pub mod admit;
+pub mod claim;
+pub mod manage;
+pub mod migrate;
+pub mod recovery;
+pub mod release;
+pub mod replicas;
+pub mod status;
+
+use std::time::Duration;
+
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+/// The connection pool every replica component shares.
+pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+/// A pooled connection.
+pub type Conn<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<NoTls>>;
+
+/// Schema that holds every qlsched object.
+pub const SCHEMA: &str = "qlsched";
+
+/// The SQL fragment that reads the database clock in Unix milliseconds.
+pub const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {}", describe(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("no database connection within {0:?} (the pool's last connect error is in the log)")]
+    PoolTimeout(Duration),
+    #[error("migration: {0}")]
+    Migration(#[from] refinery::Error),
+    #[error("{0}")]
+    Invalid(String),
+    /// The connection broke while a COMMIT may have been in flight.
+    #[error("connection lost around COMMIT: outcome unknown")]
+    OutcomeUnknown,
+}
+
+/// The connection broke (closed, I/O error, server shutting down).
+pub fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(c) = e.code() {
+        return *c == SqlState::ADMIN_SHUTDOWN
+            || *c == SqlState::CRASH_SHUTDOWN
+            || *c == SqlState::CANNOT_CONNECT_NOW
+            || c.code().starts_with("08");
+    }
+    // No SQLSTATE: an I/O or protocol error on the socket.
+    true
+}
+
+/// tokio-postgres prints only "db error" for server errors; say what the server said.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut s = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        if let Some(d) = db.detail() {
+            s.push_str(": ");
+            s.push_str(d);
+        }
+        return s;
+    }
+    match std::error::Error::source(e) {
+        Some(src) => format!("{e}: {src}"),
+        None => e.to_string(),
+    }
+}
+
+impl StoreError {
+    /// SQLSTATE of the underlying database error, if any.
+    pub fn code(&self) -> Option<&SqlState> {
+        match self {
+            StoreError::Db(e) => e.code(),
+            _ => None,
+        }
+    }
+
+    /// 40001 serialization_failure or 40P01 deadlock_detected: safe to retry the transaction.
+    pub fn is_serialization(&self) -> bool {
+        matches!(
+            self.code(),
+            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+        )
+    }
+
+    /// The connection broke (closed, I/O error, server shutting down): the statement's
+    /// outcome is unknown if it was a COMMIT.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            StoreError::Db(e) => connection_lost(e),
+            StoreError::PoolTimeout(_) | StoreError::OutcomeUnknown => true,
+            _ => false,
+        }
+    }
+
+    pub fn is_unique_violation(&self) -> bool {
+        matches!(self.code(), Some(c) if *c == SqlState::UNIQUE_VIOLATION)
+    }
+}
+
+impl From<bb8::RunError<tokio_postgres::Error>> for StoreError {
+    fn from(e: bb8::RunError<tokio_postgres::Error>) -> Self {
+        match e {
+            bb8::RunError::User(e) => StoreError::Db(e),
+            bb8::RunError::TimedOut => StoreError::PoolTimeout(Duration::ZERO),
+        }
+    }
+}
+
+/// Logs the pool's connection errors (refused, auth failed, reset) through slog: without it
+/// a `get()` only ever says "timed out".
+#[derive(Debug, Clone)]
+struct SlogErrorSink(slog::Logger);
+
+impl bb8::ErrorSink<tokio_postgres::Error> for SlogErrorSink {
+    fn sink(&self, e: tokio_postgres::Error) {
+        slog::warn!(self.0, "database connection error"; "error" => %e);
+    }
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<tokio_postgres::Error>> {
+        Box::new(self.clone())
+    }
+}
+
+/// Builds the pool without connecting (connections are made on demand, so a replica started
+/// before its database comes up retries instead of failing).
+pub fn build_pool(
+    pg: tokio_postgres::Config,
+    max_size: u32,
+    connect_timeout: Duration,
+    log: &slog::Logger,
+) -> Pool {
+    let manager = PostgresConnectionManager::new(pg, NoTls);
+    bb8::Pool::builder()
+        .max_size(max_size)
+        .min_idle(Some(0))
+        .connection_timeout(connect_timeout)
+        // A broken connection fails its first statement and is dropped on return
+        // (bb8-postgres reports `is_closed`); checking every checkout would add a round
+        // trip to every claim and admission.
+        .test_on_check_out(false)
+        .idle_timeout(Some(Duration::from_secs(300)))
+        .error_sink(Box::new(SlogErrorSink(log.clone())))
+        .build_unchecked(manager)
+}
+
+/// Gets a connection, mapping bb8's time-out to a typed error that carries the bound.
+pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
+    pool.get().await.map_err(|e| match e {
+        bb8::RunError::User(e) => StoreError::Db(e),
+        bb8::RunError::TimedOut => StoreError::PoolTimeout(pool.config().connection_timeout),
+    })
+}
+
+/// Connects a single client outside any pool (management commands, migrations).
+pub async fn connect(pg: &tokio_postgres::Config) -> Result<tokio_postgres::Client, StoreError> {
+    let (client, connection) = pg.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}

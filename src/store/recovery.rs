@@ -1,0 +1,68 @@
+//! Start-up recovery (SPEC §6): classify admitted work before the lifecycle starts.
+
+use super::{Conn, StoreError};
+
+/// A run whose admission no longer has the exact pristine shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryCandidate {
+    pub run_id: uuid::Uuid,
+    pub idempotency_key: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Queued runs whose latest attempt is still exactly as admitted: the dispatcher's.
+    pub pristine: i64,
+    /// Everything else that is not finished: reported, never dispatched by this daemon.
+    pub candidates: Vec<RecoveryCandidate>,
+}
+
+/// Classifies unfinished runs. Read-only: the scheduler never dispatches or repairs work, so
+/// candidates are reported (fail closed) and left to the dispatcher or an operator.
+///
+/// Locking: plain READ COMMITTED reads; nothing is locked.
+pub async fn recover_on_startup(conn: &Conn<'_>, limit: i64) -> Result<RecoveryReport, StoreError> {
+    let rows = conn
+        .query(
+            "WITH latest AS (
+                 SELECT DISTINCT ON (a.run_id) a.*
+                   FROM qlsched.attempts a
+                   JOIN qlsched.runs r ON r.run_id = a.run_id
+                  WHERE r.status IN ('queued', 'dispatching')
+                  ORDER BY a.run_id, a.attempt_no DESC)
+             , classified AS (
+             SELECT r.run_id, r.idempotency_key,
+                    CASE
+                      WHEN l.run_id IS NULL THEN 'no attempt'
+                      WHEN r.status <> 'queued' THEN 'run is ' || r.status
+                      WHEN r.cancelled THEN 'run is cancelled'
+                      WHEN r.queued_at_ms IS NULL THEN 'run has no queued_at_ms'
+                      WHEN l.attempt_no <> 1 THEN 'a newer attempt exists'
+                      WHEN l.executor <> 'remote_worker' OR l.state <> 'claimed'
+                        THEN 'attempt is ' || l.executor || '/' || l.state
+                      WHEN num_nonnulls(l.worker_id, l.session_id, l.lease_id, l.lease_expires_at_ms,
+                                        l.offer_id, l.callback_token, l.started_at_ms,
+                                        l.finished_at_ms, l.result, l.error) > 0
+                        THEN 'attempt fields drifted from admission'
+                    END AS reason
+               FROM qlsched.runs r
+               LEFT JOIN latest l ON l.run_id = r.run_id
+              WHERE r.status IN ('queued', 'dispatching'))
+             (SELECT NULL::uuid, NULL::text, NULL::text, count(*) FROM classified WHERE reason IS NULL)
+             UNION ALL
+             (SELECT run_id, idempotency_key, reason, 0 FROM classified WHERE reason IS NOT NULL LIMIT $1)",
+            &[&limit],
+        )
+        .await?;
+    let mut report = RecoveryReport::default();
+    for r in rows {
+        match r.get::<_, Option<String>>(2) {
+            None => report.pristine = r.get(3),
+            Some(reason) => {
+                report.candidates.push(RecoveryCandidate { run_id: r.get(0), idempotency_key: r.get(1), reason })
+            }
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,123 @@
+//! The replica-id guard: at most one live process per replica id, judged by the database
+//! clock. A copy-pasted config (two processes, one id) is refused at start instead of
+//! silently sharing an owner name. Exactly-once never depends on it (every write carries the
+//! claim token), but `release_all_owned` and per-replica status do.
+
+use uuid::Uuid;
+
+use super::{Conn, StoreError};
+
+/// Who holds a replica id now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub hostname: String,
+    pub pid: i32,
+    pub heartbeat_age_ms: i64,
+    pub expires_in_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    #[error(
+        "replica id `{id}` is held by a live process (host {}, pid {}, heartbeat {} ms ago, expires in {} ms): \
+         each replica needs its own id (a copy-pasted config?)",
+        holder.hostname, holder.pid, holder.heartbeat_age_ms, holder.expires_in_ms
+    )]
+    InUse { id: String, holder: Holder },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+const NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Takes the id if it is free, stopped, expired — or held by a process of this host that no
+/// longer exists (a crashed predecessor restarted by systemd need not wait for expiry).
+pub async fn acquire(
+    conn: &Conn<'_>,
+    id: &str,
+    incarnation: Uuid,
+    hostname: &str,
+    pid: i32,
+    ttl_ms: i64,
+) -> Result<(), GuardError> {
+    let taken = conn
+        .query_opt(
+            &format!(
+                "INSERT INTO qlsched.replicas AS r (replica_id, incarnation, hostname, pid, started_at_ms, heartbeat_at_ms, expires_at_ms)
+                 VALUES ($1, $2, $3, $4, {NOW}, {NOW}, {NOW} + $5)
+                 ON CONFLICT (replica_id) DO UPDATE
+                   SET incarnation = EXCLUDED.incarnation, hostname = EXCLUDED.hostname, pid = EXCLUDED.pid,
+                       started_at_ms = EXCLUDED.started_at_ms, heartbeat_at_ms = EXCLUDED.heartbeat_at_ms,
+                       expires_at_ms = EXCLUDED.expires_at_ms, stopped_at_ms = NULL
+                 WHERE r.stopped_at_ms IS NOT NULL OR r.expires_at_ms <= {NOW}
+                 RETURNING 1"
+            ),
+            &[&id, &incarnation, &hostname, &pid, &ttl_ms],
+        )
+        .await
+        .map_err(StoreError::from)?;
+    if taken.is_some() {
+        return Ok(());
+    }
+    let row = conn
+        .query_one(
+            &format!(
+                "SELECT hostname, pid, {NOW} - heartbeat_at_ms, expires_at_ms - {NOW}, incarnation
+                   FROM qlsched.replicas WHERE replica_id = $1"
+            ),
+            &[&id],
+        )
+        .await
+        .map_err(StoreError::from)?;
+    let holder = Holder { hostname: row.get(0), pid: row.get(1), heartbeat_age_ms: row.get(2), expires_in_ms: row.get(3) };
+    let previous: Uuid = row.get(4);
+    if holder.hostname == hostname && holder.pid != pid && !process_alive(holder.pid) {
+        let n = conn
+            .execute(
+                &format!(
+                    "UPDATE qlsched.replicas
+                        SET incarnation = $2, hostname = $3, pid = $4, started_at_ms = {NOW},
+                            heartbeat_at_ms = {NOW}, expires_at_ms = {NOW} + $5, stopped_at_ms = NULL
+                      WHERE replica_id = $1 AND incarnation = $6"
+                ),
+                &[&id, &incarnation, &hostname, &pid, &ttl_ms, &previous],
+            )
+            .await
+            .map_err(StoreError::from)?;
+        if n == 1 {
+            return Ok(());
+        }
+    }
+    Err(GuardError::InUse { id: id.to_string(), holder })
+}
+
+fn process_alive(pid: i32) -> bool {
+    // kill(pid, 0): 0 = exists; EPERM = exists but not ours; ESRCH = gone.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Extends the guard. `false` means this incarnation lost the id (it expired and another
+/// process took it): the caller must stop.
+pub async fn heartbeat(conn: &Conn<'_>, id: &str, incarnation: Uuid, ttl_ms: i64) -> Result<bool, StoreError> {
+    let n = conn
+        .execute(
+            &format!(
+                "UPDATE qlsched.replicas SET heartbeat_at_ms = {NOW}, expires_at_ms = {NOW} + $3
+                  WHERE replica_id = $1 AND incarnation = $2 AND stopped_at_ms IS NULL"
+            ),
+            &[&id, &incarnation, &ttl_ms],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Marks a clean stop so the id is free at once.
+pub async fn retire(conn: &Conn<'_>, id: &str, incarnation: Uuid) -> Result<(), StoreError> {
+    conn.execute(
+        &format!("UPDATE qlsched.replicas SET stopped_at_ms = {NOW}, expires_at_ms = {NOW} WHERE replica_id = $1 AND incarnation = $2"),
+        &[&id, &incarnation],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! Test harness: one throwaway PostgreSQL per test binary, a migrated template database,
+//! and a fresh database per test (`CREATE DATABASE … TEMPLATE`, tens of ms).
+
+#![allow(dead_code)]
+
+pub mod pg;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use qlsched::store::manage::{self, TriggerSpec};
+use qlsched::store::migrate::{self, Roles};
+use qlsched::store::{self, Pool};
+
+pub const PREFIX: &str = "qlsched";
+const TEMPLATE: &str = "qlsched_template";
+
+pub struct Cluster {
+    pub port: u16,
+    pub root: PathBuf,
+}
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn remove_cluster_at_exit() {
+    if let Some(c) = CLUSTER.get() {
+        // The postmaster gets SIGQUIT from its parent-death signal; remove its files.
+        let pid_file = c.root.join("data/postmaster.pid");
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.lines().next()?.parse::<i32>().ok()) {
+            unsafe { libc::kill(pid, libc::SIGQUIT) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&c.root);
+    }
+}
+
+/// The shared cluster, started on first use with a migrated template database.
+pub fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(|| {
+        let root = std::env::temp_dir().join(format!("qlsched-it-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread_root = root.clone();
+        // The server is the child of a thread that lives as long as the process, so its
+        // parent-death signal fires only when the test binary exits.
+        std::thread::spawn(move || {
+            let mut server = pg::Server::init(
+                &thread_root,
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n",
+            );
+            server.start();
+            tx.send(server.port).unwrap();
+            let _keep = server;
+            loop {
+                std::thread::park();
+            }
+        });
+        let port = rx.recv_timeout(Duration::from_secs(120)).expect("PostgreSQL failed to start (see panic above)");
+        unsafe { libc::atexit(remove_cluster_at_exit) };
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(make_template(port))
+        })
+        .join()
+        .expect("template database");
+        Cluster { port, root }
+    })
+}
+
+pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
+    format!("host=127.0.0.1 port={port} user={user} dbname={db} connect_timeout=10").parse().unwrap()
+}
+
+async fn make_template(port: u16) {
+    let roles = Roles::with_prefix(PREFIX).unwrap();
+    migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE).await.expect("bootstrap");
+    migrate::migrate(&pg_config(port, &roles.owner, TEMPLATE), &roles).await.expect("migrate");
+}
+
+/// A fresh database made from the migrated template.
+pub struct TestDb {
+    pub name: String,
+    pub port: u16,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let c = cluster();
+        let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::SeqCst));
+        let admin = store::connect(&pg_config(c.port, "postgres", "postgres")).await.unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE} OWNER {PREFIX}_owner"))
+            .await
+            .expect("create test database");
+        TestDb { name, port: c.port }
+    }
+
+    pub fn config(&self, user: &str) -> tokio_postgres::Config {
+        pg_config(self.port, user, &self.name)
+    }
+
+    pub fn dsn(&self, user: &str) -> String {
+        format!("host=127.0.0.1 port={} user={user} dbname={}", self.port, self.name)
+    }
+
+    pub async fn client(&self, user: &str) -> tokio_postgres::Client {
+        store::connect(&self.config(user)).await.unwrap()
+    }
+    pub async fn superuser(&self) -> tokio_postgres::Client {
+        self.client("postgres").await
+    }
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        self.client("qlsched_admin").await
+    }
+    pub fn runtime_pool(&self, size: u32) -> Pool {
+        store::build_pool(self.config("qlsched_runtime"), size, Duration::from_secs(10), &discard_log())
+    }
+
+    /// One active project, one task, and `n` triggers `trg-00000…` with the given
+    /// expression (every second by default), all pending initialisation.
+    pub async fn seed(&self, n: usize, expr: &str) -> Vec<String> {
+        let mut admin = self.admin().await;
+        manage::set_project(&mut admin, "proj", "active").await.unwrap();
+        manage::publish_task(&mut admin, "proj", "task", "{\"image\":\"demo\"}").await.unwrap();
+        let mut ids = Vec::with_capacity(n);
+        for i in 0..n {
+            let id = format!("trg-{i:05}");
+            manage::publish_trigger(&mut admin, &TriggerSpec::new(&id, "proj", "task", expr, "UTC")).await.unwrap();
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// Sets every schedule's cursor to `offset_ms` relative to the database clock (negative
+    /// = due in the past), as an initialised-and-due state, without waiting for a claim.
+    pub async fn make_due(&self, offset_ms: i64) {
+        self.superuser()
+            .await
+            .execute(
+                "UPDATE qlsched.trigger_schedules
+                    SET next_fire_at_ms = (extract(epoch FROM clock_timestamp())*1000)::bigint + $1,
+                        claimable_at_ms = (extract(epoch FROM clock_timestamp())*1000)::bigint + $1,
+                        state_version = state_version + 1",
+                &[&offset_ms],
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.superuser().await.query_one(sql, &[]).await.unwrap().get(0)
+    }
+
+    /// The invariant every test and drill ends with: one run per key (the unique index),
+    /// every run with exactly one attempt and its two events.
+    pub async fn assert_invariants(&self) {
+        let bad = self
+            .count(
+                "SELECT count(*) FROM qlsched.runs r
+                  WHERE (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) <> 1
+                     OR (SELECT count(*) FROM qlsched.run_events e WHERE e.run_id = r.run_id) <> 2
+                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
+                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')",
+            )
+            .await;
+        assert_eq!(bad, 0, "runs without exactly 1 attempt and 2 events");
+        let dup = self
+            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs GROUP BY 1, 2 HAVING count(*) > 1) d")
+            .await;
+        assert_eq!(dup, 0, "duplicate occurrences");
+    }
+}
+
+pub fn discard_log() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+/// Polls `cond` until it holds or `within` passes; panics naming `what` on time-out.
+pub async fn wait_until<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn unique_owner(tag: &str) -> String {
+    format!("{tag}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
+/// Polls `f` until it yields a value or `within` passes; panics naming `what` on time-out.
+pub async fn poll_until<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

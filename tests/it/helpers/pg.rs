@@ -1,0 +1,193 @@
+//! A throwaway PostgreSQL cluster for one test binary: found from the system binaries,
+//! started in a temp dir on a free loopback port, run as the `postgres` OS user when the
+//! tests run as root, killed and removed when the process exits.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where the server binaries are: `pg_config --bindir`, else the newest
+/// `/usr/lib/postgresql/*/bin`. Panics with what to install when there are none: a test that
+/// needs PostgreSQL must fail, never skip.
+pub fn bindir() -> PathBuf {
+    if let Ok(dir) = std::env::var("QLSCHED_PG_BINDIR") {
+        return PathBuf::from(dir);
+    }
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        if out.status.success() {
+            candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
+        let mut versions: Vec<(u32, PathBuf)> = entries
+            .flatten()
+            .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+            .collect();
+        versions.sort();
+        candidates.extend(versions.into_iter().rev().map(|(_, p)| p));
+    }
+    candidates
+        .into_iter()
+        .find(|d| d.join("initdb").exists() && d.join("postgres").exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "PostgreSQL server binaries (initdb, postgres) not found via pg_config or \
+                 /usr/lib/postgresql/*/bin. Install them: `apt-get install -y postgresql` \
+                 (Debian/Ubuntu), or set QLSCHED_PG_BINDIR."
+            )
+        })
+}
+
+/// The OS user the server runs as: ourselves, or `postgres` when we are root.
+#[derive(Clone, Copy, Debug)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub fn run_as() -> Option<RunAs> {
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let name = std::ffi::CString::new("postgres").unwrap();
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        panic!("running as root but there is no `postgres` OS user to run the server as; install PostgreSQL with `apt-get install -y postgresql`");
+    }
+    Some(unsafe { RunAs { uid: (*pw).pw_uid, gid: (*pw).pw_gid } })
+}
+
+/// A command that runs as the server user and dies with its parent thread's process.
+pub fn server_command(program: &Path, kill_with_parent: bool) -> Command {
+    let mut cmd = Command::new(program);
+    let who = run_as();
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(w) = who {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(w.gid) != 0
+                    || libc::setuid(w.uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // After setuid: a credential change clears the parent-death signal.
+            if kill_with_parent {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One PostgreSQL server with its own data directory.
+pub struct Server {
+    pub bindir: PathBuf,
+    pub root: PathBuf,
+    pub data: PathBuf,
+    pub port: u16,
+    pub child: Option<Child>,
+}
+
+fn chown_for_server(path: &Path) {
+    if let Some(w) = run_as() {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        unsafe { libc::chown(c.as_ptr(), w.uid, w.gid) };
+    }
+}
+
+impl Server {
+    /// initdb into `root/data` (root is created and handed to the server user).
+    pub fn init(root: &Path, extra_conf: &str) -> Server {
+        let bindir = bindir();
+        std::fs::create_dir_all(root).unwrap();
+        chown_for_server(root);
+        let data = root.join("data");
+        let out = server_command(&bindir.join("initdb"), false)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "-D"])
+            .arg(&data)
+            .stdout(Stdio::null())
+            .output()
+            .expect("run initdb");
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        let conf = format!(
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{root}'\n\
+             max_connections = 300\nshared_buffers = 128MB\nlog_min_messages = warning\n\
+             logging_collector = off\n{extra_conf}\n",
+            root = root.display()
+        );
+        let path = data.join("postgresql.conf");
+        let mut all = std::fs::read_to_string(&path).unwrap();
+        all.push_str(&conf);
+        std::fs::write(&path, all).unwrap();
+        Server { bindir, root: root.to_path_buf(), data, port: free_port(), child: None }
+    }
+
+    /// Starts the postmaster in the foreground as our child and waits until it accepts.
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("server.log"))
+            .unwrap();
+        chown_for_server(&self.root.join("server.log"));
+        let child = server_command(&self.bindir.join("postgres"), true)
+            .arg("-D")
+            .arg(&self.data)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start postgres");
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(60));
+    }
+
+    pub fn wait_ready(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = Command::new(self.bindir.join("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-q"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL did not accept connections within {within:?}; log: {}",
+                std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server: `fast` (SIGINT) or `immediate` (SIGQUIT), and reaps it.
+    pub fn stop(&mut self, mode: &str) {
+        if let Some(mut child) = self.child.take() {
+            let sig = if mode == "immediate" { libc::SIGQUIT } else { libc::SIGINT };
+            unsafe { libc::kill(child.id() as i32, sig) };
+            let _ = child.wait();
+        }
+    }
+
+    pub fn dsn(&self, user: &str, db: &str) -> String {
+        format!("host=127.0.0.1 port={} user={user} dbname={db}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop("immediate");
+    }
+}

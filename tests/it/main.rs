@@ -1,0 +1,9 @@
+//! The integration tests: one binary, one throwaway PostgreSQL.
+
+mod helpers;
+
+mod config_validation;
+mod migrations;
+mod roles;
+mod store_admit;
+mod store_claim;
