@@ -10,7 +10,11 @@ use crate::schedule::{MisfirePolicy, Schedule};
 use crate::store::{self, manage, migrate};
 
 #[derive(Parser, Debug)]
-#[command(name = "qlsched", version, about = "Leaderless cluster cron scheduler on PostgreSQL")]
+#[command(
+    name = "qlsched",
+    version,
+    about = "Leaderless cluster cron scheduler on PostgreSQL"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -209,7 +213,10 @@ pub fn main() -> ExitCode {
             }
         }
         other => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
             match rt.block_on(admin_command(other)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -227,7 +234,12 @@ fn parse_dsn(dsn: &str) -> anyhow::Result<tokio_postgres::Config> {
 
 async fn connect_target(t: &Target) -> anyhow::Result<tokio_postgres::Client> {
     let pg = match (&t.config, &t.dsn) {
-        (Some(path), _) => Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?.database.pg,
+        (Some(path), _) => {
+            Config::load(path)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .database
+                .pg
+        }
         (None, Some(dsn)) => parse_dsn(dsn)?,
         (None, None) => anyhow::bail!("give --config FILE or --dsn DSN"),
     };
@@ -236,10 +248,17 @@ async fn connect_target(t: &Target) -> anyhow::Result<tokio_postgres::Client> {
 
 async fn admin_command(cmd: Command) -> anyhow::Result<()> {
     match cmd {
-        Command::Db(DbCommand::Bootstrap { superuser_dsn, prefix, database }) => {
+        Command::Db(DbCommand::Bootstrap {
+            superuser_dsn,
+            prefix,
+            database,
+        }) => {
             let roles = migrate::Roles::with_prefix(&prefix)?;
             migrate::bootstrap(&parse_dsn(&superuser_dsn)?, &roles, &database).await?;
-            println!("bootstrapped database {database} with roles {}, {}, {}, {}", roles.owner, roles.admin, roles.runtime, roles.worker_ingress);
+            println!(
+                "bootstrapped database {database} with roles {}, {}, {}, {}",
+                roles.owner, roles.admin, roles.runtime, roles.worker_ingress
+            );
         }
         Command::Db(DbCommand::Migrate { dsn, prefix }) => {
             let roles = migrate::Roles::with_prefix(&prefix)?;
@@ -255,7 +274,11 @@ async fn admin_command(cmd: Command) -> anyhow::Result<()> {
             let roles = migrate::Roles::with_prefix(&prefix)?;
             let problems = migrate::check(
                 &client,
-                &[(&roles.admin, "admin"), (&roles.runtime, "runtime"), (&roles.worker_ingress, "worker_ingress")],
+                &[
+                    (&roles.admin, "admin"),
+                    (&roles.runtime, "runtime"),
+                    (&roles.worker_ingress, "worker_ingress"),
+                ],
             )
             .await?;
             if !problems.is_empty() {
@@ -264,36 +287,67 @@ async fn admin_command(cmd: Command) -> anyhow::Result<()> {
                 }
                 anyhow::bail!("database is not ready ({} problem(s))", problems.len());
             }
-            println!("database ready: migrations, capability {} v{} and grants as expected", migrate::CAPABILITY.0, migrate::CAPABILITY.1);
+            println!(
+                "database ready: migrations, capability {} v{} and grants as expected",
+                migrate::CAPABILITY.0,
+                migrate::CAPABILITY.1
+            );
         }
         Command::Project(ProjectCommand::Set { dsn, id, status }) => {
             let mut c = store::connect(&parse_dsn(&dsn)?).await?;
             manage::set_project(&mut c, &id, &status).await?;
             println!("project {id} {status}");
         }
-        Command::Task(TaskCommand::Publish { dsn, project, id, spec }) => {
+        Command::Task(TaskCommand::Publish {
+            dsn,
+            project,
+            id,
+            spec,
+        }) => {
             let mut c = store::connect(&parse_dsn(&dsn)?).await?;
             let (rev, exec) = manage::publish_task(&mut c, &project, &id, &spec).await?;
             println!("task {id} revision {rev} execution revision {exec}");
         }
-        Command::Trigger(TriggerCommand::Publish { dsn, id, project, task, cron, tz, misfire, grace_ms, disabled }) => {
+        Command::Trigger(TriggerCommand::Publish {
+            dsn,
+            id,
+            project,
+            task,
+            cron,
+            tz,
+            misfire,
+            grace_ms,
+            disabled,
+        }) => {
             let spec = manage::TriggerSpec {
                 trigger_id: id.clone(),
                 project_id: project,
                 task_id: task,
                 cron_expr: cron,
                 timezone: tz,
-                misfire_policy: misfire.parse::<MisfirePolicy>().map_err(|e| anyhow::anyhow!("{e}"))?,
+                misfire_policy: misfire
+                    .parse::<MisfirePolicy>()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?,
                 misfire_grace_ms: grace_ms,
                 enabled: !disabled,
             };
             // Validate before connecting: a bad expression never needs a database to be refused.
-            Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|e| anyhow::anyhow!("trigger {id}: {e}"))?;
+            Schedule::parse(&spec.cron_expr, &spec.timezone)
+                .map_err(|e| anyhow::anyhow!("trigger {id}: {e}"))?;
             let mut c = store::connect(&parse_dsn(&dsn)?).await?;
             let p = manage::publish_trigger(&mut c, &spec).await?;
-            println!("trigger {id} revision {}{}", p.revision, if p.changed { "" } else { " (unchanged)" });
+            println!(
+                "trigger {id} revision {}{}",
+                p.revision,
+                if p.changed { "" } else { " (unchanged)" }
+            );
         }
-        Command::Trigger(TriggerCommand::Explain { cron, tz, count, after }) => {
+        Command::Trigger(TriggerCommand::Explain {
+            cron,
+            tz,
+            count,
+            after,
+        }) => {
             let schedule = Schedule::parse(&cron, &tz)?;
             let after_ms = match after {
                 Some(s) => chrono::DateTime::parse_from_rfc3339(&s)
@@ -302,7 +356,9 @@ async fn admin_command(cmd: Command) -> anyhow::Result<()> {
                 None => chrono::Utc::now().timestamp_millis(),
             };
             for (ms, local) in schedule.explain(after_ms, count) {
-                let utc = chrono::DateTime::from_timestamp_millis(ms).map(|d| d.to_rfc3339()).unwrap_or_default();
+                let utc = chrono::DateTime::from_timestamp_millis(ms)
+                    .map(|d| d.to_rfc3339())
+                    .unwrap_or_default();
                 println!("{utc}  {local}");
             }
         }
@@ -315,7 +371,11 @@ async fn admin_command(cmd: Command) -> anyhow::Result<()> {
                 print!("{}", s.render());
             }
         }
-        Command::Runs(RunsCommand::List { target, trigger, limit }) => {
+        Command::Runs(RunsCommand::List {
+            target,
+            trigger,
+            limit,
+        }) => {
             let client = connect_target(&target).await?;
             for r in store::status::list_runs(&client, trigger.as_deref(), limit).await? {
                 println!("{}", r);

@@ -25,9 +25,13 @@ async fn healthz() -> HttpResponse {
 
 async fn readyz(state: web::Data<State>) -> HttpResponse {
     if state.ready.load(Ordering::SeqCst) {
-        HttpResponse::Ok().content_type("text/plain").body("ready\n")
+        HttpResponse::Ok()
+            .content_type("text/plain")
+            .body("ready\n")
     } else {
-        HttpResponse::ServiceUnavailable().content_type("text/plain").body("not ready\n")
+        HttpResponse::ServiceUnavailable()
+            .content_type("text/plain")
+            .body("not ready\n")
     }
 }
 

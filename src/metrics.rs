@@ -46,7 +46,11 @@ impl Default for Metrics {
             actor_restarts: Counter::default(),
             errors: Counter::default(),
             lag_seconds: Histogram::new(
-                [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0].into_iter(),
+                [
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    300.0,
+                ]
+                .into_iter(),
             ),
             live_claims: Gauge::default(),
             due_backlog: Gauge::default(),
@@ -61,21 +65,81 @@ impl Metrics {
         let mut r = Registry::with_prefix("qlsched");
         r.register("ticks", "Scheduler rounds run", self.ticks.clone());
         r.register("claims", "Schedule rows leased", self.claims.clone());
-        r.register("admits", "Occurrences admitted as runs", self.admits.clone());
-        r.register("skips", "Misfired occurrences skipped (cursor moved, no run)", self.skips.clone());
-        r.register("initialisations", "Schedules initialised (first cursor set)", self.initialisations.clone());
-        r.register("rejects", "Claims rejected (definition cannot be evaluated); released with back-off", self.rejects.clone());
-        r.register("fence_losses", "Writes refused because the claim was no longer ours", self.fence_losses.clone());
-        r.register("duplicate_keys", "Admissions refused by an existing idempotency key", self.duplicate_keys.clone());
-        r.register("serialization_retries", "Admission transactions retried after 40001/40P01", self.serialization_retries.clone());
-        r.register("unknown_outcomes", "Admissions whose COMMIT reply was lost, resolved by key and fence", self.unknown_outcomes.clone());
-        r.register("actor_restarts", "Child actors restarted by the supervisor", self.actor_restarts.clone());
-        r.register("errors", "Errors sent to the diagnostic sink (database unreachable, statement failed)", self.errors.clone());
-        r.register("lag_seconds", "queued_at - scheduled_for of admitted runs (database clock)", self.lag_seconds.clone());
-        r.register("live_claims", "Leases this replica holds now", self.live_claims.clone());
-        r.register("due_backlog", "Schedule rows due and unclaimed (refreshed every metrics.backlog_interval)", self.due_backlog.clone());
-        r.register("oldest_due_age_seconds", "Age of the oldest due and unclaimed row", self.oldest_due_age_seconds.clone());
-        r.register("ready", "1 while the replica is ready (admitting), 0 otherwise", self.ready.clone());
+        r.register(
+            "admits",
+            "Occurrences admitted as runs",
+            self.admits.clone(),
+        );
+        r.register(
+            "skips",
+            "Misfired occurrences skipped (cursor moved, no run)",
+            self.skips.clone(),
+        );
+        r.register(
+            "initialisations",
+            "Schedules initialised (first cursor set)",
+            self.initialisations.clone(),
+        );
+        r.register(
+            "rejects",
+            "Claims rejected (definition cannot be evaluated); released with back-off",
+            self.rejects.clone(),
+        );
+        r.register(
+            "fence_losses",
+            "Writes refused because the claim was no longer ours",
+            self.fence_losses.clone(),
+        );
+        r.register(
+            "duplicate_keys",
+            "Admissions refused by an existing idempotency key",
+            self.duplicate_keys.clone(),
+        );
+        r.register(
+            "serialization_retries",
+            "Admission transactions retried after 40001/40P01",
+            self.serialization_retries.clone(),
+        );
+        r.register(
+            "unknown_outcomes",
+            "Admissions whose COMMIT reply was lost, resolved by key and fence",
+            self.unknown_outcomes.clone(),
+        );
+        r.register(
+            "actor_restarts",
+            "Child actors restarted by the supervisor",
+            self.actor_restarts.clone(),
+        );
+        r.register(
+            "errors",
+            "Errors sent to the diagnostic sink (database unreachable, statement failed)",
+            self.errors.clone(),
+        );
+        r.register(
+            "lag_seconds",
+            "queued_at - scheduled_for of admitted runs (database clock)",
+            self.lag_seconds.clone(),
+        );
+        r.register(
+            "live_claims",
+            "Leases this replica holds now",
+            self.live_claims.clone(),
+        );
+        r.register(
+            "due_backlog",
+            "Schedule rows due and unclaimed (refreshed every metrics.backlog_interval)",
+            self.due_backlog.clone(),
+        );
+        r.register(
+            "oldest_due_age_seconds",
+            "Age of the oldest due and unclaimed row",
+            self.oldest_due_age_seconds.clone(),
+        );
+        r.register(
+            "ready",
+            "1 while the replica is ready (admitting), 0 otherwise",
+            self.ready.clone(),
+        );
         r
     }
 

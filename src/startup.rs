@@ -20,7 +20,8 @@ use crate::metrics::Metrics;
 use crate::store::{self, migrate, recovery, release, replicas, Pool};
 
 pub fn run(cfg: Config, format: LogFormat) -> anyhow::Result<()> {
-    let (log, guard) = crate::telemetry::init(format, &cfg.log.level, Some(cfg.replica_id.as_str()));
+    let (log, guard) =
+        crate::telemetry::init(format, &cfg.log.level, Some(cfg.replica_id.as_str()));
     let res = actix::System::new().block_on(run_until_stopped(cfg, log.clone()));
     if let Err(e) = &res {
         crit!(log, "qlsched stopped with an error"; "error" => format!("{e:#}"));
@@ -42,7 +43,10 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
     loop {
         match store::conn(pool).await {
             Ok(conn) => {
-                let role: String = conn.query_one("SELECT current_user::text", &[]).await?.get(0);
+                let role: String = conn
+                    .query_one("SELECT current_user::text", &[])
+                    .await?
+                    .get(0);
                 let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;
                 if problems.is_empty() {
                     return Ok(());
@@ -61,7 +65,12 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
 async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
     let settings = Settings::from_config(&cfg);
     info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "version" => env!("CARGO_PKG_VERSION"));
-    let pool = store::build_pool(cfg.database.pg.clone(), cfg.database.pool_size, cfg.database.connect_timeout, &log);
+    let pool = store::build_pool(
+        cfg.database.pg.clone(),
+        cfg.database.pool_size,
+        cfg.database.connect_timeout,
+        &log,
+    );
     let mut signals = Signals::new()?;
     tokio::select! {
         r = wait_ready(&pool, &log) => r?,
@@ -73,7 +82,15 @@ async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
     let ttl_ms = settings.lease.as_millis() as i64;
     {
         let conn = store::conn(&pool).await?;
-        replicas::acquire(&conn, &settings.owner, incarnation, &hostname, std::process::id() as i32, ttl_ms).await?;
+        replicas::acquire(
+            &conn,
+            &settings.owner,
+            incarnation,
+            &hostname,
+            std::process::id() as i32,
+            ttl_ms,
+        )
+        .await?;
         let released = release::release_all_owned(&conn, &settings.owner).await?;
         if released > 0 {
             info!(log, "released leases left by a previous incarnation"; "count" => released);
@@ -96,12 +113,25 @@ async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
             None
         }
     };
-    let supervisor = Supervisor::new(settings.clone(), pool.clone(), metrics.clone(), &log, watchdog).start();
+    let supervisor = Supervisor::new(
+        settings.clone(),
+        pool.clone(),
+        metrics.clone(),
+        &log,
+        watchdog,
+    )
+    .start();
 
     let http = match cfg.http.bind {
         Some(addr) => Some(
-            crate::http::serve(addr, crate::http::State { ready: ready.clone(), metrics: metrics.clone() })
-                .with_context(|| format!("binding HTTP on {addr}"))?,
+            crate::http::serve(
+                addr,
+                crate::http::State {
+                    ready: ready.clone(),
+                    metrics: metrics.clone(),
+                },
+            )
+            .with_context(|| format!("binding HTTP on {addr}"))?,
         ),
         None => None,
     };
@@ -140,7 +170,9 @@ async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
     match store::conn(&pool).await {
         Ok(conn) => {
             match release::release_all_owned(&conn, &settings.owner).await {
-                Ok(n) => info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left),
+                Ok(n) => {
+                    info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left)
+                }
                 Err(e) => warn!(log, "could not release leases; they will expire"; "error" => %e),
             }
             if !lost_guard {
@@ -155,7 +187,10 @@ async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
     drop(pool);
     System::current().stop();
     if lost_guard {
-        anyhow::bail!("replica id `{}` was taken over by another process after this one's heartbeat lapsed", settings.owner);
+        anyhow::bail!(
+            "replica id `{}` was taken over by another process after this one's heartbeat lapsed",
+            settings.owner
+        );
     }
     info!(log, "stopped");
     Ok(())
@@ -170,7 +205,9 @@ fn spawn_gauges(pool: Pool, metrics: Metrics, every: Duration) -> tokio::task::J
             if let Ok(conn) = store::conn(&pool).await {
                 if let Ok((n, oldest)) = store::status::due_backlog(&conn).await {
                     metrics.due_backlog.set(n);
-                    metrics.oldest_due_age_seconds.set(oldest.unwrap_or(0) as f64 / 1000.0);
+                    metrics
+                        .oldest_due_age_seconds
+                        .set(oldest.unwrap_or(0) as f64 / 1000.0);
                 }
             }
         }
@@ -192,7 +229,10 @@ struct Signals {
 impl Signals {
     fn new() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
     async fn next(&mut self) {
         tokio::select! {

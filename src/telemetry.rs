@@ -27,7 +27,10 @@ pub fn init(format: LogFormat, level: &str, replica: Option<&str>) -> (slog::Log
     // slog_async::Async is one concrete type whatever it wraps.
     let drain: slog_async::Async = match format {
         LogFormat::Json => {
-            let json = slog_json::Json::new(std::io::stdout()).add_default_keys().build().fuse();
+            let json = slog_json::Json::new(std::io::stdout())
+                .add_default_keys()
+                .build()
+                .fuse();
             slog_async::Async::new(json).chan_size(4096).build()
         }
         LogFormat::Text => {

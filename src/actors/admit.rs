@@ -8,7 +8,7 @@ use actix::prelude::*;
 use slog::{debug, o, warn, Logger};
 
 use crate::metrics::Metrics;
-use crate::store::admit::{self, AdmitOutcome, Admission, Refusal, Resolution};
+use crate::store::admit::{self, Admission, AdmitOutcome, Refusal, Resolution};
 use crate::store::claim::ClaimedRow;
 use crate::store::{self, release, Pool, StoreError};
 
@@ -51,8 +51,20 @@ pub struct AdmitActor {
 }
 
 impl AdmitActor {
-    pub fn new(pool: Pool, log: &Logger, metrics: Metrics, admit_timeout: Duration, max_retries: u32) -> Self {
-        AdmitActor { pool, log: log.new(o!("actor" => "admit")), metrics, admit_timeout, max_retries }
+    pub fn new(
+        pool: Pool,
+        log: &Logger,
+        metrics: Metrics,
+        admit_timeout: Duration,
+        max_retries: u32,
+    ) -> Self {
+        AdmitActor {
+            pool,
+            log: log.new(o!("actor" => "admit")),
+            metrics,
+            admit_timeout,
+            max_retries,
+        }
     }
 }
 
@@ -77,15 +89,17 @@ impl Handler<Apply> for AdmitActor {
         let metrics = self.metrics.clone();
         let (timeout, retries) = (self.admit_timeout, self.max_retries);
         AtomicResponse::new(Box::pin(
-            async move { apply(&pool, &log, &metrics, msg, timeout, retries).await }.into_actor(self).map(
-                |res, _act, ctx| {
-                    if matches!(res, Ok(Outcome::Admitted { .. })) && super::faults::admit_actor_should_die() {
+            async move { apply(&pool, &log, &metrics, msg, timeout, retries).await }
+                .into_actor(self)
+                .map(|res, _act, ctx| {
+                    if matches!(res, Ok(Outcome::Admitted { .. }))
+                        && super::faults::admit_actor_should_die()
+                    {
                         // Fault drill: the transaction committed, the reply is never sent.
                         ctx.stop();
                     }
                     res
-                },
-            ),
+                }),
         ))
     }
 }
@@ -103,10 +117,17 @@ async fn apply(
         return Ok(Outcome::Refused(Refusal::FenceLost));
     }
     let out = match msg.action {
-        Action::Admit(a) => admit_with_retries(pool, log, metrics, &a, msg.lease_deadline, timeout, retries).await?,
+        Action::Admit(a) => {
+            admit_with_retries(pool, log, metrics, &a, msg.lease_deadline, timeout, retries).await?
+        }
         Action::Advance { next_fire_at_ms } => {
             let conn = store::conn(pool).await?;
-            match tokio::time::timeout(timeout, admit::advance_cursor(&conn, &msg.claim, next_fire_at_ms)).await {
+            match tokio::time::timeout(
+                timeout,
+                admit::advance_cursor(&conn, &msg.claim, next_fire_at_ms),
+            )
+            .await
+            {
                 Ok(Ok(true)) => Outcome::Advanced,
                 Ok(Ok(false)) => Outcome::Refused(Refusal::FenceLost),
                 Ok(Err(e)) => return Err(e),
@@ -118,7 +139,8 @@ async fn apply(
         Action::Release { backoff } => {
             let conn = store::conn(pool).await?;
             let ms = backoff.as_millis() as i64;
-            match release::release_claim(&conn, &msg.claim.trigger_id, &msg.claim.fence, ms).await? {
+            match release::release_claim(&conn, &msg.claim.trigger_id, &msg.claim.fence, ms).await?
+            {
                 true => Outcome::Released,
                 false => Outcome::Refused(Refusal::FenceLost),
             }
@@ -146,16 +168,22 @@ async fn admit_with_retries(
     let mut attempt = 0;
     loop {
         let res = match store::conn(pool).await {
-            Ok(mut conn) => match tokio::time::timeout(timeout, admit::admit_once(&mut conn, a)).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::OutcomeUnknown),
-            },
+            Ok(mut conn) => {
+                match tokio::time::timeout(timeout, admit::admit_once(&mut conn, a)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::OutcomeUnknown),
+                }
+            }
             Err(e) => return Err(e),
         };
         match res {
-            Ok(AdmitOutcome::Admitted { queued_at_ms }) => return Ok(admitted(metrics, a, queued_at_ms)),
+            Ok(AdmitOutcome::Admitted { queued_at_ms }) => {
+                return Ok(admitted(metrics, a, queued_at_ms))
+            }
             Ok(AdmitOutcome::Refused { why }) => return Ok(Outcome::Refused(why)),
-            Err(e) if e.is_serialization() && attempt < retries && Instant::now() < lease_deadline => {
+            Err(e)
+                if e.is_serialization() && attempt < retries && Instant::now() < lease_deadline =>
+            {
                 metrics.serialization_retries.inc();
                 attempt += 1;
                 debug!(log, "serialization failure, retrying"; "attempt" => attempt);
@@ -164,11 +192,15 @@ async fn admit_with_retries(
                 metrics.unknown_outcomes.inc();
                 warn!(log, "admission outcome unknown; resolving by idempotency key and fence"; "error" => %e);
                 match resolve(pool, log, a, lease_deadline).await? {
-                    Resolution::Committed { queued_at_ms } => return Ok(admitted(metrics, a, queued_at_ms)),
+                    Resolution::Committed { queued_at_ms } => {
+                        return Ok(admitted(metrics, a, queued_at_ms))
+                    }
                     Resolution::NotOurs => return Ok(Outcome::Refused(Refusal::FenceLost)),
                     // Not committed and the lease is still ours: the retry is itself fenced,
                     // so it cannot double-admit even if the old COMMIT is still in flight.
-                    Resolution::NotCommittedClaimHeld if attempt < retries && Instant::now() < lease_deadline => {
+                    Resolution::NotCommittedClaimHeld
+                        if attempt < retries && Instant::now() < lease_deadline =>
+                    {
                         attempt += 1;
                     }
                     Resolution::NotCommittedClaimHeld => return Err(StoreError::OutcomeUnknown),
@@ -181,7 +213,12 @@ async fn admit_with_retries(
 
 /// Reads key and fence until the database answers or the lease is surely over; after that
 /// the row is another replica's to decide, and the unique key still holds.
-async fn resolve(pool: &Pool, log: &Logger, a: &Admission, lease_deadline: Instant) -> Result<Resolution, StoreError> {
+async fn resolve(
+    pool: &Pool,
+    log: &Logger,
+    a: &Admission,
+    lease_deadline: Instant,
+) -> Result<Resolution, StoreError> {
     loop {
         match admit::resolve_unknown(pool, a).await {
             Ok(r) => {
@@ -201,5 +238,8 @@ fn admitted(metrics: &Metrics, a: &Admission, queued_at_ms: i64) -> Outcome {
     let lag_ms = queued_at_ms - a.scheduled_for_ms;
     metrics.admits.inc();
     metrics.lag_seconds.observe(lag_ms.max(0) as f64 / 1000.0);
-    Outcome::Admitted { queued_at_ms, lag_ms }
+    Outcome::Admitted {
+        queued_at_ms,
+        lag_ms,
+    }
 }

@@ -62,12 +62,30 @@ impl ClaimActor {
         metrics: Metrics,
         log: &Logger,
     ) -> Self {
-        let log = log.new(o!("trigger" => claim.trigger_id.clone(), "claim_version" => claim.fence.version));
-        ClaimActor { child, claim, admit, supervisor, pool, lease, reject_backoff, claimed_at, metrics, log, reported: false }
+        let log = log
+            .new(o!("trigger" => claim.trigger_id.clone(), "claim_version" => claim.fence.version));
+        ClaimActor {
+            child,
+            claim,
+            admit,
+            supervisor,
+            pool,
+            lease,
+            reject_backoff,
+            claimed_at,
+            metrics,
+            log,
+            reported: false,
+        }
     }
 
     /// The pure decision (SPEC §4) turned into an action; ids minted only for admissions.
-    pub fn decide(claim: &ClaimedRow, reject_backoff: Duration, metrics: &Metrics, log: &Logger) -> Action {
+    pub fn decide(
+        claim: &ClaimedRow,
+        reject_backoff: Duration,
+        metrics: &Metrics,
+        log: &Logger,
+    ) -> Action {
         let def = &claim.def;
         let policy = match def.misfire_policy.parse::<MisfirePolicy>() {
             Ok(p) => p,
@@ -96,21 +114,35 @@ impl ClaimActor {
                 metrics.initialisations.inc();
                 Action::Advance { next_fire_at_ms }
             }
-            Decision::Fire { scheduled_for_ms, next_fire_at_ms } => admit(scheduled_for_ms, next_fire_at_ms),
-            Decision::MisfiredFireOnce { scheduled_for_ms, next_fire_at_ms } => admit(scheduled_for_ms, next_fire_at_ms),
-            Decision::MisfiredSkip { next_fire_at_ms, .. } => {
+            Decision::Fire {
+                scheduled_for_ms,
+                next_fire_at_ms,
+            } => admit(scheduled_for_ms, next_fire_at_ms),
+            Decision::MisfiredFireOnce {
+                scheduled_for_ms,
+                next_fire_at_ms,
+            } => admit(scheduled_for_ms, next_fire_at_ms),
+            Decision::MisfiredSkip {
+                next_fire_at_ms, ..
+            } => {
                 metrics.skips.inc();
                 Action::Advance { next_fire_at_ms }
             }
             // Claimed before its time (a republish raced the claim): give it back untouched.
-            Decision::NotDue { .. } => Action::Release { backoff: Duration::ZERO },
+            Decision::NotDue { .. } => Action::Release {
+                backoff: Duration::ZERO,
+            },
             Decision::Reject { reason } => reject(metrics, log, &reason, reject_backoff),
         }
     }
 
     fn report(&mut self, report: Report) {
         self.reported = true;
-        self.supervisor.do_send(ClaimFinished { child: self.child, trigger_id: self.claim.trigger_id.clone(), report });
+        self.supervisor.do_send(ClaimFinished {
+            child: self.child,
+            trigger_id: self.claim.trigger_id.clone(),
+            report,
+        });
     }
 }
 
@@ -131,7 +163,11 @@ impl Actor for ClaimActor {
             return;
         }
         let lease_deadline = self.claimed_at + self.lease;
-        let msg = Apply { claim: self.claim.clone(), action: action.clone(), lease_deadline };
+        let msg = Apply {
+            claim: self.claim.clone(),
+            action: action.clone(),
+            lease_deadline,
+        };
         let send = self.admit.send(msg).timeout(self.lease);
         let pool = self.pool.clone();
         let claim = self.claim.clone();
@@ -140,8 +176,12 @@ impl Actor for ClaimActor {
             async move {
                 match send.await {
                     Ok(Ok(outcome)) => Report::Done(outcome),
-                    Ok(Err(e)) => Report::Failed(settle(&pool, &claim, &action, &log, &e.to_string()).await),
-                    Err(e) => Report::Failed(settle(&pool, &claim, &action, &log, &format!("admit actor: {e}")).await),
+                    Ok(Err(e)) => {
+                        Report::Failed(settle(&pool, &claim, &action, &log, &e.to_string()).await)
+                    }
+                    Err(e) => Report::Failed(
+                        settle(&pool, &claim, &action, &log, &format!("admit actor: {e}")).await,
+                    ),
                 }
             }
             .into_actor(self)
@@ -163,7 +203,13 @@ impl Actor for ClaimActor {
 /// After a failed apply, leave the row in a provable state: if the admission may have
 /// committed, read key and fence; release the lease only when nothing was written and the
 /// claim is still ours. Otherwise the lease simply expires.
-async fn settle(pool: &Pool, claim: &ClaimedRow, action: &Action, log: &Logger, error: &str) -> String {
+async fn settle(
+    pool: &Pool,
+    claim: &ClaimedRow,
+    action: &Action,
+    log: &Logger,
+    error: &str,
+) -> String {
     if let Action::Admit(a) = action {
         match store::admit::resolve_unknown(pool, a).await {
             Ok(Resolution::Committed { .. }) => return format!("{error}; resolved: committed"),
@@ -176,7 +222,9 @@ async fn settle(pool: &Pool, claim: &ClaimedRow, action: &Action, log: &Logger, 
         }
     }
     let released = match store::conn(pool).await {
-        Ok(conn) => release::release_claim(&conn, &claim.trigger_id, &claim.fence, 0).await.unwrap_or(false),
+        Ok(conn) => release::release_claim(&conn, &claim.trigger_id, &claim.fence, 0)
+            .await
+            .unwrap_or(false),
         Err(_) => false,
     };
     warn!(log, "apply failed"; "error" => error, "released" => released);

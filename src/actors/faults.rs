@@ -23,7 +23,10 @@ mod imp {
                     .and_then(|(_, v)| v.trim().parse().ok())
                     .unwrap_or(0)
             };
-            Plan { admit_every: get("admit_stop_every"), claim_every: get("claim_stop_every") }
+            Plan {
+                admit_every: get("admit_stop_every"),
+                claim_every: get("claim_stop_every"),
+            }
         })
     }
 

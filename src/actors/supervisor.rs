@@ -43,7 +43,13 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    pub fn new(settings: Settings, pool: Pool, metrics: Metrics, log: &Logger, heartbeat: Option<Heartbeat>) -> Self {
+    pub fn new(
+        settings: Settings,
+        pool: Pool,
+        metrics: Metrics,
+        log: &Logger,
+        heartbeat: Option<Heartbeat>,
+    ) -> Self {
         Supervisor {
             settings,
             pool,
@@ -94,7 +100,11 @@ impl Supervisor {
             return;
         }
         self.admit_addr();
-        let free = self.settings.claim_budget.min(super::HARD_CLAIM_CAP).saturating_sub(self.live.len() as u32);
+        let free = self
+            .settings
+            .claim_budget
+            .min(super::HARD_CLAIM_CAP)
+            .saturating_sub(self.live.len() as u32);
         if free == 0 {
             return;
         }
@@ -129,7 +139,12 @@ impl Supervisor {
         }));
     }
 
-    fn spawn_claim(&mut self, row: claim::ClaimedRow, claimed_at: Instant, ctx: &mut Context<Self>) {
+    fn spawn_claim(
+        &mut self,
+        row: claim::ClaimedRow,
+        claimed_at: Instant,
+        ctx: &mut Context<Self>,
+    ) {
         let child = self.next_child;
         self.next_child += 1;
         let admit = self.admit_addr();

@@ -24,7 +24,11 @@ pub struct Admission {
 
 impl Admission {
     pub fn key(&self) -> String {
-        idempotency_key(&self.claim.trigger_id, self.claim.def.trigger_revision, self.scheduled_for_ms)
+        idempotency_key(
+            &self.claim.trigger_id,
+            self.claim.def.trigger_revision,
+            self.scheduled_for_ms,
+        )
     }
 }
 
@@ -93,10 +97,14 @@ pub async fn admit_once(conn: &mut Conn<'_>, a: &Admission) -> Result<AdmitOutco
         client.query_opt(ADMIT_SQL, &params),
         client.batch_execute("COMMIT"),
     );
-    let lost = [begin.as_ref().err(), row.as_ref().err(), commit.as_ref().err()]
-        .into_iter()
-        .flatten()
-        .find(|e| super::connection_lost(e));
+    let lost = [
+        begin.as_ref().err(),
+        row.as_ref().err(),
+        commit.as_ref().err(),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|e| super::connection_lost(e));
     if lost.is_some() {
         return Err(StoreError::OutcomeUnknown);
     }
@@ -106,14 +114,18 @@ pub async fn admit_once(conn: &mut Conn<'_>, a: &Admission) -> Result<AdmitOutco
         Err(e) => {
             let e = StoreError::from(e);
             if e.is_unique_violation() {
-                return Ok(AdmitOutcome::Refused { why: Refusal::DuplicateKey });
+                return Ok(AdmitOutcome::Refused {
+                    why: Refusal::DuplicateKey,
+                });
             }
             return Err(e);
         }
     };
     commit?;
     match row {
-        Some(row) => Ok(AdmitOutcome::Admitted { queued_at_ms: row.get(0) }),
+        Some(row) => Ok(AdmitOutcome::Admitted {
+            queued_at_ms: row.get(0),
+        }),
         None => {
             let why = diagnose(conn, a).await?;
             Ok(AdmitOutcome::Refused { why })
@@ -238,7 +250,11 @@ pub async fn resolve_unknown(pool: &Pool, a: &Admission) -> Result<Resolution, S
 /// Locking: one autocommit UPDATE whose WHERE is the complete fence, judged by the database
 /// clock in the same statement; under READ COMMITTED a concurrent change of the row is
 /// re-checked against that WHERE, so a stale claim moves nothing. Returns whether it did.
-pub async fn advance_cursor(conn: &Conn<'_>, c: &ClaimedRow, next_fire_at_ms: i64) -> Result<bool, StoreError> {
+pub async fn advance_cursor(
+    conn: &Conn<'_>,
+    c: &ClaimedRow,
+    next_fire_at_ms: i64,
+) -> Result<bool, StoreError> {
     let n = conn
         .execute(
             "UPDATE qlsched.trigger_schedules s

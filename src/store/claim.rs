@@ -60,7 +60,9 @@ pub async fn claim_due(
     lease_ms: i64,
     limit: i64,
 ) -> Result<Vec<ClaimedRow>, StoreError> {
-    let rows = conn.query(CLAIM_DUE_SQL, &[&owner, &lease_ms, &limit]).await?;
+    let rows = conn
+        .query(CLAIM_DUE_SQL, &[&owner, &lease_ms, &limit])
+        .await?;
     Ok(rows.iter().map(claimed_row).collect())
 }
 
@@ -104,7 +106,12 @@ fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
         tid: r.get(1),
         next_fire_at_ms: r.get(2),
         state_version: r.get(3),
-        fence: Fence { owner: r.get(4), token: r.get(5), version: r.get(6), expires_at_ms: r.get(7) },
+        fence: Fence {
+            owner: r.get(4),
+            token: r.get(5),
+            version: r.get(6),
+            expires_at_ms: r.get(7),
+        },
         observed_at_ms: r.get(8),
         def: TriggerDef {
             project_id: r.get(9),

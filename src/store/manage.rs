@@ -15,7 +15,11 @@ const NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// Creates the project or changes its status. Schedules of a project that is not active
 /// leave the claim index (claimable_at_ms NULL) and come back at their cursor when it is.
-pub async fn set_project(client: &mut tokio_postgres::Client, project_id: &str, status: &str) -> Result<(), StoreError> {
+pub async fn set_project(
+    client: &mut tokio_postgres::Client,
+    project_id: &str,
+    status: &str,
+) -> Result<(), StoreError> {
     let tx = client.transaction().await?;
     tx.execute(
         &format!(
@@ -109,7 +113,13 @@ pub struct TriggerSpec {
 }
 
 impl TriggerSpec {
-    pub fn new(trigger_id: &str, project_id: &str, task_id: &str, cron_expr: &str, timezone: &str) -> Self {
+    pub fn new(
+        trigger_id: &str,
+        project_id: &str,
+        task_id: &str,
+        cron_expr: &str,
+        timezone: &str,
+    ) -> Self {
         TriggerSpec {
             trigger_id: trigger_id.into(),
             project_id: project_id.into(),
@@ -150,7 +160,10 @@ pub struct Published {
 /// validated first (nothing is written for a bad one). A changed definition is a new
 /// revision: the cursor and any claim are cleared and `state_version` and `claim_version`
 /// bumped, so no claim taken under an older revision can ever commit.
-pub async fn publish_trigger(client: &mut tokio_postgres::Client, spec: &TriggerSpec) -> Result<Published, StoreError> {
+pub async fn publish_trigger(
+    client: &mut tokio_postgres::Client,
+    spec: &TriggerSpec,
+) -> Result<Published, StoreError> {
     Schedule::parse(&spec.cron_expr, &spec.timezone)
         .map_err(|e| StoreError::Invalid(format!("trigger {}: {e}", spec.trigger_id)))?;
     if !(0..=86_400_000).contains(&spec.misfire_grace_ms) {
@@ -168,7 +181,10 @@ pub async fn publish_trigger(client: &mut tokio_postgres::Client, spec: &Trigger
         if r.get::<_, String>(1) == digest {
             let revision = r.get(0);
             tx.commit().await?;
-            return Ok(Published { revision, changed: false });
+            return Ok(Published {
+                revision,
+                changed: false,
+            });
         }
     }
     let revision: i64 = tx
@@ -215,5 +231,8 @@ pub async fn publish_trigger(client: &mut tokio_postgres::Client, spec: &Trigger
     )
     .await?;
     tx.commit().await?;
-    Ok(Published { revision, changed: true })
+    Ok(Published {
+        revision,
+        changed: true,
+    })
 }

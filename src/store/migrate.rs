@@ -29,7 +29,9 @@ impl Roles {
         let ok = !prefix.is_empty()
             && prefix.len() <= 40
             && prefix.starts_with(|c: char| c.is_ascii_lowercase())
-            && prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if !ok {
             return Err(StoreError::Invalid(format!(
                 "role prefix `{prefix}` must match [a-z][a-z0-9_]{{0,39}}"
@@ -43,21 +45,53 @@ impl Roles {
         })
     }
     fn all(&self) -> [&str; 4] {
-        [&self.owner, &self.admin, &self.runtime, &self.worker_ingress]
+        [
+            &self.owner,
+            &self.admin,
+            &self.runtime,
+            &self.worker_ingress,
+        ]
     }
 }
 
 /// Table privileges that exist in PostgreSQL 15 (MAINTAIN is 17+ and is not used).
-pub const PRIVILEGES: [&str; 7] =
-    ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"];
+pub const PRIVILEGES: [&str; 7] = [
+    "SELECT",
+    "INSERT",
+    "UPDATE",
+    "DELETE",
+    "TRUNCATE",
+    "REFERENCES",
+    "TRIGGER",
+];
 
 /// The exact grants of SPEC §1: (table, admin, runtime). worker_ingress has none at all.
 pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
-    ("projects", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
-    ("execution_revisions", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
-    ("tasks", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
-    ("triggers", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT"]),
-    ("trigger_schedules", &["SELECT", "INSERT", "UPDATE", "DELETE"], &["SELECT", "UPDATE"]),
+    (
+        "projects",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT"],
+    ),
+    (
+        "execution_revisions",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT"],
+    ),
+    (
+        "tasks",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT"],
+    ),
+    (
+        "triggers",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT"],
+    ),
+    (
+        "trigger_schedules",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT", "UPDATE"],
+    ),
     ("runs", &["SELECT"], &["SELECT", "INSERT"]),
     ("attempts", &["SELECT"], &["SELECT", "INSERT"]),
     ("run_events", &["SELECT"], &["SELECT", "INSERT"]),
@@ -88,7 +122,9 @@ pub async fn bootstrap(
             .await?
             .is_some();
         if !exists {
-            client.batch_execute(&format!("CREATE ROLE {} LOGIN", ident(role))).await?;
+            client
+                .batch_execute(&format!("CREATE ROLE {} LOGIN", ident(role)))
+                .await?;
         }
     }
     let exists = client
@@ -108,9 +144,14 @@ pub async fn bootstrap(
     let mut in_db = superuser.clone();
     in_db.dbname(database);
     let client = super::connect(&in_db).await?;
-    let connect_roles = [&roles.owner, &roles.admin, &roles.runtime, &roles.worker_ingress]
-        .map(|r| ident(r))
-        .join(", ");
+    let connect_roles = [
+        &roles.owner,
+        &roles.admin,
+        &roles.runtime,
+        &roles.worker_ingress,
+    ]
+    .map(|r| ident(r))
+    .join(", ");
     client
         .batch_execute(&format!(
             "CREATE SCHEMA IF NOT EXISTS {schema} AUTHORIZATION {owner};
@@ -127,23 +168,43 @@ pub async fn bootstrap(
 
 /// Applies pending migrations (as the owner role) and installs the exact grants.
 /// Refuses a database whose applied stream diverges from the binary's.
-pub async fn migrate(owner: &tokio_postgres::Config, roles: &Roles) -> Result<Vec<String>, StoreError> {
+pub async fn migrate(
+    owner: &tokio_postgres::Config,
+    roles: &Roles,
+) -> Result<Vec<String>, StoreError> {
     let mut client = super::connect(owner).await?;
-    client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}")).await?;
+    client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+        .await?;
     let drift = stream_drift(&client).await?;
-    if let Some(changed) = drift.iter().find(|d| !matches!(d, Drift::NotApplied { .. })) {
-        return Err(StoreError::Invalid(format!("refusing to migrate: {changed}")));
+    if let Some(changed) = drift
+        .iter()
+        .find(|d| !matches!(d, Drift::NotApplied { .. }))
+    {
+        return Err(StoreError::Invalid(format!(
+            "refusing to migrate: {changed}"
+        )));
     }
     let mut runner = embedded::migrations::runner();
     runner.set_migration_table_name(HISTORY_TABLE);
-    let report = runner.set_abort_divergent(true).set_abort_missing(true).run_async(&mut client).await?;
+    let report = runner
+        .set_abort_divergent(true)
+        .set_abort_missing(true)
+        .run_async(&mut client)
+        .await?;
     install_grants(&client, roles).await?;
-    Ok(report.applied_migrations().iter().map(|m| m.to_string()).collect())
+    Ok(report
+        .applied_migrations()
+        .iter()
+        .map(|m| m.to_string())
+        .collect())
 }
 
 async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Result<(), StoreError> {
     let mut sql = String::from("BEGIN;\n");
-    let others = [&roles.admin, &roles.runtime, &roles.worker_ingress].map(|r| ident(r)).join(", ");
+    let others = [&roles.admin, &roles.runtime, &roles.worker_ingress]
+        .map(|r| ident(r))
+        .join(", ");
     sql += &format!("REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!("REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!(
@@ -152,8 +213,16 @@ async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Resul
         ident(&roles.runtime)
     );
     for (table, admin, runtime) in GRANTS {
-        sql += &format!("GRANT {} ON {SCHEMA}.{table} TO {};\n", admin.join(", "), ident(&roles.admin));
-        sql += &format!("GRANT {} ON {SCHEMA}.{table} TO {};\n", runtime.join(", "), ident(&roles.runtime));
+        sql += &format!(
+            "GRANT {} ON {SCHEMA}.{table} TO {};\n",
+            admin.join(", "),
+            ident(&roles.admin)
+        );
+        sql += &format!(
+            "GRANT {} ON {SCHEMA}.{table} TO {};\n",
+            runtime.join(", "),
+            ident(&roles.runtime)
+        );
     }
     sql += "COMMIT;";
     client.batch_execute(&sql).await?;
@@ -174,9 +243,18 @@ pub enum Drift {
 impl fmt::Display for Drift {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Drift::NotApplied { file } => write!(f, "migration {file} is not applied (run `qlsched db migrate`)"),
-            Drift::Changed { file } => write!(f, "migration {file} was changed after it was applied (checksum differs)"),
-            Drift::Extra { file } => write!(f, "migration {file} is applied in the database but unknown to this binary"),
+            Drift::NotApplied { file } => write!(
+                f,
+                "migration {file} is not applied (run `qlsched db migrate`)"
+            ),
+            Drift::Changed { file } => write!(
+                f,
+                "migration {file} was changed after it was applied (checksum differs)"
+            ),
+            Drift::Extra { file } => write!(
+                f,
+                "migration {file} is applied in the database but unknown to this binary"
+            ),
         }
     }
 }
@@ -193,10 +271,19 @@ pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>,
         .get(0);
     let applied: Vec<(u32, String, String)> = if exists {
         client
-            .query(&format!("SELECT version, name, checksum FROM {HISTORY_TABLE} ORDER BY version"), &[])
+            .query(
+                &format!("SELECT version, name, checksum FROM {HISTORY_TABLE} ORDER BY version"),
+                &[],
+            )
             .await?
             .iter()
-            .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, String>(1), r.get::<_, String>(2)))
+            .map(|r| {
+                (
+                    r.get::<_, i32>(0) as u32,
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2),
+                )
+            })
             .collect()
     } else {
         Vec::new()
@@ -207,16 +294,21 @@ pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>,
     let mut drift = Vec::new();
     for m in &local {
         match applied.iter().find(|(v, _, _)| *v == m.version()) {
-            None => drift.push(Drift::NotApplied { file: file_name(m.version(), m.name()) }),
-            Some((_, name, sum)) if name != m.name() || *sum != m.checksum().to_string() => {
-                drift.push(Drift::Changed { file: file_name(m.version(), m.name()) })
-            }
+            None => drift.push(Drift::NotApplied {
+                file: file_name(m.version(), m.name()),
+            }),
+            Some((_, name, sum)) if name != m.name() || *sum != m.checksum().to_string() => drift
+                .push(Drift::Changed {
+                    file: file_name(m.version(), m.name()),
+                }),
             Some(_) => {}
         }
     }
     for (v, name, _) in &applied {
         if !local.iter().any(|m| m.version() == *v) {
-            drift.push(Drift::Extra { file: file_name(*v, name) });
+            drift.push(Drift::Extra {
+                file: file_name(*v, name),
+            });
         }
     }
     Ok(drift)
@@ -251,7 +343,9 @@ pub fn expected_privileges(kind: &str) -> Vec<(String, String)> {
                 "runtime" => runtime,
                 _ => &[],
             };
-            privs.iter().map(move |p| (table.to_string(), p.to_string()))
+            privs
+                .iter()
+                .map(move |p| (table.to_string(), p.to_string()))
         })
         .collect();
     out.sort();
@@ -264,11 +358,17 @@ pub async fn check(
     client: &tokio_postgres::Client,
     roles_to_check: &[(&str, &str)],
 ) -> Result<Vec<String>, StoreError> {
-    let mut problems: Vec<String> = stream_drift(client).await?.iter().map(|d| d.to_string()).collect();
+    let mut problems: Vec<String> = stream_drift(client)
+        .await?
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
     if !problems.is_empty() {
         return Ok(problems);
     }
-    let cap = client.query_opt("SELECT name, version FROM qlsched.capability", &[]).await?;
+    let cap = client
+        .query_opt("SELECT name, version FROM qlsched.capability", &[])
+        .await?;
     match cap {
         Some(r) if r.get::<_, String>(0) == CAPABILITY.0 && r.get::<_, i32>(1) == CAPABILITY.1 => {}
         Some(r) => problems.push(format!(
@@ -284,10 +384,16 @@ pub async fn check(
         let have = table_privileges(client, role).await?;
         let want = expected_privileges(kind);
         for extra in have.iter().filter(|p| !want.contains(p)) {
-            problems.push(format!("role {role} has {} on {SCHEMA}.{}, which it must not", extra.1, extra.0));
+            problems.push(format!(
+                "role {role} has {} on {SCHEMA}.{}, which it must not",
+                extra.1, extra.0
+            ));
         }
         for missing in want.iter().filter(|p| !have.contains(p)) {
-            problems.push(format!("role {role} lacks {} on {SCHEMA}.{}", missing.1, missing.0));
+            problems.push(format!(
+                "role {role} lacks {} on {SCHEMA}.{}",
+                missing.1, missing.0
+            ));
         }
     }
     Ok(problems)

@@ -59,9 +59,11 @@ pub async fn recover_on_startup(conn: &Conn<'_>, limit: i64) -> Result<RecoveryR
     for r in rows {
         match r.get::<_, Option<String>>(2) {
             None => report.pristine = r.get(3),
-            Some(reason) => {
-                report.candidates.push(RecoveryCandidate { run_id: r.get(0), idempotency_key: r.get(1), reason })
-            }
+            Some(reason) => report.candidates.push(RecoveryCandidate {
+                run_id: r.get(0),
+                idempotency_key: r.get(1),
+                reason,
+            }),
         }
     }
     Ok(report)

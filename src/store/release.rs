@@ -28,7 +28,13 @@ pub async fn release_claim(
                FROM obs
               WHERE s.trigger_id = $1 AND s.claim_owner = $2 AND s.claim_token = $3
                 AND s.claim_version = $4",
-            &[&trigger_id, &fence.owner, &fence.token, &fence.version, &backoff_ms],
+            &[
+                &trigger_id,
+                &fence.owner,
+                &fence.token,
+                &fence.version,
+                &backoff_ms,
+            ],
         )
         .await?;
     Ok(n == 1)

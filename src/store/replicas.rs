@@ -69,7 +69,12 @@ pub async fn acquire(
         )
         .await
         .map_err(StoreError::from)?;
-    let holder = Holder { hostname: row.get(0), pid: row.get(1), heartbeat_age_ms: row.get(2), expires_in_ms: row.get(3) };
+    let holder = Holder {
+        hostname: row.get(0),
+        pid: row.get(1),
+        heartbeat_age_ms: row.get(2),
+        expires_in_ms: row.get(3),
+    };
     let previous: Uuid = row.get(4);
     if holder.hostname == hostname && holder.pid != pid && !process_alive(holder.pid) {
         let n = conn
@@ -88,7 +93,10 @@ pub async fn acquire(
             return Ok(());
         }
     }
-    Err(GuardError::InUse { id: id.to_string(), holder })
+    Err(GuardError::InUse {
+        id: id.to_string(),
+        holder,
+    })
 }
 
 fn process_alive(pid: i32) -> bool {
@@ -99,7 +107,12 @@ fn process_alive(pid: i32) -> bool {
 
 /// Extends the guard. `false` means this incarnation lost the id (it expired and another
 /// process took it): the caller must stop.
-pub async fn heartbeat(conn: &Conn<'_>, id: &str, incarnation: Uuid, ttl_ms: i64) -> Result<bool, StoreError> {
+pub async fn heartbeat(
+    conn: &Conn<'_>,
+    id: &str,
+    incarnation: Uuid,
+    ttl_ms: i64,
+) -> Result<bool, StoreError> {
     let n = conn
         .execute(
             &format!(

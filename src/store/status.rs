@@ -30,7 +30,9 @@ pub struct Status {
 
 /// Due backlog (free rows whose claimable time has come) and the age of the oldest, read
 /// from the claim index's head: cheap whatever the table size while the backlog is small.
-pub async fn due_backlog(client: &tokio_postgres::Client) -> Result<(i64, Option<i64>), StoreError> {
+pub async fn due_backlog(
+    client: &tokio_postgres::Client,
+) -> Result<(i64, Option<i64>), StoreError> {
     let r = client
         .query_one(
             "SELECT count(*), (extract(epoch FROM clock_timestamp())*1000)::bigint - min(claimable_at_ms)
@@ -76,7 +78,10 @@ pub async fn read(client: &tokio_postgres::Client, last: i64) -> Result<Status, 
         .get(0);
     let (due_backlog, oldest_due_age_ms) = due_backlog(client).await?;
     let admitted_last_minute: i64 = client
-        .query_one(&format!("SELECT count(*) FROM qlsched.runs WHERE queued_at_ms > {now_sql} - 60000"), &[])
+        .query_one(
+            &format!("SELECT count(*) FROM qlsched.runs WHERE queued_at_ms > {now_sql} - 60000"),
+            &[],
+        )
         .await?
         .get(0);
     let lag = client
@@ -115,16 +120,31 @@ impl Status {
                 r.pid
             );
         }
-        let ms = |v: Option<f64>| v.map(|x| format!("{x:.0} ms")).unwrap_or_else(|| "-".into());
+        let ms = |v: Option<f64>| {
+            v.map(|x| format!("{x:.0} ms"))
+                .unwrap_or_else(|| "-".into())
+        };
         let _ = writeln!(s, "live claims: {}", self.live_claims);
         let _ = writeln!(
             s,
             "due backlog: {} (oldest {})",
             self.due_backlog,
-            self.oldest_due_age_ms.map(|x| format!("{x} ms")).unwrap_or_else(|| "-".into())
+            self.oldest_due_age_ms
+                .map(|x| format!("{x} ms"))
+                .unwrap_or_else(|| "-".into())
         );
-        let _ = writeln!(s, "admitted in the last minute: {}", self.admitted_last_minute);
-        let _ = writeln!(s, "lag over last {} runs: p50 {}  p99 {}", self.lag_sample, ms(self.lag_p50_ms), ms(self.lag_p99_ms));
+        let _ = writeln!(
+            s,
+            "admitted in the last minute: {}",
+            self.admitted_last_minute
+        );
+        let _ = writeln!(
+            s,
+            "lag over last {} runs: p50 {}  p99 {}",
+            self.lag_sample,
+            ms(self.lag_p50_ms),
+            ms(self.lag_p99_ms)
+        );
         s
     }
 }
@@ -148,7 +168,9 @@ pub async fn list_runs(
         .map(|r| {
             let sf: i64 = r.get(2);
             let q: Option<i64> = r.get(3);
-            let when = chrono::DateTime::from_timestamp_millis(sf).map(|d| d.to_rfc3339()).unwrap_or_default();
+            let when = chrono::DateTime::from_timestamp_millis(sf)
+                .map(|d| d.to_rfc3339())
+                .unwrap_or_default();
             format!(
                 "{}  {}  scheduled {}  lag {} ms  by {}",
                 r.get::<_, String>(0),

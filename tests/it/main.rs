@@ -3,6 +3,7 @@
 mod helpers;
 
 mod config_validation;
+mod daemon;
 mod migrations;
 mod roles;
 mod store_admit;

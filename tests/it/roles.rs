@@ -9,13 +9,22 @@ use crate::helpers::TestDb;
 async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    for (role, kind) in [("qlsched_admin", "admin"), ("qlsched_runtime", "runtime"), ("qlsched_worker_ingress", "worker_ingress")] {
+    for (role, kind) in [
+        ("qlsched_admin", "admin"),
+        ("qlsched_runtime", "runtime"),
+        ("qlsched_worker_ingress", "worker_ingress"),
+    ] {
         let have = migrate::table_privileges(&su, role).await.unwrap();
         assert_eq!(have, migrate::expected_privileges(kind), "role {role}");
     }
-    let runtime = migrate::table_privileges(&su, "qlsched_runtime").await.unwrap();
-    let on_schedules: Vec<&str> =
-        runtime.iter().filter(|(t, _)| t == "trigger_schedules").map(|(_, p)| p.as_str()).collect();
+    let runtime = migrate::table_privileges(&su, "qlsched_runtime")
+        .await
+        .unwrap();
+    let on_schedules: Vec<&str> = runtime
+        .iter()
+        .filter(|(t, _)| t == "trigger_schedules")
+        .map(|(_, p)| p.as_str())
+        .collect();
     assert_eq!(on_schedules, vec!["SELECT", "UPDATE"]);
 }
 
@@ -60,7 +69,14 @@ async fn each_role_can_do_exactly_what_it_is_granted() {
         match (allowed, &res) {
             (true, Ok(_)) => {}
             (false, Err(_)) if denied => {}
-            _ => failures.push(format!("{role}: `{sql}` expected {} got {res:?}", if *allowed { "allowed" } else { "permission denied" })),
+            _ => failures.push(format!(
+                "{role}: `{sql}` expected {} got {res:?}",
+                if *allowed {
+                    "allowed"
+                } else {
+                    "permission denied"
+                }
+            )),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use qlsched::store::admit::{self, AdmitOutcome, Admission, Refusal, Resolution};
+use qlsched::store::admit::{self, Admission, AdmitOutcome, Refusal, Resolution};
 use qlsched::store::claim::{self, ClaimedRow};
 use qlsched::store::{self, manage, release, Pool};
 use uuid::Uuid;
@@ -63,11 +63,25 @@ async fn one_admission_writes_one_run_one_attempt_two_events_and_advances_the_cu
         )
         .await
         .unwrap();
-    assert_eq!(r.get::<_, String>(0), format!("ql3:cron:v1:trg-00000:1:{}", a.scheduled_for_ms));
+    assert_eq!(
+        r.get::<_, String>(0),
+        format!("ql3:cron:v1:trg-00000:1:{}", a.scheduled_for_ms)
+    );
     assert_eq!(r.get::<_, String>(1), "queued");
     assert_eq!(r.get::<_, i64>(2), a.scheduled_for_ms);
-    assert_eq!((r.get::<_, String>(3), r.get::<_, String>(4), r.get::<_, i32>(5)), ("remote_worker".into(), "claimed".into(), 1));
-    assert_eq!(r.get::<_, i32>(6), 0, "attempt fields are NULL at admission");
+    assert_eq!(
+        (
+            r.get::<_, String>(3),
+            r.get::<_, String>(4),
+            r.get::<_, i32>(5)
+        ),
+        ("remote_worker".into(), "claimed".into(), 1)
+    );
+    assert_eq!(
+        r.get::<_, i32>(6),
+        0,
+        "attempt fields are NULL at admission"
+    );
     assert_eq!(r.get::<_, Option<i64>>(7), Some(a.next_fire_at_ms));
     assert_eq!(r.get::<_, Option<i64>>(8), Some(a.scheduled_for_ms));
     assert!(r.get::<_, bool>(9), "claim cleared");
@@ -91,11 +105,29 @@ async fn a_stale_owner_token_or_version_each_cannot_commit() {
     wrong_version.claim.fence.version -= 1;
     let mut wrong_state = admission(&c);
     wrong_state.claim.state_version -= 1;
-    for (what, a) in [("owner", wrong_owner), ("token", wrong_token), ("version", wrong_version), ("state_version", wrong_state)] {
-        assert_eq!(admit(&pool, &a).await, AdmitOutcome::Refused { why: Refusal::FenceLost }, "stale {what}");
-        assert_eq!(written(&db).await, (0, 0, 0), "stale {what} wrote something");
+    for (what, a) in [
+        ("owner", wrong_owner),
+        ("token", wrong_token),
+        ("version", wrong_version),
+        ("state_version", wrong_state),
+    ] {
+        assert_eq!(
+            admit(&pool, &a).await,
+            AdmitOutcome::Refused {
+                why: Refusal::FenceLost
+            },
+            "stale {what}"
+        );
+        assert_eq!(
+            written(&db).await,
+            (0, 0, 0),
+            "stale {what} wrote something"
+        );
     }
-    assert!(matches!(admit(&pool, &admission(&c)).await, AdmitOutcome::Admitted { .. }));
+    assert!(matches!(
+        admit(&pool, &admission(&c)).await,
+        AdmitOutcome::Admitted { .. }
+    ));
 }
 
 #[tokio::test]
@@ -115,8 +147,16 @@ async fn a_stale_holder_cannot_commit_after_a_takeover() {
         }
     })
     .await;
-    assert_eq!(admit(&pool, &admission(&old)).await, AdmitOutcome::Refused { why: Refusal::FenceLost });
-    assert!(matches!(admit(&pool, &admission(&new[0])).await, AdmitOutcome::Admitted { .. }));
+    assert_eq!(
+        admit(&pool, &admission(&old)).await,
+        AdmitOutcome::Refused {
+            why: Refusal::FenceLost
+        }
+    );
+    assert!(matches!(
+        admit(&pool, &admission(&new[0])).await,
+        AdmitOutcome::Admitted { .. }
+    ));
     assert_eq!(written(&db).await, (1, 1, 2));
 }
 
@@ -127,13 +167,26 @@ async fn an_expired_lease_cannot_commit_even_if_nobody_took_it() {
     db.make_due(-100).await;
     let pool = db.runtime_pool(2);
     let c = claim_one(&pool, "a", 200).await;
-    wait_until("the database clock to pass the expiry", Duration::from_secs(5), || {
-        let db = &db;
-        let exp = c.fence.expires_at_ms;
-        async move { db.count("SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint").await > exp }
-    })
+    wait_until(
+        "the database clock to pass the expiry",
+        Duration::from_secs(5),
+        || {
+            let db = &db;
+            let exp = c.fence.expires_at_ms;
+            async move {
+                db.count("SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint")
+                    .await
+                    > exp
+            }
+        },
+    )
     .await;
-    assert_eq!(admit(&pool, &admission(&c)).await, AdmitOutcome::Refused { why: Refusal::FenceLost });
+    assert_eq!(
+        admit(&pool, &admission(&c)).await,
+        AdmitOutcome::Refused {
+            why: Refusal::FenceLost
+        }
+    );
     assert_eq!(written(&db).await, (0, 0, 0));
 }
 
@@ -148,8 +201,15 @@ async fn advancing_without_admission_moves_only_the_cursor() {
     let next = c.observed_at_ms + 1000;
     assert!(admit::advance_cursor(&conn, &c, next).await.unwrap());
     assert_eq!(written(&db).await, (0, 0, 0));
-    assert_eq!(db.count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules WHERE claim_owner IS NULL").await, next);
-    assert!(!admit::advance_cursor(&conn, &c, next + 1000).await.unwrap(), "a used claim advances nothing");
+    assert_eq!(
+        db.count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules WHERE claim_owner IS NULL")
+            .await,
+        next
+    );
+    assert!(
+        !admit::advance_cursor(&conn, &c, next + 1000).await.unwrap(),
+        "a used claim advances nothing"
+    );
 }
 
 /// Each of the five writes of an admission is made to fail in turn by a trigger the test
@@ -183,19 +243,40 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
     .unwrap();
     let pool = db.runtime_pool(2);
     let c = claim_one(&pool, "a", 60_000).await;
-    let before = db.count("SELECT state_version FROM qlsched.trigger_schedules").await;
+    let before = db
+        .count("SELECT state_version FROM qlsched.trigger_schedules")
+        .await;
     for what in ["run", "attempt", "event1", "event2", "schedule"] {
         su.execute("TRUNCATE public.fail_at", &[]).await.unwrap();
-        su.execute("INSERT INTO public.fail_at VALUES ($1)", &[&what]).await.unwrap();
+        su.execute("INSERT INTO public.fail_at VALUES ($1)", &[&what])
+            .await
+            .unwrap();
         let mut conn = store::conn(&pool).await.unwrap();
-        let err = admit::admit_once(&mut conn, &admission(&c)).await.unwrap_err();
-        assert!(err.to_string().contains("injected failure"), "{what}: {err}");
+        let err = admit::admit_once(&mut conn, &admission(&c))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("injected failure"),
+            "{what}: {err}"
+        );
         assert_eq!(written(&db).await, (0, 0, 0), "{what} left writes behind");
-        assert_eq!(db.count("SELECT state_version FROM qlsched.trigger_schedules").await, before, "{what}");
-        assert_eq!(db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'").await, 1);
+        assert_eq!(
+            db.count("SELECT state_version FROM qlsched.trigger_schedules")
+                .await,
+            before,
+            "{what}"
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
+                .await,
+            1
+        );
     }
     su.execute("TRUNCATE public.fail_at", &[]).await.unwrap();
-    assert!(matches!(admit(&pool, &admission(&c)).await, AdmitOutcome::Admitted { .. }));
+    assert!(matches!(
+        admit(&pool, &admission(&c)).await,
+        AdmitOutcome::Admitted { .. }
+    ));
     db.assert_invariants().await;
 }
 
@@ -204,18 +285,37 @@ async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_bac
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     db.make_due(-100).await;
-    db.superuser().await.batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || ' '").await.unwrap();
+    db.superuser()
+        .await
+        .batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || ' '")
+        .await
+        .unwrap();
     let pool = db.runtime_pool(2);
     let c = claim_one(&pool, "a", 30_000).await;
-    assert_eq!(admit(&pool, &admission(&c)).await, AdmitOutcome::Refused { why: Refusal::CorruptExecutionRevision });
+    assert_eq!(
+        admit(&pool, &admission(&c)).await,
+        AdmitOutcome::Refused {
+            why: Refusal::CorruptExecutionRevision
+        }
+    );
     assert_eq!(written(&db).await, (0, 0, 0));
     let conn = store::conn(&pool).await.unwrap();
-    assert!(release::release_claim(&conn, &c.trigger_id, &c.fence, 60_000).await.unwrap());
+    assert!(
+        release::release_claim(&conn, &c.trigger_id, &c.fence, 60_000)
+            .await
+            .unwrap()
+    );
     let wait = db
         .count("SELECT claimable_at_ms - (extract(epoch FROM clock_timestamp())*1000)::bigint FROM qlsched.trigger_schedules WHERE claim_owner IS NULL")
         .await;
     assert!((55_000..=60_000).contains(&wait), "back-off {wait} ms");
-    assert!(claim::claim_due(&conn, "b", 30_000, 10).await.unwrap().is_empty(), "backed-off row not claimable");
+    assert!(
+        claim::claim_due(&conn, "b", 30_000, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "backed-off row not claimable"
+    );
 }
 
 #[tokio::test]
@@ -226,17 +326,33 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
     let pool = db.runtime_pool(2);
     let c = claim_one(&pool, "a", 30_000).await;
     let mut admin = db.admin().await;
-    let published = manage::publish_trigger(&mut admin, &manage::TriggerSpec::new("trg-00000", "proj", "task", "*/2 * * * * *", "UTC"))
-        .await
-        .unwrap();
+    let published = manage::publish_trigger(
+        &mut admin,
+        &manage::TriggerSpec::new("trg-00000", "proj", "task", "*/2 * * * * *", "UTC"),
+    )
+    .await
+    .unwrap();
     assert_eq!(published.revision, 2);
-    assert_eq!(admit(&pool, &admission(&c)).await, AdmitOutcome::Refused { why: Refusal::FenceLost });
+    assert_eq!(
+        admit(&pool, &admission(&c)).await,
+        AdmitOutcome::Refused {
+            why: Refusal::FenceLost
+        }
+    );
     assert_eq!(written(&db).await, (0, 0, 0));
     let row = db.superuser().await.query_one("SELECT next_fire_at_ms, claim_owner, claim_version, claimable_at_ms FROM qlsched.trigger_schedules", &[]).await.unwrap();
     assert_eq!(row.get::<_, Option<i64>>(0), None, "cursor cleared");
     assert_eq!(row.get::<_, Option<String>>(1), None, "claim cleared");
-    assert_eq!(row.get::<_, i64>(2), c.fence.version + 1, "claim_version bumped");
-    assert_eq!(row.get::<_, Option<i64>>(3), Some(0), "pending initialisation");
+    assert_eq!(
+        row.get::<_, i64>(2),
+        c.fence.version + 1,
+        "claim_version bumped"
+    );
+    assert_eq!(
+        row.get::<_, Option<i64>>(3),
+        Some(0),
+        "pending initialisation"
+    );
 }
 
 #[tokio::test]
@@ -256,7 +372,12 @@ async fn an_existing_idempotency_key_refuses_the_admission_and_writes_nothing() 
         )
         .await
         .unwrap();
-    assert_eq!(admit(&pool, &a).await, AdmitOutcome::Refused { why: Refusal::DuplicateKey });
+    assert_eq!(
+        admit(&pool, &a).await,
+        AdmitOutcome::Refused {
+            why: Refusal::DuplicateKey
+        }
+    );
     assert_eq!(written(&db).await, (1, 0, 0));
 }
 
@@ -268,13 +389,29 @@ async fn an_unknown_outcome_is_resolved_by_key_and_fence() {
     let pool = db.runtime_pool(2);
     let c = claim_one(&pool, "a", 30_000).await;
     let a = admission(&c);
-    assert_eq!(admit::resolve_unknown(&pool, &a).await.unwrap(), Resolution::NotCommittedClaimHeld);
-    assert!(matches!(admit(&pool, &a).await, AdmitOutcome::Admitted { .. }));
-    assert!(matches!(admit::resolve_unknown(&pool, &a).await.unwrap(), Resolution::Committed { .. }));
+    assert_eq!(
+        admit::resolve_unknown(&pool, &a).await.unwrap(),
+        Resolution::NotCommittedClaimHeld
+    );
+    assert!(matches!(
+        admit(&pool, &a).await,
+        AdmitOutcome::Admitted { .. }
+    ));
+    assert!(matches!(
+        admit::resolve_unknown(&pool, &a).await.unwrap(),
+        Resolution::Committed { .. }
+    ));
     let other = claim_one(&pool, "a", 30_000).await;
     let conn = store::conn(&pool).await.unwrap();
-    release::release_claim(&conn, &other.trigger_id, &other.fence, 0).await.unwrap();
-    assert_eq!(admit::resolve_unknown(&pool, &admission(&other)).await.unwrap(), Resolution::NotOurs);
+    release::release_claim(&conn, &other.trigger_id, &other.fence, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        admit::resolve_unknown(&pool, &admission(&other))
+            .await
+            .unwrap(),
+        Resolution::NotOurs
+    );
 }
 
 #[tokio::test]
@@ -284,12 +421,18 @@ async fn the_runtime_role_admits_without_insert_on_schedules() {
     db.make_due(-100).await;
     let rt = db.client("qlsched_runtime").await;
     let has_insert: bool = rt
-        .query_one("SELECT has_table_privilege('qlsched.trigger_schedules', 'INSERT')", &[])
+        .query_one(
+            "SELECT has_table_privilege('qlsched.trigger_schedules', 'INSERT')",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     assert!(!has_insert);
     let pool = db.runtime_pool(2);
     let c = claim_one(&pool, "a", 30_000).await;
-    assert!(matches!(admit(&pool, &admission(&c)).await, AdmitOutcome::Admitted { .. }));
+    assert!(matches!(
+        admit(&pool, &admission(&c)).await,
+        AdmitOutcome::Admitted { .. }
+    ));
 }

@@ -5,7 +5,8 @@ use qlsched::store::{self, claim};
 use crate::helpers::{poll_until, unique_owner, TestDb};
 
 #[tokio::test]
-async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_claimers_take_disjoint_rows() {
+async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_claimers_take_disjoint_rows(
+) {
     let db = TestDb::new().await;
     let ids = db.seed(6, "0 0 0 1 1 *").await;
     let su = db.superuser().await;
@@ -25,10 +26,17 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
     let got: Vec<&str> = a.iter().map(|r| r.trigger_id.as_str()).collect();
     assert_eq!(got.len(), 3);
     // pending ones first (NULLS FIRST), then the oldest due one
-    assert!(got.contains(&"trg-00003") && got.contains(&"trg-00004") && got.contains(&"trg-00000"), "{got:?}");
+    assert!(
+        got.contains(&"trg-00003") && got.contains(&"trg-00004") && got.contains(&"trg-00000"),
+        "{got:?}"
+    );
     let b = claim::claim_due(&conn, "b", 30_000, 10).await.unwrap();
     let got_b: Vec<&str> = b.iter().map(|r| r.trigger_id.as_str()).collect();
-    assert_eq!(got_b, vec!["trg-00001", "trg-00002"], "the future row is not due; claimed rows are not retaken");
+    assert_eq!(
+        got_b,
+        vec!["trg-00001", "trg-00002"],
+        "the future row is not due; claimed rows are not retaken"
+    );
     for r in a.iter().chain(b.iter()) {
         assert_eq!(r.fence.expires_at_ms, r.observed_at_ms + 30_000);
         assert_eq!(r.fence.version, 1);
@@ -41,21 +49,31 @@ async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_
     db.seed(1, "* * * * * *").await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let first = claim::claim_due(&conn, &unique_owner("a"), 700, 10).await.unwrap();
+    let first = claim::claim_due(&conn, &unique_owner("a"), 700, 10)
+        .await
+        .unwrap();
     assert_eq!(first.len(), 1);
     let expiry = first[0].fence.expires_at_ms;
     let b = unique_owner("b");
     drop(conn);
-    let taken = poll_until("the expired claim to be taken over", Duration::from_secs(10), || {
-        let (pool, b) = (pool.clone(), b.clone());
-        async move {
-            let conn = store::conn(&pool).await.unwrap();
-            let rows = claim::claim_due(&conn, &b, 30_000, 10).await.unwrap();
-            (!rows.is_empty()).then_some(rows)
-        }
-    })
+    let taken = poll_until(
+        "the expired claim to be taken over",
+        Duration::from_secs(10),
+        || {
+            let (pool, b) = (pool.clone(), b.clone());
+            async move {
+                let conn = store::conn(&pool).await.unwrap();
+                let rows = claim::claim_due(&conn, &b, 30_000, 10).await.unwrap();
+                (!rows.is_empty()).then_some(rows)
+            }
+        },
+    )
     .await;
-    assert!(taken[0].observed_at_ms >= expiry, "taken at {} before expiry {expiry}", taken[0].observed_at_ms);
+    assert!(
+        taken[0].observed_at_ms >= expiry,
+        "taken at {} before expiry {expiry}",
+        taken[0].observed_at_ms
+    );
     assert_eq!(taken[0].fence.version, first[0].fence.version + 1);
     assert_ne!(taken[0].fence.token, first[0].fence.token);
     assert!(taken[0].state_version > first[0].state_version);
@@ -66,18 +84,41 @@ async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
     let db = TestDb::new().await;
     db.seed(2, "* * * * * *").await;
     let mut admin = db.admin().await;
-    let mut spec = qlsched::store::manage::TriggerSpec::new("trg-00000", "proj", "task", "* * * * * *", "UTC");
+    let mut spec =
+        qlsched::store::manage::TriggerSpec::new("trg-00000", "proj", "task", "* * * * * *", "UTC");
     spec.enabled = false;
-    qlsched::store::manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    qlsched::store::manage::publish_trigger(&mut admin, &spec)
+        .await
+        .unwrap();
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
     let rows = claim::claim_due(&conn, "a", 30_000, 10).await.unwrap();
-    assert_eq!(rows.iter().map(|r| r.trigger_id.as_str()).collect::<Vec<_>>(), vec!["trg-00001"]);
-    qlsched::store::release::release_claim(&conn, "trg-00001", &rows[0].fence, 0).await.unwrap();
-    qlsched::store::manage::set_project(&mut admin, "proj", "suspended").await.unwrap();
-    assert!(claim::claim_due(&conn, "a", 30_000, 10).await.unwrap().is_empty());
-    qlsched::store::manage::set_project(&mut admin, "proj", "active").await.unwrap();
-    assert_eq!(claim::claim_due(&conn, "a", 30_000, 10).await.unwrap().len(), 1);
+    assert_eq!(
+        rows.iter()
+            .map(|r| r.trigger_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["trg-00001"]
+    );
+    qlsched::store::release::release_claim(&conn, "trg-00001", &rows[0].fence, 0)
+        .await
+        .unwrap();
+    qlsched::store::manage::set_project(&mut admin, "proj", "suspended")
+        .await
+        .unwrap();
+    assert!(claim::claim_due(&conn, "a", 30_000, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    qlsched::store::manage::set_project(&mut admin, "proj", "active")
+        .await
+        .unwrap();
+    assert_eq!(
+        claim::claim_due(&conn, "a", 30_000, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 /// The claim is an index range scan that never visits live-claimed rows: with 1,000 live
@@ -101,13 +142,23 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
     .unwrap();
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let live = claim::claim_due(&conn, "holder", 600_000, 1000).await.unwrap();
+    let live = claim::claim_due(&conn, "holder", 600_000, 1000)
+        .await
+        .unwrap();
     assert_eq!(live.len(), 1000);
-    su.batch_execute("ANALYZE qlsched.trigger_schedules").await.unwrap();
+    su.batch_execute("ANALYZE qlsched.trigger_schedules")
+        .await
+        .unwrap();
     su.batch_execute("BEGIN").await.unwrap();
-    let sql = claim::CLAIM_DUE_SQL.replace("$1", "'probe'").replace("$2", "30000").replace("$3", "16");
+    let sql = claim::CLAIM_DUE_SQL
+        .replace("$1", "'probe'")
+        .replace("$2", "30000")
+        .replace("$3", "16");
     let plan: Vec<String> = su
-        .query(&format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}"), &[])
+        .query(
+            &format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}"),
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -115,14 +166,38 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
         .collect();
     su.batch_execute("ROLLBACK").await.unwrap();
     let text = plan.join("\n");
-    assert!(text.contains("Index Scan using trigger_schedules_claimable_idx"), "{text}");
+    assert!(
+        text.contains("Index Scan using trigger_schedules_claimable_idx"),
+        "{text}"
+    );
     assert!(!text.contains("Seq Scan on trigger_schedules"), "{text}");
     assert!(!text.contains("Sort"), "{text}");
     // Rows removed by filter anywhere on the schedule scan would mean live claims were walked.
-    let idx_line = plan.iter().position(|l| l.contains("trigger_schedules_claimable_idx")).unwrap();
-    let scan_block: Vec<&String> =
-        plan[idx_line + 1..].iter().take_while(|l| l.trim_start().starts_with("Index Cond") || l.trim_start().starts_with("Filter") || l.trim_start().starts_with("Rows Removed")).collect();
-    assert!(scan_block.iter().all(|l| !l.contains("Rows Removed by Filter")), "{text}");
-    let actual_rows = plan[idx_line].split("rows=").nth(1).and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next()).unwrap();
-    assert_eq!(actual_rows, "16", "the scan read exactly the rows it claimed: {text}");
+    let idx_line = plan
+        .iter()
+        .position(|l| l.contains("trigger_schedules_claimable_idx"))
+        .unwrap();
+    let scan_block: Vec<&String> = plan[idx_line + 1..]
+        .iter()
+        .take_while(|l| {
+            l.trim_start().starts_with("Index Cond")
+                || l.trim_start().starts_with("Filter")
+                || l.trim_start().starts_with("Rows Removed")
+        })
+        .collect();
+    assert!(
+        scan_block
+            .iter()
+            .all(|l| !l.contains("Rows Removed by Filter")),
+        "{text}"
+    );
+    let actual_rows = plan[idx_line]
+        .split("rows=")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .unwrap();
+    assert_eq!(
+        actual_rows, "16",
+        "the scan read exactly the rows it claimed: {text}"
+    );
 }

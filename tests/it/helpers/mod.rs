@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod replica;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,7 +30,10 @@ extern "C" fn remove_cluster_at_exit() {
     if let Some(c) = CLUSTER.get() {
         // The postmaster gets SIGQUIT from its parent-death signal; remove its files.
         let pid_file = c.root.join("data/postmaster.pid");
-        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.lines().next()?.parse::<i32>().ok()) {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.lines().next()?.parse::<i32>().ok())
+        {
             unsafe { libc::kill(pid, libc::SIGQUIT) };
             let deadline = Instant::now() + Duration::from_secs(5);
             while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
@@ -61,10 +65,16 @@ pub fn cluster() -> &'static Cluster {
                 std::thread::park();
             }
         });
-        let port = rx.recv_timeout(Duration::from_secs(120)).expect("PostgreSQL failed to start (see panic above)");
+        let port = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("PostgreSQL failed to start (see panic above)");
         unsafe { libc::atexit(remove_cluster_at_exit) };
         std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(make_template(port))
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(make_template(port))
         })
         .join()
         .expect("template database");
@@ -73,13 +83,19 @@ pub fn cluster() -> &'static Cluster {
 }
 
 pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
-    format!("host=127.0.0.1 port={port} user={user} dbname={db} connect_timeout=10").parse().unwrap()
+    format!("host=127.0.0.1 port={port} user={user} dbname={db} connect_timeout=10")
+        .parse()
+        .unwrap()
 }
 
 async fn make_template(port: u16) {
     let roles = Roles::with_prefix(PREFIX).unwrap();
-    migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE).await.expect("bootstrap");
-    migrate::migrate(&pg_config(port, &roles.owner, TEMPLATE), &roles).await.expect("migrate");
+    migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
+        .await
+        .expect("bootstrap");
+    migrate::migrate(&pg_config(port, &roles.owner, TEMPLATE), &roles)
+        .await
+        .expect("migrate");
 }
 
 /// A fresh database made from the migrated template.
@@ -91,10 +107,18 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new() -> TestDb {
         let c = cluster();
-        let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::SeqCst));
-        let admin = store::connect(&pg_config(c.port, "postgres", "postgres")).await.unwrap();
+        let name = format!(
+            "t{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::SeqCst)
+        );
+        let admin = store::connect(&pg_config(c.port, "postgres", "postgres"))
+            .await
+            .unwrap();
         admin
-            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE} OWNER {PREFIX}_owner"))
+            .batch_execute(&format!(
+                "CREATE DATABASE {name} TEMPLATE {TEMPLATE} OWNER {PREFIX}_owner"
+            ))
             .await
             .expect("create test database");
         TestDb { name, port: c.port }
@@ -105,7 +129,10 @@ impl TestDb {
     }
 
     pub fn dsn(&self, user: &str) -> String {
-        format!("host=127.0.0.1 port={} user={user} dbname={}", self.port, self.name)
+        format!(
+            "host=127.0.0.1 port={} user={user} dbname={}",
+            self.port, self.name
+        )
     }
 
     pub async fn client(&self, user: &str) -> tokio_postgres::Client {
@@ -118,19 +145,33 @@ impl TestDb {
         self.client("qlsched_admin").await
     }
     pub fn runtime_pool(&self, size: u32) -> Pool {
-        store::build_pool(self.config("qlsched_runtime"), size, Duration::from_secs(10), &discard_log())
+        store::build_pool(
+            self.config("qlsched_runtime"),
+            size,
+            Duration::from_secs(10),
+            &discard_log(),
+        )
     }
 
     /// One active project, one task, and `n` triggers `trg-00000…` with the given
     /// expression (every second by default), all pending initialisation.
     pub async fn seed(&self, n: usize, expr: &str) -> Vec<String> {
         let mut admin = self.admin().await;
-        manage::set_project(&mut admin, "proj", "active").await.unwrap();
-        manage::publish_task(&mut admin, "proj", "task", "{\"image\":\"demo\"}").await.unwrap();
+        manage::set_project(&mut admin, "proj", "active")
+            .await
+            .unwrap();
+        manage::publish_task(&mut admin, "proj", "task", "{\"image\":\"demo\"}")
+            .await
+            .unwrap();
         let mut ids = Vec::with_capacity(n);
         for i in 0..n {
             let id = format!("trg-{i:05}");
-            manage::publish_trigger(&mut admin, &TriggerSpec::new(&id, "proj", "task", expr, "UTC")).await.unwrap();
+            manage::publish_trigger(
+                &mut admin,
+                &TriggerSpec::new(&id, "proj", "task", expr, "UTC"),
+            )
+            .await
+            .unwrap();
             ids.push(id);
         }
         ids
@@ -153,7 +194,12 @@ impl TestDb {
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
-        self.superuser().await.query_one(sql, &[]).await.unwrap().get(0)
+        self.superuser()
+            .await
+            .query_one(sql, &[])
+            .await
+            .unwrap()
+            .get(0)
     }
 
     /// The invariant every test and drill ends with: one run per key (the unique index),
@@ -191,7 +237,10 @@ where
         if cond().await {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -211,7 +260,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -57,7 +57,12 @@ pub fn run_as() -> Option<RunAs> {
     if pw.is_null() {
         panic!("running as root but there is no `postgres` OS user to run the server as; install PostgreSQL with `apt-get install -y postgresql`");
     }
-    Some(unsafe { RunAs { uid: (*pw).pw_uid, gid: (*pw).pw_gid } })
+    Some(unsafe {
+        RunAs {
+            uid: (*pw).pw_uid,
+            gid: (*pw).pw_gid,
+        }
+    })
 }
 
 /// A command that runs as the server user and dies with its parent thread's process.
@@ -85,7 +90,11 @@ pub fn server_command(program: &Path, kill_with_parent: bool) -> Command {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// One PostgreSQL server with its own data directory.
@@ -112,12 +121,24 @@ impl Server {
         chown_for_server(root);
         let data = root.join("data");
         let out = server_command(&bindir.join("initdb"), false)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "-D"])
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "-D",
+            ])
             .arg(&data)
             .stdout(Stdio::null())
             .output()
             .expect("run initdb");
-        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let conf = format!(
             "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{root}'\n\
              max_connections = 300\nshared_buffers = 128MB\nlog_min_messages = warning\n\
@@ -128,7 +149,13 @@ impl Server {
         let mut all = std::fs::read_to_string(&path).unwrap();
         all.push_str(&conf);
         std::fs::write(&path, all).unwrap();
-        Server { bindir, root: root.to_path_buf(), data, port: free_port(), child: None }
+        Server {
+            bindir,
+            root: root.to_path_buf(),
+            data,
+            port: free_port(),
+            child: None,
+        }
     }
 
     /// Starts the postmaster in the foreground as our child and waits until it accepts.
@@ -156,7 +183,15 @@ impl Server {
         let deadline = Instant::now() + within;
         loop {
             let ok = Command::new(self.bindir.join("pg_isready"))
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-q"])
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    "postgres",
+                    "-q",
+                ])
                 .status()
                 .map(|s| s.success())
                 .unwrap_or(false);
@@ -175,7 +210,11 @@ impl Server {
     /// Stops the server: `fast` (SIGINT) or `immediate` (SIGQUIT), and reaps it.
     pub fn stop(&mut self, mode: &str) {
         if let Some(mut child) = self.child.take() {
-            let sig = if mode == "immediate" { libc::SIGQUIT } else { libc::SIGINT };
+            let sig = if mode == "immediate" {
+                libc::SIGQUIT
+            } else {
+                libc::SIGINT
+            };
             unsafe { libc::kill(child.id() as i32, sig) };
             let _ = child.wait();
         }

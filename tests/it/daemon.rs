@@ -1,0 +1,77 @@
+//! The real binary: readiness, admission, clean stop, the replica-id guard.
+
+use std::time::Duration;
+
+use crate::helpers::replica::ReplicaProc;
+use crate::helpers::{wait_until, TestDb};
+
+#[tokio::test]
+async fn a_replica_becomes_ready_admits_every_second_triggers_and_stops_cleanly() {
+    let db = TestDb::new().await;
+    db.seed(5, "* * * * * *").await;
+    let mut a = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "a", "", &[]);
+    a.wait_ready(Duration::from_secs(30)).await;
+    wait_until("10 runs admitted", Duration::from_secs(30), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 10
+    })
+    .await;
+    let (status, metrics) = a.get("/metrics").expect("metrics answer");
+    assert_eq!(status, 200);
+    let admits: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("qlsched_admits_total "))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .expect("qlsched_admits_total in /metrics");
+    assert!(admits >= 1.0, "{metrics}");
+    assert!(metrics.contains("qlsched_lag_seconds_bucket"), "{metrics}");
+    let status = a.terminate(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit {status}; log:\n{}", a.log());
+    assert!(a.log().contains("leases handed over"), "{}", a.log());
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL")
+            .await,
+        0
+    );
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn a_second_live_process_with_the_same_replica_id_refuses_to_start() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    let mut first = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "same", "", &[]);
+    first.wait_ready(Duration::from_secs(30)).await;
+    let mut second = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "same", "", &[]);
+    let status = second.wait_exit(Duration::from_secs(30)).await;
+    assert!(!status.success());
+    let log = second.log();
+    assert!(
+        log.contains("replica id `same` is held by a live process"),
+        "{log}"
+    );
+    assert!(log.contains("copy-pasted config"), "{log}");
+    // The first one is unaffected, and after it stops cleanly the id is free at once.
+    assert_eq!(first.get("/readyz").map(|r| r.0), Some(200));
+    assert!(first.terminate(Duration::from_secs(20)).await.success());
+    let mut third = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "same", "", &[]);
+    third.wait_ready(Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn a_replica_refuses_a_database_whose_migrations_drifted() {
+    let db = TestDb::new().await;
+    db.superuser()
+        .await
+        .batch_execute("UPDATE qlsched.schema_migrations SET checksum = '1' WHERE version = 1")
+        .await
+        .unwrap();
+    let mut a = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "a", "", &[]);
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    assert!(!status.success());
+    assert!(
+        a.log()
+            .contains("migration V1__definitions.sql was changed after it was applied"),
+        "{}",
+        a.log()
+    );
+}

@@ -1,0 +1,177 @@
+//! Drives the real `qlsched` binary as a replica process: a real config file, environment
+//! overrides, readiness over HTTP, SIGKILL / SIGTERM.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test (built by cargo with the same features as the tests).
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_qlsched"))
+}
+
+pub struct ReplicaProc {
+    pub id: String,
+    pub http: SocketAddr,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl ReplicaProc {
+    /// Starts `qlsched run` as replica `id` against `dsn` (runtime role), with the given extra
+    /// TOML lines appended to the config file (e.g. `"[scheduler]\nlease = \"5s\""`) and
+    /// extra environment variables.
+    pub fn spawn(dsn: &str, id: &str, extra_toml: &str, env: &[(&str, &str)]) -> ReplicaProc {
+        let dir = tempfile::tempdir().unwrap();
+        let port = super::pg::free_port();
+        let http: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let config_path = dir.path().join(format!("{id}.toml"));
+        let (mut scheduler, rest) = split_scheduler(extra_toml);
+        if !scheduler.contains("lease") {
+            scheduler.push_str("\nlease = \"5s\"");
+        }
+        if !scheduler.contains("admit_timeout") {
+            scheduler.push_str("\nadmit_timeout = \"2s\"");
+        }
+        std::fs::write(
+            &config_path,
+            format!(
+                "[replica]\nid = \"{id}\"\n\n[database]\ndsn = \"{dsn}\"\n\n[scheduler]\n{scheduler}\n\n\
+                 [http]\nbind = \"{http}\"\n\n[log]\nformat = \"json\"\nlevel = \"debug\"\n{rest}\n"
+            ),
+        )
+        .unwrap();
+        let log_path = dir.path().join(format!("{id}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut cmd = Command::new(binary());
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn qlsched");
+        ReplicaProc {
+            id: id.to_string(),
+            http,
+            config_path,
+            log_path,
+            child: Some(child),
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// GET `path` on the replica's HTTP port; (status, body) or None if it does not answer.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.http, path)
+    }
+
+    /// Waits until `/readyz` answers 200; panics with the log on time-out or early exit.
+    pub async fn wait_ready(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some((200, _)) = self.get("/readyz") {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "replica {} exited with {status} before it was ready; log:\n{}",
+                    self.id,
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica {} not ready within {within:?}; log:\n{}",
+                self.id,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits for the process to exit by itself; returns its status.
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica {} did not exit within {within:?}",
+                self.id
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait (bounded) for a clean exit.
+    pub async fn terminate(&mut self, within: Duration) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait_exit(within).await
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for ReplicaProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn split_scheduler(extra: &str) -> (String, String) {
+    // Lines before any [section] header belong to [scheduler].
+    match extra.find('[') {
+        Some(i) => (extra[..i].to_string(), extra[i..].to_string()),
+        None => (extra.to_string(), String::new()),
+    }
+}
+
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
