@@ -104,6 +104,19 @@ impl Handler<Apply> for AdmitActor {
     }
 }
 
+/// Stops the actor (operators' and tests' way to exercise the supervisor's restart).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+impl Handler<Stop> for AdmitActor {
+    type Result = ();
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        warn!(self.log, "admit actor asked to stop");
+        ctx.stop();
+    }
+}
+
 async fn apply(
     pool: &Pool,
     log: &Logger,

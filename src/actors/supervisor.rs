@@ -249,14 +249,28 @@ impl Handler<Drain> for Supervisor {
     }
 }
 
-/// Test probe: rounds in flight at once, live claim actors.
+/// A look inside, for tests and diagnostics.
 #[derive(Message)]
-#[rtype(result = "(u32, usize)")]
+#[rtype(result = "ProbeReport")]
 pub struct Probe;
+
+#[derive(Debug, Clone)]
+pub struct ProbeReport {
+    /// Most rounds ever in flight at once (never more than 1).
+    pub max_concurrent_rounds: u32,
+    /// Claim actors alive now.
+    pub live: usize,
+    /// The current admit actor.
+    pub admit: Option<Addr<AdmitActor>>,
+}
 
 impl Handler<Probe> for Supervisor {
     type Result = MessageResult<Probe>;
     fn handle(&mut self, _: Probe, _: &mut Self::Context) -> Self::Result {
-        MessageResult((self.max_concurrent_rounds, self.live.len()))
+        MessageResult(ProbeReport {
+            max_concurrent_rounds: self.max_concurrent_rounds,
+            live: self.live.len(),
+            admit: self.admit.clone(),
+        })
     }
 }

@@ -3,6 +3,7 @@
 mod helpers;
 
 mod config_validation;
+mod coordinator;
 mod daemon;
 mod migrations;
 mod roles;

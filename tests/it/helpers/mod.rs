@@ -267,3 +267,40 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+impl TestDb {
+    /// Like `seed`, but in a few bulk statements (fast for thousands of triggers). Rows are
+    /// initialised and due `due_offset_ms` from now (negative = overdue).
+    pub async fn seed_bulk(&self, n: usize, expr: &str, due_offset_ms: i64) {
+        let mut admin = self.admin().await;
+        manage::set_project(&mut admin, "proj", "active")
+            .await
+            .unwrap();
+        manage::publish_task(&mut admin, "proj", "task", "{\"image\":\"demo\"}")
+            .await
+            .unwrap();
+        let digest = TriggerSpec::new("x", "proj", "task", expr, "UTC").content_digest();
+        admin
+            .execute(
+                "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, cron_expr, timezone, content_digest, updated_at_ms)
+                 SELECT 'trg-' || lpad(g::text, 5, '0'), 'proj', 'task', 1, $2, 'UTC', $3, 0 FROM generate_series(0, $1 - 1) g",
+                &[&(n as i32), &expr, &digest],
+            )
+            .await
+            .unwrap();
+        admin
+            .execute(
+                "INSERT INTO qlsched.trigger_schedules (trigger_id, project_id, trigger_revision, next_fire_at_ms, claimable_at_ms, updated_at_ms)
+                 SELECT trigger_id, 'proj', 1, now_ms + $1, now_ms + $1, now_ms
+                   FROM qlsched.triggers, (SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint AS now_ms) c",
+                &[&due_offset_ms],
+            )
+            .await
+            .unwrap();
+        self.superuser()
+            .await
+            .batch_execute("ANALYZE")
+            .await
+            .unwrap();
+    }
+}

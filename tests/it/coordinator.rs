@@ -1,0 +1,340 @@
+//! The actor system in-process on a real database: budget, catch-up, non-overlapping
+//! rounds, bounded drain, admit-actor restart, and two independent pools racing.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use qlsched::actors::admit::Stop;
+use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
+use qlsched::actors::Settings;
+use qlsched::metrics::Metrics;
+use qlsched::store::{self, claim, release};
+
+use crate::helpers::{discard_log, wait_until, TestDb};
+
+/// A yearly expression: each seeded row fires exactly once during a test.
+const ONCE: &str = "0 0 0 1 1 *";
+
+fn settings(owner: &str, budget: u32, cadence_ms: u64, lease_ms: u64) -> Settings {
+    Settings {
+        owner: owner.into(),
+        claim_budget: budget,
+        lease: Duration::from_millis(lease_ms),
+        cadence: Duration::from_millis(cadence_ms),
+        drain: Duration::from_secs(2),
+        admit_timeout: Duration::from_secs(2),
+        max_serialization_retries: 5,
+        reject_backoff: Duration::from_secs(60),
+    }
+}
+
+fn start(db: &TestDb, s: Settings) -> (Addr<Supervisor>, Metrics) {
+    let metrics = Metrics::default();
+    let sup = Supervisor::new(s, db.runtime_pool(4), metrics.clone(), &discard_log(), None).start();
+    (sup, metrics)
+}
+
+async fn runs(db: &TestDb) -> i64 {
+    db.count("SELECT count(*) FROM qlsched.runs").await
+}
+
+/// With budget 16, 1,000 due rows are never more than 16 leased at once, and they are all
+/// admitted within the first cadence (60 s): the budget bounds each round, not the rate.
+#[actix_rt::test]
+async fn the_budget_bounds_each_round_and_a_backlog_drains_without_waiting_for_the_cadence() {
+    let db = TestDb::new().await;
+    db.seed_bulk(1000, ONCE, -1000).await;
+    let started = Instant::now();
+    let (sup, metrics) = start(&db, settings("a", 16, 60_000, 30_000));
+    let (mut max_claimed, mut max_live) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runs(&db).await < 1000 {
+        let claimed = db
+            .count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
+            .await;
+        let live = sup.send(Probe).await.unwrap().live;
+        max_claimed = max_claimed.max(claimed);
+        max_live = max_live.max(live);
+        assert!(
+            Instant::now() < deadline,
+            "not all admitted within 60 s: {}",
+            runs(&db).await
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        max_claimed <= 16 && max_live <= 16,
+        "budget exceeded: {max_claimed} leased, {max_live} claim actors"
+    );
+    assert!(max_claimed > 0, "sampling saw no lease at all");
+    let elapsed = started.elapsed();
+    assert_eq!(runs(&db).await, 1000);
+    assert!(
+        metrics.ticks.get() >= 63,
+        "1,000 rows at 16 per round need ≥ 63 rounds, saw {}",
+        metrics.ticks.get()
+    );
+    assert!(
+        elapsed < Duration::from_secs(60),
+        "catch-up did not wait for the 60 s cadence: {elapsed:?}"
+    );
+    db.assert_invariants().await;
+}
+
+/// A round that takes long (the claim blocks on a table lock) is never overlapped by the
+/// next timer tick, however many ticks pass meanwhile.
+#[actix_rt::test]
+async fn rounds_never_overlap_when_a_round_is_slow() {
+    let db = TestDb::new().await;
+    db.seed_bulk(50, ONCE, -1000).await;
+    let mut blocker = db.superuser().await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE qlsched.trigger_schedules IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let (sup, metrics) = start(&db, settings("a", 16, 100, 30_000));
+    // 1.5 s = 15 cadences while the first round is stuck.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metrics.ticks.get(), 1, "only the stuck round was started");
+    tx.rollback().await.unwrap();
+    wait_until("all 50 admitted", Duration::from_secs(30), || async {
+        runs(&db).await == 50
+    })
+    .await;
+    assert_eq!(sup.send(Probe).await.unwrap().max_concurrent_rounds, 1);
+    db.assert_invariants().await;
+}
+
+/// Stop drains within its bound even while admissions are stuck; the leases left are then
+/// released (fence-safe) and nothing is admitted twice once the database unblocks.
+#[actix_rt::test]
+async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
+    let db = TestDb::new().await;
+    db.seed_bulk(20, ONCE, -1000).await;
+    let mut blocker = db.superuser().await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE qlsched.runs IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let (sup, _metrics) = start(&db, settings("a", 16, 100, 30_000));
+    wait_until("16 leases held", Duration::from_secs(10), || async {
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
+            .await
+            == 16
+    })
+    .await;
+    let t = Instant::now();
+    let left = sup.send(Drain(Duration::from_millis(800))).await.unwrap();
+    let took = t.elapsed();
+    assert!(
+        left > 0,
+        "claim actors were stuck, so some must be abandoned"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "drain took {took:?} with an 800 ms bound"
+    );
+    let pool = db.runtime_pool(2);
+    let release = tokio::spawn(async move {
+        let conn = store::conn(&pool).await.unwrap();
+        release::release_all_owned(&conn, "a").await.unwrap()
+    });
+    tx.rollback().await.unwrap();
+    release.await.unwrap();
+    wait_until("no lease of a left", Duration::from_secs(10), || async {
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
+            .await
+            == 0
+    })
+    .await;
+    // Whatever the stuck admissions did after the unblock, every occurrence is at most once.
+    db.assert_invariants().await;
+    assert!(runs(&db).await <= 20);
+}
+
+/// The admit actor stopped mid-run is restarted by the supervisor; every row is still
+/// admitted exactly once.
+#[actix_rt::test]
+async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
+    let db = TestDb::new().await;
+    db.seed_bulk(300, ONCE, -1000).await;
+    let (sup, metrics) = start(&db, settings("a", 16, 100, 5_000));
+    let mut stops = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runs(&db).await < 300 {
+        if stops < 3 && runs(&db).await > (stops + 1) * 60 {
+            if let Some(admit) = sup.send(Probe).await.unwrap().admit {
+                let _ = admit.send(Stop).await;
+                stops += 1;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 300 admitted",
+            runs(&db).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(stops, 3);
+    assert!(
+        metrics.actor_restarts.get() >= 3,
+        "restarts: {}",
+        metrics.actor_restarts.get()
+    );
+    db.assert_invariants().await;
+}
+
+/// Two independent pools (different owners, different backend pids) race on the same 100
+/// every-second rows: every occurrence is admitted exactly once and none is missing.
+#[actix_rt::test]
+async fn two_independent_replicas_racing_admit_every_occurrence_exactly_once() {
+    let db = TestDb::new().await;
+    db.seed_bulk(100, "* * * * * *", -500).await;
+    let (a, ma) = start(&db, settings("a", 16, 100, 5_000));
+    let (b, mb) = start(&db, settings("b", 16, 100, 5_000));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    a.send(Drain(Duration::from_secs(5))).await.unwrap();
+    b.send(Drain(Duration::from_secs(5))).await.unwrap();
+    let pids = db
+        .count("SELECT count(DISTINCT pid) FROM pg_stat_activity WHERE usename = 'qlsched_runtime'")
+        .await;
+    assert!(pids >= 2, "two pools, two or more backends: {pids}");
+    assert!(
+        ma.admits.get() > 0 && mb.admits.get() > 0,
+        "both replicas admitted: {} / {}",
+        ma.admits.get(),
+        mb.admits.get()
+    );
+    db.assert_invariants().await;
+    // Per trigger, every whole second from its first to its last admitted occurrence is
+    // present (the seeded first cursor is off the second boundary and left out).
+    let gaps = db
+        .count(
+            "SELECT coalesce(sum((max(scheduled_for_ms) - min(scheduled_for_ms)) / 1000 + 1 - count(*)) OVER (), 0)::bigint
+               FROM qlsched.runs WHERE scheduled_for_ms % 1000 = 0 GROUP BY trigger_id LIMIT 1",
+        )
+        .await;
+    assert_eq!(gaps, 0, "missing occurrences");
+    assert!(
+        runs(&db).await >= 100 * 3,
+        "about 4 s of 100 every-second triggers"
+    );
+}
+
+/// A holder whose backend is killed while it holds claims: the other replica takes those
+/// rows over only after the database expiry of the claims.
+#[actix_rt::test]
+async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry() {
+    let db = TestDb::new().await;
+    db.seed_bulk(10, ONCE, -1000).await;
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    let held = claim::claim_due(&conn, "dead", 1500, 10).await.unwrap();
+    assert_eq!(held.len(), 10);
+    let expiry = held.iter().map(|c| c.fence.expires_at_ms).max().unwrap();
+    let pid: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    db.superuser()
+        .await
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let (_b, _) = start(&db, settings("b", 16, 100, 5_000));
+    wait_until("b admitted all 10", Duration::from_secs(20), || async {
+        runs(&db).await == 10
+    })
+    .await;
+    let earliest = db.count("SELECT min(queued_at_ms) FROM qlsched.runs").await;
+    assert!(
+        earliest >= expiry,
+        "taken over at {earliest}, before the expiry {expiry}"
+    );
+    db.assert_invariants().await;
+}
+
+/// Ids are minted only for decisions that admit: initialising, skipping and rejecting carry
+/// none, and two admissions of the same claim get different run ids.
+#[test]
+fn ids_are_minted_only_for_admissions() {
+    use qlsched::actors::admit::Action;
+    use qlsched::actors::claim::ClaimActor;
+    use qlsched::store::claim::{ClaimedRow, Fence, TriggerDef};
+    let row = |cursor: Option<i64>, expr: &str, policy: &str| ClaimedRow {
+        trigger_id: "t".into(),
+        tid: "(0,1)".into(),
+        next_fire_at_ms: cursor,
+        state_version: 2,
+        fence: Fence {
+            owner: "a".into(),
+            token: uuid::Uuid::nil(),
+            version: 1,
+            expires_at_ms: 31_000,
+        },
+        observed_at_ms: 1_000_000,
+        def: TriggerDef {
+            project_id: "p".into(),
+            trigger_revision: 1,
+            trigger_digest: "d".into(),
+            cron_expr: expr.into(),
+            timezone: "UTC".into(),
+            misfire_policy: policy.into(),
+            misfire_grace_ms: 60_000,
+            task_id: "k".into(),
+            task_revision: 1,
+            task_digest: "d".into(),
+            execution_revision_id: uuid::Uuid::nil(),
+        },
+    };
+    let (m, log) = (Metrics::default(), discard_log());
+    let backoff = Duration::from_secs(60);
+    let init = ClaimActor::decide(&row(None, "* * * * * *", "skip"), backoff, &m, &log);
+    assert!(
+        matches!(
+            init,
+            Action::Advance {
+                next_fire_at_ms: 1_001_000
+            }
+        ),
+        "{init:?}"
+    );
+    let skip = ClaimActor::decide(&row(Some(0), "* * * * * *", "skip"), backoff, &m, &log);
+    assert!(
+        matches!(
+            skip,
+            Action::Advance {
+                next_fire_at_ms: 1_001_000
+            }
+        ),
+        "{skip:?}"
+    );
+    let reject = ClaimActor::decide(&row(Some(0), "not cron", "skip"), backoff, &m, &log);
+    assert!(
+        matches!(reject, Action::Release { backoff: b } if b == backoff),
+        "{reject:?}"
+    );
+    let fire_row = row(Some(999_000), "* * * * * *", "skip");
+    let (Action::Admit(x), Action::Admit(y)) = (
+        ClaimActor::decide(&fire_row, backoff, &m, &log),
+        ClaimActor::decide(&fire_row, backoff, &m, &log),
+    ) else {
+        panic!("an on-time occurrence is admitted");
+    };
+    assert_eq!(
+        (x.scheduled_for_ms, x.next_fire_at_ms),
+        (999_000, 1_000_000)
+    );
+    assert_ne!(x.run_id, y.run_id);
+    assert_ne!(x.attempt_id, y.attempt_id);
+    let once = ClaimActor::decide(&row(Some(0), "* * * * * *", "fire_once"), backoff, &m, &log);
+    assert!(
+        matches!(once, Action::Admit(ref a) if a.scheduled_for_ms == 0 && a.next_fire_at_ms == 1_001_000),
+        "{once:?}"
+    );
+    assert_eq!(
+        (m.initialisations.get(), m.skips.get(), m.rejects.get()),
+        (1, 1, 1)
+    );
+}
