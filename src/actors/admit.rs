@@ -1,11 +1,15 @@
 //! The admit actor: the single writer of admissions on this replica. It runs one
-//! transaction at a time (`AtomicResponse`), retries serialization failures a bounded number
-//! of times while the lease is live, and resolves a lost COMMIT reply by key and fence.
+//! transaction at a time. Decisions that arrive while a transaction runs are queued and go
+//! together into the next one (a batch: one round trip and one WAL flush for many
+//! occurrences). It retries serialization failures a bounded number of times while the
+//! leases are live, isolates a failing member by retrying the batch one by one, and
+//! resolves a lost COMMIT reply by key and fence.
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use slog::{debug, o, warn, Logger};
+use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
 use crate::store::admit::{self, Admission, AdmitOutcome, Refusal, Resolution};
@@ -48,6 +52,15 @@ pub struct AdmitActor {
     metrics: Metrics,
     admit_timeout: Duration,
     max_retries: u32,
+    queue: Vec<Pending>,
+    busy: bool,
+}
+
+type Reply = oneshot::Sender<Result<Outcome, StoreError>>;
+
+struct Pending {
+    msg: Apply,
+    reply: Reply,
 }
 
 impl AdmitActor {
@@ -64,7 +77,38 @@ impl AdmitActor {
             metrics,
             admit_timeout,
             max_retries,
+            queue: Vec::new(),
+            busy: false,
         }
+    }
+
+    /// Takes everything queued and runs it as one batch; when done, the next batch.
+    fn run_batch(&mut self, ctx: &mut Context<Self>) {
+        let items = std::mem::take(&mut self.queue);
+        if items.is_empty() {
+            self.busy = false;
+            return;
+        }
+        let (pool, log, metrics) = (self.pool.clone(), self.log.clone(), self.metrics.clone());
+        let (timeout, retries) = (self.admit_timeout, self.max_retries);
+        ctx.spawn(
+            async move { process(&pool, &log, &metrics, items, timeout, retries).await }
+                .into_actor(self)
+                .map(|replies, act, ctx| {
+                    let admitted = replies
+                        .iter()
+                        .any(|(_, r)| matches!(r, Ok(Outcome::Admitted { .. })));
+                    if admitted && super::faults::admit_actor_should_die() {
+                        // Fault drill: the transaction committed, the replies are never sent.
+                        ctx.stop();
+                        return;
+                    }
+                    for (reply, result) in replies {
+                        let _ = reply.send(result);
+                    }
+                    act.run_batch(ctx);
+                }),
+        );
     }
 }
 
@@ -81,26 +125,24 @@ impl Actor for AdmitActor {
 pub const HARD_MAILBOX: usize = super::HARD_CLAIM_CAP as usize * 2;
 
 impl Handler<Apply> for AdmitActor {
-    type Result = AtomicResponse<Self, Result<Outcome, StoreError>>;
+    type Result = ResponseFuture<Result<Outcome, StoreError>>;
 
-    fn handle(&mut self, msg: Apply, _ctx: &mut Self::Context) -> Self::Result {
-        let pool = self.pool.clone();
-        let log = self.log.new(o!("trigger" => msg.claim.trigger_id.clone(), "claim_version" => msg.claim.fence.version));
-        let metrics = self.metrics.clone();
-        let (timeout, retries) = (self.admit_timeout, self.max_retries);
-        AtomicResponse::new(Box::pin(
-            async move { apply(&pool, &log, &metrics, msg, timeout, retries).await }
-                .into_actor(self)
-                .map(|res, _act, ctx| {
-                    if matches!(res, Ok(Outcome::Admitted { .. }))
-                        && super::faults::admit_actor_should_die()
-                    {
-                        // Fault drill: the transaction committed, the reply is never sent.
-                        ctx.stop();
-                    }
-                    res
-                }),
-        ))
+    fn handle(&mut self, msg: Apply, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, rx) = oneshot::channel();
+        self.queue.push(Pending { msg, reply });
+        if !self.busy {
+            // Start on the next turn of the event loop, so that the decisions the claim
+            // actors of one round send together land in one batch.
+            self.busy = true;
+            ctx.run_later(Duration::ZERO, |act, ctx| act.run_batch(ctx));
+        }
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(StoreError::Invalid(
+                    "admit actor stopped before replying".into(),
+                ))
+            })
+        })
     }
 }
 
@@ -117,111 +159,206 @@ impl Handler<Stop> for AdmitActor {
     }
 }
 
-async fn apply(
+/// Runs one batch: lease-expired items are refused at once, releases one by one, cursor
+/// moves in one statement, admissions in one transaction.
+async fn process(
     pool: &Pool,
     log: &Logger,
     metrics: &Metrics,
-    msg: Apply,
+    items: Vec<Pending>,
     timeout: Duration,
     retries: u32,
-) -> Result<Outcome, StoreError> {
-    if Instant::now() >= msg.lease_deadline {
-        metrics.fence_losses.inc();
-        return Ok(Outcome::Refused(Refusal::FenceLost));
+) -> Vec<(Reply, Result<Outcome, StoreError>)> {
+    let now = Instant::now();
+    let mut out = Vec::with_capacity(items.len());
+    let mut advances = Vec::new();
+    let mut admits = Vec::new();
+    for p in items {
+        if now >= p.msg.lease_deadline {
+            out.push((p.reply, Ok(Outcome::Refused(Refusal::FenceLost))));
+            continue;
+        }
+        match p.msg.action {
+            Action::Admit(a) => admits.push((p.reply, *a, p.msg.lease_deadline)),
+            Action::Advance { next_fire_at_ms } => {
+                advances.push((p.reply, p.msg.claim, next_fire_at_ms))
+            }
+            Action::Release { backoff } => {
+                let res = release_one(pool, &p.msg.claim, backoff).await;
+                out.push((p.reply, res));
+            }
+        }
     }
-    let out = match msg.action {
-        Action::Admit(a) => {
-            admit_with_retries(pool, log, metrics, &a, msg.lease_deadline, timeout, retries).await?
-        }
-        Action::Advance { next_fire_at_ms } => {
-            let conn = store::conn(pool).await?;
-            match tokio::time::timeout(
-                timeout,
-                admit::advance_cursor(&conn, &msg.claim, next_fire_at_ms),
-            )
-            .await
-            {
-                Ok(Ok(true)) => Outcome::Advanced,
-                Ok(Ok(false)) => Outcome::Refused(Refusal::FenceLost),
-                Ok(Err(e)) => return Err(e),
-                // A fenced autocommit UPDATE that timed out either moved the cursor or did not;
-                // both leave the row consistent, and a lost lease expires.
-                Err(_) => return Err(StoreError::OutcomeUnknown),
+    if !advances.is_empty() {
+        let batch: Vec<(ClaimedRow, i64)> =
+            advances.iter().map(|(_, c, n)| (c.clone(), *n)).collect();
+        let res = match store::conn(pool).await {
+            Ok(conn) => {
+                match tokio::time::timeout(timeout, admit::advance_batch(&conn, &batch)).await {
+                    Ok(r) => r,
+                    // A fenced autocommit UPDATE that timed out either moved the cursors or did
+                    // not; both leave the rows consistent, and the leases expire.
+                    Err(_) => Err(StoreError::OutcomeUnknown),
+                }
             }
-        }
-        Action::Release { backoff } => {
-            let conn = store::conn(pool).await?;
-            let ms = backoff.as_millis() as i64;
-            match release::release_claim(&conn, &msg.claim.trigger_id, &msg.claim.fence, ms).await?
-            {
-                true => Outcome::Released,
-                false => Outcome::Refused(Refusal::FenceLost),
-            }
-        }
-    };
-    if let Outcome::Refused(why) = &out {
-        match why {
-            Refusal::DuplicateKey => metrics.duplicate_keys.inc(),
-            _ => metrics.fence_losses.inc(),
+            Err(e) => Err(e),
         };
-        warn!(log, "write refused"; "why" => ?why);
+        match res {
+            Ok(moved) => {
+                for ((reply, _, _), m) in advances.into_iter().zip(moved) {
+                    out.push((
+                        reply,
+                        Ok(if m {
+                            Outcome::Advanced
+                        } else {
+                            Outcome::Refused(Refusal::FenceLost)
+                        }),
+                    ));
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                for (reply, _, _) in advances {
+                    out.push((reply, Err(StoreError::Invalid(msg.clone()))));
+                }
+            }
+        }
     }
-    Ok(out)
+    if !admits.is_empty() {
+        let deadline = admits.iter().map(|(_, _, d)| *d).min().expect("non-empty");
+        let batch: Vec<Admission> = admits.iter().map(|(_, a, _)| a.clone()).collect();
+        let results = admit_loop(pool, log, metrics, batch, deadline, timeout, retries, true).await;
+        for ((reply, _, _), r) in admits.into_iter().zip(results) {
+            out.push((reply, r));
+        }
+    }
+    for (_, r) in &out {
+        if let Ok(Outcome::Refused(why)) = r {
+            match why {
+                Refusal::DuplicateKey => metrics.duplicate_keys.inc(),
+                _ => metrics.fence_losses.inc(),
+            };
+            warn!(log, "write refused"; "why" => ?why);
+        }
+    }
+    out
 }
 
-async fn admit_with_retries(
+async fn release_one(
+    pool: &Pool,
+    claim: &ClaimedRow,
+    backoff: Duration,
+) -> Result<Outcome, StoreError> {
+    let conn = store::conn(pool).await?;
+    let ms = backoff.as_millis() as i64;
+    Ok(
+        match release::release_claim(&conn, &claim.trigger_id, &claim.fence, ms).await? {
+            true => Outcome::Released,
+            false => Outcome::Refused(Refusal::FenceLost),
+        },
+    )
+}
+
+/// Admits a batch; returns one result per member, in order.
+#[allow(clippy::too_many_arguments)]
+async fn admit_loop(
     pool: &Pool,
     log: &Logger,
     metrics: &Metrics,
-    a: &Admission,
-    lease_deadline: Instant,
+    batch: Vec<Admission>,
+    deadline: Instant,
     timeout: Duration,
     retries: u32,
-) -> Result<Outcome, StoreError> {
+    may_split: bool,
+) -> Vec<Result<Outcome, StoreError>> {
+    let n = batch.len();
+    let mut results: Vec<Option<Result<Outcome, StoreError>>> = (0..n).map(|_| None).collect();
+    let mut pending: Vec<usize> = (0..n).collect();
     let mut attempt = 0;
-    loop {
+    while !pending.is_empty() {
+        let group: Vec<Admission> = pending.iter().map(|&i| batch[i].clone()).collect();
         let res = match store::conn(pool).await {
             Ok(mut conn) => {
-                match tokio::time::timeout(timeout, admit::admit_once(&mut conn, a)).await {
+                match tokio::time::timeout(timeout, admit::admit_batch(&mut conn, &group)).await {
                     Ok(r) => r,
                     Err(_) => Err(StoreError::OutcomeUnknown),
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
         };
         match res {
-            Ok(AdmitOutcome::Admitted { queued_at_ms }) => {
-                return Ok(admitted(metrics, a, queued_at_ms))
+            Ok(outs) => {
+                for (&i, o) in pending.iter().zip(outs) {
+                    results[i] = Some(Ok(match o {
+                        AdmitOutcome::Admitted { queued_at_ms } => {
+                            admitted(metrics, &batch[i], queued_at_ms)
+                        }
+                        AdmitOutcome::Refused { why } => Outcome::Refused(why),
+                    }));
+                }
+                pending.clear();
             }
-            Ok(AdmitOutcome::Refused { why }) => return Ok(Outcome::Refused(why)),
-            Err(e)
-                if e.is_serialization() && attempt < retries && Instant::now() < lease_deadline =>
-            {
+            Err(e) if e.is_serialization() && attempt < retries && Instant::now() < deadline => {
                 metrics.serialization_retries.inc();
                 attempt += 1;
-                debug!(log, "serialization failure, retrying"; "attempt" => attempt);
+                debug!(log, "serialization failure, retrying"; "attempt" => attempt, "batch" => group.len());
             }
-            Err(e) if e.is_connection_lost() => {
+            Err(e) if e.is_connection_lost() && !matches!(e, StoreError::PoolTimeout(_)) => {
                 metrics.unknown_outcomes.inc();
-                warn!(log, "admission outcome unknown; resolving by idempotency key and fence"; "error" => %e);
-                match resolve(pool, log, a, lease_deadline).await? {
-                    Resolution::Committed { queued_at_ms } => {
-                        return Ok(admitted(metrics, a, queued_at_ms))
+                warn!(log, "admission outcome unknown; resolving by idempotency key and fence";
+                      "error" => %e, "batch" => group.len());
+                attempt += 1;
+                let mut still = Vec::new();
+                for &i in &pending {
+                    match resolve(pool, log, &batch[i], deadline).await {
+                        Ok(Resolution::Committed { queued_at_ms }) => {
+                            results[i] = Some(Ok(admitted(metrics, &batch[i], queued_at_ms)))
+                        }
+                        Ok(Resolution::NotOurs) => {
+                            results[i] = Some(Ok(Outcome::Refused(Refusal::FenceLost)))
+                        }
+                        // Not committed and the lease is still ours: the retry is itself
+                        // fenced, so it cannot double-admit even if the old COMMIT is still
+                        // in flight on the old backend.
+                        Ok(Resolution::NotCommittedClaimHeld)
+                            if attempt <= retries && Instant::now() < deadline =>
+                        {
+                            still.push(i)
+                        }
+                        Ok(Resolution::NotCommittedClaimHeld) => {
+                            results[i] = Some(Err(StoreError::OutcomeUnknown))
+                        }
+                        Err(e) => results[i] = Some(Err(e)),
                     }
-                    Resolution::NotOurs => return Ok(Outcome::Refused(Refusal::FenceLost)),
-                    // Not committed and the lease is still ours: the retry is itself fenced,
-                    // so it cannot double-admit even if the old COMMIT is still in flight.
-                    Resolution::NotCommittedClaimHeld
-                        if attempt < retries && Instant::now() < lease_deadline =>
-                    {
-                        attempt += 1;
-                    }
-                    Resolution::NotCommittedClaimHeld => return Err(StoreError::OutcomeUnknown),
                 }
+                pending = still;
             }
-            Err(e) => return Err(e),
+            Err(e) if may_split && pending.len() > 1 => {
+                // One member's failure aborted the batch: retry one by one to isolate it.
+                debug!(log, "batch failed; retrying its members one by one"; "error" => %e);
+                for &i in &pending {
+                    let one = vec![batch[i].clone()];
+                    let mut r = Box::pin(admit_loop(
+                        pool, log, metrics, one, deadline, timeout, retries, false,
+                    ))
+                    .await;
+                    results[i] = Some(r.remove(0));
+                }
+                pending.clear();
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                for &i in &pending {
+                    results[i] = Some(Err(StoreError::Invalid(msg.clone())));
+                }
+                pending.clear();
+            }
         }
     }
+    results
+        .into_iter()
+        .map(|r| r.expect("every member has a result"))
+        .collect()
 }
 
 /// Reads key and fence until the database answers or the lease is surely over; after that

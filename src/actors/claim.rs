@@ -104,7 +104,7 @@ impl ClaimActor {
                 claim: claim.clone(),
                 scheduled_for_ms,
                 next_fire_at_ms,
-                run_id: Uuid::new_v4(),
+                run_id: crate::store::admit::mint_run_id(&claim.fence.owner),
                 attempt_id: Uuid::new_v4(),
                 admitted_by: claim.fence.owner.clone(),
             }))

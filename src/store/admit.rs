@@ -11,6 +11,28 @@ pub fn idempotency_key(trigger_id: &str, trigger_revision: i64, scheduled_for_ms
     format!("ql3:cron:v1:{trigger_id}:{trigger_revision}:{scheduled_for_ms}")
 }
 
+/// Mints a run id (UUID version 8) laid out as `owner hash (4 bytes) | Unix ms (6 bytes) |
+/// random (6 bytes)`.
+///
+/// Why: SERIALIZABLE admissions read `runs_pkey` leaf pages (the foreign-key checks of the
+/// attempt and the events) and insert into them. With random ids, concurrent admissions of
+/// different replicas hit the same leaf pages and SSI reports page-level rw-conflicts
+/// (serialization failures that grow with batch size). With this layout each replica
+/// appends to its own key range, so concurrent admissions touch disjoint pages, and one
+/// replica's admissions never run concurrently with each other.
+pub fn mint_run_id(owner: &str) -> Uuid {
+    use sha2::{Digest, Sha256};
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&Sha256::digest(owner.as_bytes())[..4]);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    b[4..10].copy_from_slice(&ms.to_be_bytes()[2..]);
+    b[10..].copy_from_slice(&Uuid::new_v4().as_bytes()[10..]);
+    Uuid::new_v8(b)
+}
+
 /// A decided occurrence, ready to admit.
 #[derive(Clone, Debug)]
 pub struct Admission {
@@ -52,129 +74,156 @@ pub enum Refusal {
     DuplicateKey,
 }
 
-/// One attempt of the admission transaction.
-///
-/// Locking: SERIALIZABLE. The schedule row is reached by its TID (tuple-level predicate
-/// lock; a primary-key B-tree probe would lock the whole leaf page and make admissions of
-/// adjacent trigger ids conflict). The UPDATE's WHERE carries the complete fence (owner,
-/// token, version, `claim_expires_at_ms > now` on the database clock), the claimed state
-/// (revision, `state_version`, cursor, observation) and every definition check, each a
-/// primary-key point read; the inserts take their rows from the UPDATE's RETURNING, so they
-/// happen exactly when the fenced UPDATE hit its one row. Any failed write aborts the
-/// statement and the transaction rolls back whole.
+/// One admission transaction for one occurrence (a batch of one).
 pub async fn admit_once(conn: &mut Conn<'_>, a: &Admission) -> Result<AdmitOutcome, StoreError> {
-    let c = &a.claim;
-    let key = a.key();
+    let mut out = admit_batch(conn, std::slice::from_ref(a)).await?;
+    Ok(out.remove(0))
+}
+
+/// One admission transaction for a batch of decided occurrences (distinct rows).
+///
+/// Locking: SERIALIZABLE. Each schedule row is reached by its TID (`ctid = ANY(…)`: a TID
+/// scan takes tuple-level predicate locks; a primary-key B-tree probe would lock whole leaf
+/// pages and make admissions of adjacent trigger ids conflict). The UPDATE's WHERE carries,
+/// per row, the complete fence (owner, token, version, `claim_expires_at_ms > now` on the
+/// database clock), the claimed state (revision, `state_version`, cursor, observation) and
+/// every definition check, each a primary-key point read; the inserts take their rows from
+/// the UPDATE's RETURNING, so an occurrence is written exactly when its fenced UPDATE hit
+/// its one row. A row whose checks fail is simply absent (refused, nothing written for it);
+/// any failed write aborts the statement and the whole transaction rolls back.
+///
+/// BEGIN, the statement and COMMIT are pipelined: one round trip and one WAL flush for the
+/// whole batch. A broken connection anywhere in the three leaves the outcome unknown.
+pub async fn admit_batch(
+    conn: &mut Conn<'_>,
+    batch: &[Admission],
+) -> Result<Vec<AdmitOutcome>, StoreError> {
+    let text = |f: fn(&Admission) -> String| batch.iter().map(f).collect::<Vec<String>>();
+    let int = |f: fn(&Admission) -> i64| batch.iter().map(f).collect::<Vec<i64>>();
+    let uid = |f: fn(&Admission) -> Uuid| batch.iter().map(f).collect::<Vec<Uuid>>();
+    let tids = text(|a| a.claim.tid.clone());
+    let ids = text(|a| a.claim.trigger_id.clone());
+    let revs = int(|a| a.claim.def.trigger_revision);
+    let svs = int(|a| a.claim.state_version);
+    let cursors: Vec<Option<i64>> = batch.iter().map(|a| a.claim.next_fire_at_ms).collect();
+    let owners = text(|a| a.claim.fence.owner.clone());
+    let tokens = uid(|a| a.claim.fence.token);
+    let cvs = int(|a| a.claim.fence.version);
+    let obs = int(|a| a.claim.observed_at_ms);
+    let sfs = int(|a| a.scheduled_for_ms);
+    let nexts = int(|a| a.next_fire_at_ms);
+    let tdigs = text(|a| a.claim.def.trigger_digest.clone());
+    let tasks = text(|a| a.claim.def.task_id.clone());
+    let krevs = int(|a| a.claim.def.task_revision);
+    let kdigs = text(|a| a.claim.def.task_digest.clone());
+    let erevs = uid(|a| a.claim.def.execution_revision_id);
+    let runs = uid(|a| a.run_id);
+    let atts = uid(|a| a.attempt_id);
+    let keys = text(|a| a.key());
+    let bys = text(|a| a.admitted_by.clone());
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 20] = [
-        &c.tid,
-        &c.trigger_id,
-        &c.def.trigger_revision,
-        &c.state_version,
-        &c.next_fire_at_ms,
-        &c.fence.owner,
-        &c.fence.token,
-        &c.fence.version,
-        &c.observed_at_ms,
-        &a.scheduled_for_ms,
-        &a.next_fire_at_ms,
-        &c.def.trigger_digest,
-        &c.def.task_id,
-        &c.def.task_revision,
-        &c.def.task_digest,
-        &c.def.execution_revision_id,
-        &a.run_id,
-        &a.attempt_id,
-        &key,
-        &a.admitted_by,
+        &tids, &ids, &revs, &svs, &cursors, &owners, &tokens, &cvs, &obs, &sfs, &nexts, &tdigs,
+        &tasks, &krevs, &kdigs, &erevs, &runs, &atts, &keys, &bys,
     ];
-    // BEGIN, the statement and COMMIT are pipelined: one round trip. A statement that hit no
-    // row wrote nothing, so committing it is harmless; a statement that failed leaves the
-    // transaction aborted and the COMMIT answers ROLLBACK. A broken connection anywhere in
-    // the three leaves the outcome unknown (the server may have run all of them).
     let client: &tokio_postgres::Client = conn;
-    let (begin, row, commit) = futures::join!(
-        client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE"),
-        client.query_opt(ADMIT_SQL, &params),
+    let (begin, rows, commit) = futures::join!(
+        // enable_seqscan off: on small tables the planner would seq-scan, and a sequential
+        // scan under SERIALIZABLE takes a relation-level predicate lock that conflicts with
+        // every concurrent admission (the TID scan and the foreign-key probes must stay
+        // point accesses).
+        client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off"),
+        client.query(ADMIT_SQL, &params),
         client.batch_execute("COMMIT"),
     );
     let lost = [
         begin.as_ref().err(),
-        row.as_ref().err(),
+        rows.as_ref().err(),
         commit.as_ref().err(),
     ]
     .into_iter()
     .flatten()
-    .find(|e| super::connection_lost(e));
-    if lost.is_some() {
+    .any(super::connection_lost);
+    if lost {
         return Err(StoreError::OutcomeUnknown);
     }
     begin?;
-    let row = match row {
-        Ok(row) => row,
+    let rows = match rows {
+        Ok(rows) => rows,
         Err(e) => {
+            // The COMMIT answered ROLLBACK: nothing of the batch was written.
             let e = StoreError::from(e);
-            if e.is_unique_violation() {
-                return Ok(AdmitOutcome::Refused {
+            if e.is_unique_violation() && batch.len() == 1 {
+                return Ok(vec![AdmitOutcome::Refused {
                     why: Refusal::DuplicateKey,
-                });
+                }]);
             }
             return Err(e);
         }
     };
     commit?;
-    match row {
-        Some(row) => Ok(AdmitOutcome::Admitted {
-            queued_at_ms: row.get(0),
-        }),
-        None => {
-            let why = diagnose(conn, a).await?;
-            Ok(AdmitOutcome::Refused { why })
+    let mut out = Vec::with_capacity(batch.len());
+    for a in batch {
+        match rows
+            .iter()
+            .find(|r| r.get::<_, &str>(0) == a.claim.trigger_id)
+        {
+            Some(r) => out.push(AdmitOutcome::Admitted {
+                queued_at_ms: r.get(1),
+            }),
+            None => out.push(AdmitOutcome::Refused {
+                why: diagnose(conn, a).await?,
+            }),
         }
     }
+    Ok(out)
 }
 
 const ADMIT_SQL: &str = "
 WITH obs AS MATERIALIZED (
     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), d AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[], $7::uuid[],
+                         $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::text[], $14::int8[],
+                         $15::text[], $16::uuid[], $17::uuid[], $18::uuid[], $19::text[], $20::text[])
+        AS d(tid, trigger_id, rev, sv, cursor_ms, owner, token, cv, observed_ms, sf, next_ms, tdig, task_id, krev,
+             kdig, erev, run_id, attempt_id, ikey, admitted_by)
 ), adv AS (
     UPDATE qlsched.trigger_schedules s
-       SET next_fire_at_ms = $11, last_scheduled_at_ms = $10,
+       SET next_fire_at_ms = d.next_ms, last_scheduled_at_ms = d.sf,
            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-           claimable_at_ms = $11, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
-      FROM obs, qlsched.triggers t, qlsched.tasks k, qlsched.projects p, qlsched.execution_revisions e
-     WHERE s.ctid = $1::text::tid AND s.trigger_id = $2
-       AND s.trigger_revision = $3 AND s.state_version = $4
-       AND s.next_fire_at_ms IS NOT DISTINCT FROM $5::bigint
-       AND s.claim_owner = $6 AND s.claim_token = $7 AND s.claim_version = $8
+           claimable_at_ms = d.next_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
+      FROM obs, d, qlsched.triggers t, qlsched.tasks k, qlsched.projects p, qlsched.execution_revisions e
+     WHERE s.ctid = ANY ($1::text[]::tid[]) AND s.ctid = d.tid::tid AND s.trigger_id = d.trigger_id
+       AND s.trigger_revision = d.rev AND s.state_version = d.sv
+       AND s.next_fire_at_ms = d.cursor_ms AND s.next_fire_at_ms = d.sf
+       AND s.claim_owner = d.owner AND s.claim_token = d.token AND s.claim_version = d.cv
        AND s.claim_expires_at_ms > obs.now_ms
-       AND s.updated_at_ms = $9
-       AND s.next_fire_at_ms = $10 AND $10::bigint <= $9::bigint AND $11::bigint > $10::bigint
-       AND t.trigger_id = s.trigger_id AND t.revision = $3 AND t.content_digest = $12
-       AND t.enabled AND t.kind = 'cron' AND t.task_id = $13
-       AND k.task_id = $13 AND k.revision = $14 AND k.content_digest = $15
-       AND k.execution_revision_id = $16
+       AND s.updated_at_ms = d.observed_ms AND d.sf <= d.observed_ms AND d.next_ms > d.sf
+       AND t.trigger_id = s.trigger_id AND t.revision = d.rev AND t.content_digest = d.tdig
+       AND t.enabled AND t.kind = 'cron' AND t.task_id = d.task_id
+       AND k.task_id = d.task_id AND k.revision = d.krev AND k.content_digest = d.kdig
+       AND k.execution_revision_id = d.erev
        AND p.project_id = s.project_id AND p.status = 'active'
-       AND e.execution_revision_id = $16 AND e.kind = 'remote_worker' AND e.project_id = s.project_id
+       AND e.execution_revision_id = d.erev AND e.kind = 'remote_worker' AND e.project_id = s.project_id
        AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')
-    RETURNING s.trigger_id, s.project_id, obs.now_ms
+    RETURNING s.trigger_id, s.project_id, obs.now_ms, d.rev, d.task_id, d.krev, d.erev, d.run_id,
+              d.attempt_id, d.ikey, d.sf, d.admitted_by
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
                               queued_at_ms, admitted_by)
-    SELECT $17, adv.project_id, adv.trigger_id, $3, $13, $14, $16, $19, 'queued', $10, adv.now_ms, $20
+    SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by
       FROM adv
-    RETURNING run_id, queued_at_ms
+    RETURNING trigger_id, queued_at_ms
 ), att AS (
     INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-    SELECT $18, run.run_id, 1, 'remote_worker', 'claimed', run.queued_at_ms FROM run
-    RETURNING attempt_id
+    SELECT attempt_id, run_id, 1, 'remote_worker', 'claimed', now_ms FROM adv
 ), ev AS (
     INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-    SELECT run.run_id, e.seq, e.kind, run.queued_at_ms
-      FROM run, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
-    RETURNING seq
+    SELECT adv.run_id, e.seq, e.kind, adv.now_ms
+      FROM adv, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
 )
-SELECT run.queued_at_ms, (SELECT count(*) FROM att), (SELECT count(*) FROM ev) FROM run";
+SELECT trigger_id, queued_at_ms FROM run";
 
 /// Why an admission statement hit no row. Read after the rollback, outside the transaction.
 async fn diagnose(conn: &Conn<'_>, a: &Admission) -> Result<Refusal, StoreError> {
@@ -246,37 +295,55 @@ pub async fn resolve_unknown(pool: &Pool, a: &Admission) -> Result<Resolution, S
 }
 
 /// Moves the cursor without admitting (initialise, misfired skip) and clears the claim.
-///
-/// Locking: one autocommit UPDATE whose WHERE is the complete fence, judged by the database
-/// clock in the same statement; under READ COMMITTED a concurrent change of the row is
-/// re-checked against that WHERE, so a stale claim moves nothing. Returns whether it did.
 pub async fn advance_cursor(
     conn: &Conn<'_>,
     c: &ClaimedRow,
     next_fire_at_ms: i64,
 ) -> Result<bool, StoreError> {
-    let n = conn
-        .execute(
-            "UPDATE qlsched.trigger_schedules s
-                SET next_fire_at_ms = $8, claim_owner = NULL, claim_token = NULL,
-                    claim_expires_at_ms = NULL, claimable_at_ms = $8,
-                    state_version = s.state_version + 1,
-                    updated_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-              WHERE s.trigger_id = $1 AND s.trigger_revision = $2 AND s.state_version = $3
-                AND s.next_fire_at_ms IS NOT DISTINCT FROM $4::bigint
-                AND s.claim_owner = $5 AND s.claim_token = $6 AND s.claim_version = $7
-                AND s.claim_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-            &[
-                &c.trigger_id,
-                &c.def.trigger_revision,
-                &c.state_version,
-                &c.next_fire_at_ms,
-                &c.fence.owner,
-                &c.fence.token,
-                &c.fence.version,
-                &next_fire_at_ms,
-            ],
+    Ok(advance_batch(conn, &[(c.clone(), next_fire_at_ms)]).await?[0])
+}
+
+/// Moves the cursors of a batch of claimed rows without admitting; per row, whether it moved.
+///
+/// Locking: one autocommit UPDATE by primary key whose WHERE is, per row, the complete fence
+/// judged by the database clock in the same statement; under READ COMMITTED a concurrent
+/// change of a row is re-checked against that WHERE, so a stale claim moves nothing.
+pub async fn advance_batch(
+    conn: &Conn<'_>,
+    batch: &[(ClaimedRow, i64)],
+) -> Result<Vec<bool>, StoreError> {
+    let ids: Vec<&str> = batch.iter().map(|(c, _)| c.trigger_id.as_str()).collect();
+    let revs: Vec<i64> = batch.iter().map(|(c, _)| c.def.trigger_revision).collect();
+    let svs: Vec<i64> = batch.iter().map(|(c, _)| c.state_version).collect();
+    let cursors: Vec<Option<i64>> = batch.iter().map(|(c, _)| c.next_fire_at_ms).collect();
+    let owners: Vec<&str> = batch.iter().map(|(c, _)| c.fence.owner.as_str()).collect();
+    let tokens: Vec<Uuid> = batch.iter().map(|(c, _)| c.fence.token).collect();
+    let cvs: Vec<i64> = batch.iter().map(|(c, _)| c.fence.version).collect();
+    let nexts: Vec<i64> = batch.iter().map(|(_, n)| *n).collect();
+    let rows = conn
+        .query(
+            "WITH obs AS MATERIALIZED (
+                 SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+             ), d AS (
+                 SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::uuid[],
+                                      $7::int8[], $8::int8[])
+                     AS d(trigger_id, rev, sv, cursor_ms, owner, token, cv, next_ms)
+             )
+             UPDATE qlsched.trigger_schedules s
+                SET next_fire_at_ms = d.next_ms, claim_owner = NULL, claim_token = NULL,
+                    claim_expires_at_ms = NULL, claimable_at_ms = d.next_ms,
+                    state_version = s.state_version + 1, updated_at_ms = obs.now_ms
+               FROM obs, d
+              WHERE s.trigger_id = d.trigger_id AND s.trigger_revision = d.rev AND s.state_version = d.sv
+                AND s.next_fire_at_ms IS NOT DISTINCT FROM d.cursor_ms
+                AND s.claim_owner = d.owner AND s.claim_token = d.token AND s.claim_version = d.cv
+                AND s.claim_expires_at_ms > obs.now_ms
+             RETURNING s.trigger_id",
+            &[&ids, &revs, &svs, &cursors, &owners, &tokens, &cvs, &nexts],
         )
         .await?;
-    Ok(n == 1)
+    Ok(ids
+        .iter()
+        .map(|id| rows.iter().any(|r| r.get::<_, &str>(0) == *id))
+        .collect())
 }

@@ -436,3 +436,100 @@ async fn the_runtime_role_admits_without_insert_on_schedules() {
         AdmitOutcome::Admitted { .. }
     ));
 }
+
+/// A batch admits its members independently: a stale member is refused and writes
+/// nothing, the others commit in the same transaction. The schedule rows are reached by a
+/// TID scan (tuple-level predicate locks), not a primary-key probe.
+#[tokio::test]
+async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
+    let db = TestDb::new().await;
+    db.seed(5, "* * * * * *").await;
+    db.make_due(-100).await;
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    let claims = claim::claim_due(&conn, "a", 30_000, 5).await.unwrap();
+    drop(conn);
+    let mut batch: Vec<Admission> = claims.iter().map(admission).collect();
+    batch[2].claim.fence.token = Uuid::new_v4();
+    let mut conn = store::conn(&pool).await.unwrap();
+    let out = admit::admit_batch(&mut conn, &batch).await.unwrap();
+    assert_eq!(
+        out.iter()
+            .filter(|o| matches!(o, AdmitOutcome::Admitted { .. }))
+            .count(),
+        4
+    );
+    assert_eq!(
+        out[2],
+        AdmitOutcome::Refused {
+            why: Refusal::FenceLost
+        }
+    );
+    assert_eq!(written(&db).await, (4, 4, 8));
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM qlsched.runs WHERE trigger_id = '{}'",
+            batch[2].claim.trigger_id
+        ))
+        .await,
+        0
+    );
+    db.assert_invariants().await;
+
+    // The plan of the admission statement's schedule access.
+    let su = db.superuser().await;
+    let tids: Vec<String> = su
+        .query("SELECT ctid::text FROM qlsched.trigger_schedules", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    su.batch_execute("BEGIN; SET LOCAL enable_seqscan = off")
+        .await
+        .unwrap();
+    let plan: Vec<String> = su
+        .query("EXPLAIN SELECT 1 FROM qlsched.trigger_schedules s WHERE s.ctid = ANY ($1::text[]::tid[])", &[&tids])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    su.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("Tid Scan on trigger_schedules")),
+        "{plan:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
+    let db = TestDb::new().await;
+    db.seed(3, "* * * * * *").await;
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    let claims = claim::claim_due(&conn, "a", 30_000, 3).await.unwrap();
+    let mut batch: Vec<_> = claims
+        .iter()
+        .map(|c| (c.clone(), c.observed_at_ms + 1000))
+        .collect();
+    batch[0].0.fence.version += 1;
+    assert_eq!(
+        admit::advance_batch(&conn, &batch).await.unwrap(),
+        vec![false, true, true]
+    );
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NULL AND next_fire_at_ms IS NOT NULL").await, 2);
+}
+
+#[test]
+fn run_ids_of_one_replica_share_a_prefix_and_increase() {
+    let a1 = admit::mint_run_id("a");
+    std::thread::sleep(Duration::from_millis(2));
+    let a2 = admit::mint_run_id("a");
+    let b = admit::mint_run_id("b");
+    assert_eq!(a1.as_bytes()[..4], a2.as_bytes()[..4]);
+    assert_ne!(a1.as_bytes()[..4], b.as_bytes()[..4]);
+    assert!(a2 > a1, "time-ordered within a replica");
+    assert_eq!(a1.get_version_num(), 8);
+}
