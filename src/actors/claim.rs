@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::admit::{Action, AdmitActor, Apply, Outcome};
 use crate::metrics::Metrics;
 use crate::schedule::{self, Decision, MisfirePolicy};
-use crate::store::admit::{Admission, Resolution};
+use crate::store::admit::{Admission, Refusal, Resolution};
 use crate::store::claim::ClaimedRow;
 use crate::store::{self, release, Pool};
 
@@ -172,9 +172,21 @@ impl Actor for ClaimActor {
         let pool = self.pool.clone();
         let claim = self.claim.clone();
         let log = self.log.clone();
+        let admit = self.admit.clone();
+        let (backoff, metrics) = (self.reject_backoff, self.metrics.clone());
         ctx.wait(
             async move {
                 match send.await {
+                    Ok(Ok(Outcome::Refused(why @ (Refusal::CorruptExecutionRevision | Refusal::DefinitionChanged)))) => {
+                        // Fail closed: nothing was admitted; give the row back with a back-off
+                        // so a broken definition is not retried every round.
+                        metrics.rejects.inc();
+                        warn!(log, "admission refused by the definition checks; releasing with back-off";
+                              "why" => ?why, "backoff_ms" => backoff.as_millis() as u64);
+                        let release = Apply { claim, action: Action::Release { backoff }, lease_deadline };
+                        let _ = admit.send(release).await;
+                        Report::Done(Outcome::Refused(why))
+                    }
                     Ok(Ok(outcome)) => Report::Done(outcome),
                     Ok(Err(e)) => {
                         Report::Failed(settle(&pool, &claim, &action, &log, &e.to_string()).await)

@@ -30,16 +30,20 @@ pub async fn set_project(
         &[&project_id, &status],
     )
     .await?;
+    // Suspending fences out every live claim of the project (its admissions can no longer
+    // commit) and takes its rows out of the claim index; resuming puts them back at their
+    // cursors.
     tx.execute(
         &format!(
             "UPDATE qlsched.trigger_schedules s
-                SET claimable_at_ms = CASE WHEN $2 = 'active' AND t.enabled
-                                           THEN coalesce(s.claim_expires_at_ms, s.next_fire_at_ms, 0) END,
+                SET claimable_at_ms = CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.next_fire_at_ms, 0) END,
+                    claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+                    claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
                     state_version = s.state_version + 1, updated_at_ms = {NOW}
                FROM qlsched.triggers t
               WHERE s.project_id = $1 AND t.trigger_id = s.trigger_id
-                AND s.claimable_at_ms IS DISTINCT FROM
-                    CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.claim_expires_at_ms, s.next_fire_at_ms, 0) END"
+                AND (s.claim_owner IS NOT NULL OR s.claimable_at_ms IS DISTINCT FROM
+                     CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.next_fire_at_ms, 0) END)"
         ),
         &[&project_id, &status],
     )

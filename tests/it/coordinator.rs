@@ -338,3 +338,69 @@ fn ids_are_minted_only_for_admissions() {
         (1, 1, 1)
     );
 }
+
+/// A definition found corrupt at admit time fails closed: nothing is admitted, the claim is
+/// released with the reject back-off, and the reject is counted.
+#[actix_rt::test]
+async fn a_corrupt_definition_at_admit_time_is_released_with_back_off() {
+    let db = TestDb::new().await;
+    db.seed_bulk(1, ONCE, -1000).await;
+    db.superuser()
+        .await
+        .batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'")
+        .await
+        .unwrap();
+    let (_sup, metrics) = start(&db, settings("a", 16, 100, 30_000));
+    wait_until("the reject", Duration::from_secs(10), || async {
+        metrics.rejects.get() == 1
+    })
+    .await;
+    wait_until("the release", Duration::from_secs(10), || async {
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NULL")
+            .await
+            == 1
+    })
+    .await;
+    let wait = db
+        .count("SELECT claimable_at_ms - (extract(epoch FROM clock_timestamp())*1000)::bigint FROM qlsched.trigger_schedules")
+        .await;
+    assert!(
+        (50_000..=60_000).contains(&wait),
+        "released with a 60 s back-off, claimable in {wait} ms"
+    );
+    assert_eq!(runs(&db).await, 0);
+}
+
+/// Suspending a project fences out its live claims and keeps its rows unclaimed.
+#[tokio::test]
+async fn suspending_a_project_fences_out_its_live_claims() {
+    let db = TestDb::new().await;
+    db.seed_bulk(3, ONCE, -1000).await;
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    let held = claim::claim_due(&conn, "a", 30_000, 3).await.unwrap();
+    assert_eq!(held.len(), 3);
+    let mut admin = db.admin().await;
+    store::manage::set_project(&mut admin, "proj", "suspended")
+        .await
+        .unwrap();
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL OR claimable_at_ms IS NOT NULL").await, 0);
+    let batch: Vec<_> = held
+        .iter()
+        .map(|c| (c.clone(), c.observed_at_ms + 1))
+        .collect();
+    assert_eq!(
+        store::admit::advance_batch(&conn, &batch).await.unwrap(),
+        vec![false; 3]
+    );
+    store::manage::set_project(&mut admin, "proj", "active")
+        .await
+        .unwrap();
+    assert_eq!(
+        claim::claim_due(&conn, "b", 30_000, 10)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+}
