@@ -75,3 +75,76 @@ async fn a_replica_refuses_a_database_whose_migrations_drifted() {
         a.log()
     );
 }
+
+#[test]
+fn check_config_passes_the_shipped_files_and_names_file_key_and_bound_for_a_bad_one() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    for r in ["a", "b", "c"] {
+        let out = std::process::Command::new(crate::helpers::replica::binary())
+            .args([
+                "check-config",
+                "--config",
+                &format!("{root}/config/replica-{r}.toml"),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "replica-{r}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[replica]\nid = \"x\"\n[scheduler]\nclaim_budget = 0\ncadence = \"50ms\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(crate::helpers::replica::binary())
+        .args(["check-config", "--config"])
+        .arg(&bad)
+        .env(
+            "QLSCHED__DATABASE__DSN",
+            "host=127.0.0.1 port=1 user=nobody dbname=nothing",
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("bad.toml: scheduler.claim_budget = 0: must be within 1..=256")),
+        "{err}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("bad.toml: scheduler.cadence = 50ms")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_password_never_reaches_the_logs() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    let secret = "hunter2-do-not-log";
+    let mut a = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "pw",
+        "",
+        &[("QLSCHED__DATABASE__PASSWORD", secret)],
+    );
+    a.wait_ready(Duration::from_secs(30)).await;
+    assert!(a.terminate(Duration::from_secs(20)).await.success());
+    let log = a.log();
+    assert!(
+        log.contains("\"database\""),
+        "the start line names the database target: {log}"
+    );
+    assert!(!log.contains(secret), "{log}");
+}
