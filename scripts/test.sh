@@ -6,4 +6,14 @@ cd "$(dirname "$0")/.."
 . scripts/pg.sh
 pg_ensure_installed
 export QLSCHED_PG_BINDIR="$(pg_find_bindir)"
-exec cargo test --features fault-injection "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --features fault-injection --lib --tests "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+passed=$(grep -oE '^test result: .* ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -oE '; ([0-9]+) failed' "$log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
+echo
+echo "Summary: $passed passed, $failed failed"
+exit "$status"

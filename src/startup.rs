@@ -36,6 +36,27 @@ fn notify(state: &[sd_notify::NotifyState]) {
     let _ = sd_notify::notify(false, state);
 }
 
+/// The systemd watchdog ping, when systemd asks for one (`WatchdogSec=`). The supervisor pings
+/// once per tick, so an interval under two ticks would get a healthy replica killed after one
+/// late tick: refused before the database is touched.
+fn watchdog_heartbeat(
+    cadence: Duration,
+) -> anyhow::Result<Option<crate::actors::supervisor::Heartbeat>> {
+    let mut usec = 0;
+    if !sd_notify::watchdog_enabled(false, &mut usec) {
+        return Ok(None);
+    }
+    let interval = Duration::from_micros(usec);
+    anyhow::ensure!(
+        interval >= cadence * 2,
+        "systemd watchdog interval (WatchdogSec) is {interval:?}; it must be at least twice \
+         scheduler.cadence ({cadence:?}), because the watchdog is pinged once per scheduler tick"
+    );
+    Ok(Some(Arc::new(|| {
+        notify(&[sd_notify::NotifyState::Watchdog])
+    })))
+}
+
 /// Waits for the database and runs the readiness gate; retries connection failures (the
 /// database may come up after us) but fails at once on a schema that is not ready.
 async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
@@ -65,8 +86,17 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
 async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
     let settings = Settings::from_config(&cfg);
     info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "version" => env!("CARGO_PKG_VERSION"));
+    let watchdog = watchdog_heartbeat(settings.cadence)?;
+    // A peer that vanishes (partition, dead VM) must break the connection well within a
+    // lease: keepalives for idle connections, a TCP user timeout for unacknowledged data.
+    let mut pg = cfg.database.pg.clone();
+    pg.keepalives(true)
+        .keepalives_idle(Duration::from_secs(5))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3)
+        .tcp_user_timeout(settings.lease / 2);
     let pool = store::build_pool(
-        cfg.database.pg.clone(),
+        pg,
         cfg.database.pool_size,
         cfg.database.connect_timeout,
         &log,
@@ -105,14 +135,6 @@ async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
 
     let metrics = Metrics::default();
     let ready = Arc::new(AtomicBool::new(false));
-    let watchdog: Option<crate::actors::supervisor::Heartbeat> = {
-        let mut usec = 0;
-        if sd_notify::watchdog_enabled(false, &mut usec) {
-            Some(Arc::new(|| notify(&[sd_notify::NotifyState::Watchdog])))
-        } else {
-            None
-        }
-    };
     let supervisor = Supervisor::new(
         settings.clone(),
         pool.clone(),

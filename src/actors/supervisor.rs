@@ -115,9 +115,22 @@ impl Supervisor {
         let owner = self.settings.owner.clone();
         let lease_ms = self.settings.lease.as_millis() as i64;
         let started = Instant::now();
+        let bound = self.settings.admit_timeout;
         let fut = async move {
             let conn = store::conn(&pool).await?;
-            claim::claim_due(&conn, &owner, lease_ms, free as i64).await
+            // A claim that does not answer within the bound ends the round; whatever it
+            // leased (if it ran at all) expires by the database clock.
+            match tokio::time::timeout(
+                bound,
+                claim::claim_due(&conn, &owner, lease_ms, free as i64),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(store::StoreError::Invalid(format!(
+                    "claim statement did not answer within {bound:?}"
+                ))),
+            }
         };
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             act.rounds_in_flight -= 1;
