@@ -148,3 +148,60 @@ async fn the_password_never_reaches_the_logs() {
     );
     assert!(!log.contains(secret), "{log}");
 }
+
+#[tokio::test]
+async fn status_and_runs_list_report_replicas_claims_backlog_and_lag() {
+    let db = TestDb::new().await;
+    db.seed(3, "* * * * * *").await;
+    let mut a = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "st", "", &[]);
+    a.wait_ready(Duration::from_secs(30)).await;
+    wait_until("6 runs admitted", Duration::from_secs(30), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 6
+    })
+    .await;
+    let out = std::process::Command::new(crate::helpers::replica::binary())
+        .args(["status", "--json", "--dsn", &db.dsn("qlsched_runtime")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["replicas"][0]["replica_id"], "st");
+    assert_eq!(s["replicas"][0]["live"], true);
+    assert!(s["admitted_last_minute"].as_i64().unwrap() >= 6, "{s}");
+    assert!(s["lag_p99_ms"].as_f64().is_some(), "{s}");
+    assert_eq!(s["due_backlog"], 0, "{s}");
+    let list = std::process::Command::new(crate::helpers::replica::binary())
+        .args([
+            "runs",
+            "list",
+            "--dsn",
+            &db.dsn("qlsched_runtime"),
+            "--trigger",
+            "trg-00001",
+            "--limit",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(
+        text.lines()
+            .all(|l| l.starts_with("ql3:cron:v1:trg-00001:1:") && l.contains("by st")),
+        "{text}"
+    );
+    assert!(a.terminate(Duration::from_secs(20)).await.success());
+    let out = std::process::Command::new(crate::helpers::replica::binary())
+        .args(["status", "--json", "--dsn", &db.dsn("qlsched_runtime")])
+        .output()
+        .unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        s["replicas"][0]["live"], false,
+        "a clean stop retires the replica: {s}"
+    );
+}
