@@ -28,8 +28,9 @@ pub struct Status {
     pub lag_sample: i64,
 }
 
-/// Due backlog (free rows whose claimable time has come) and the age of the oldest, read
-/// from the claim index's head: cheap whatever the table size while the backlog is small.
+/// Due backlog (rows a claim would take now: free and due, or holding an expired lease) and
+/// the age of the oldest, read from the claim index's head: cheap whatever the table size
+/// while the backlog is small.
 pub async fn due_backlog(
     client: &tokio_postgres::Client,
 ) -> Result<(i64, Option<i64>), StoreError> {
@@ -37,8 +38,7 @@ pub async fn due_backlog(
         .query_one(
             "SELECT count(*), (extract(epoch FROM clock_timestamp())*1000)::bigint - min(claimable_at_ms)
                FROM qlsched.trigger_schedules
-              WHERE claimable_at_ms <= (extract(epoch FROM clock_timestamp())*1000)::bigint
-                AND claim_owner IS NULL",
+              WHERE claimable_at_ms <= (extract(epoch FROM clock_timestamp())*1000)::bigint",
             &[],
         )
         .await?;

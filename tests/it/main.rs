@@ -6,6 +6,7 @@ mod config_validation;
 mod coordinator;
 mod daemon;
 mod migrations;
+mod operate;
 mod roles;
 mod store_admit;
 mod store_claim;
