@@ -141,6 +141,17 @@ impl TestDb {
     pub async fn superuser(&self) -> tokio_postgres::Client {
         self.client("postgres").await
     }
+    /// An admin connection, after making project `proj` (active) and task `task`.
+    pub async fn admin_with_project(&self) -> tokio_postgres::Client {
+        let mut admin = self.admin().await;
+        manage::set_project(&mut admin, "proj", "active")
+            .await
+            .unwrap();
+        manage::publish_task(&mut admin, "proj", "task", "{\"image\":\"demo\"}")
+            .await
+            .unwrap();
+        admin
+    }
     pub async fn admin(&self) -> tokio_postgres::Client {
         self.client("qlsched_admin").await
     }
@@ -156,13 +167,7 @@ impl TestDb {
     /// One active project, one task, and `n` triggers `trg-00000…` with the given
     /// expression (every second by default), all pending initialisation.
     pub async fn seed(&self, n: usize, expr: &str) -> Vec<String> {
-        let mut admin = self.admin().await;
-        manage::set_project(&mut admin, "proj", "active")
-            .await
-            .unwrap();
-        manage::publish_task(&mut admin, "proj", "task", "{\"image\":\"demo\"}")
-            .await
-            .unwrap();
+        let mut admin = self.admin_with_project().await;
         let mut ids = Vec::with_capacity(n);
         for i in 0..n {
             let id = format!("trg-{i:05}");
@@ -272,13 +277,7 @@ impl TestDb {
     /// Like `seed`, but in a few bulk statements (fast for thousands of triggers). Rows are
     /// initialised and due `due_offset_ms` from now (negative = overdue).
     pub async fn seed_bulk(&self, n: usize, expr: &str, due_offset_ms: i64) {
-        let mut admin = self.admin().await;
-        manage::set_project(&mut admin, "proj", "active")
-            .await
-            .unwrap();
-        manage::publish_task(&mut admin, "proj", "task", "{\"image\":\"demo\"}")
-            .await
-            .unwrap();
+        let mut admin = self.admin_with_project().await;
         let digest = TriggerSpec::new("x", "proj", "task", expr, "UTC").content_digest();
         admin
             .execute(
