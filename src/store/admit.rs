@@ -92,8 +92,8 @@ pub async fn admit_once(conn: &mut Conn<'_>, a: &Admission) -> Result<AdmitOutco
 /// its one row. A row whose checks fail is simply absent (refused, nothing written for it);
 /// any failed write aborts the statement and the whole transaction rolls back.
 ///
-/// BEGIN, the statement and COMMIT are pipelined: one round trip and one WAL flush for the
-/// whole batch. A broken connection anywhere in the three leaves the outcome unknown.
+/// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
+/// flush for the whole batch. A broken connection anywhere in the three leaves the outcome unknown.
 pub async fn admit_batch(
     conn: &mut Conn<'_>,
     batch: &[Admission],
@@ -121,9 +121,29 @@ pub async fn admit_batch(
     let atts = uid(|a| a.attempt_id);
     let keys = text(|a| a.key());
     let bys = text(|a| a.admitted_by.clone());
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 20] = [
-        &tids, &ids, &revs, &svs, &cursors, &owners, &tokens, &cvs, &obs, &sfs, &nexts, &tdigs,
-        &tasks, &krevs, &kdigs, &erevs, &runs, &atts, &keys, &bys,
+    use tokio_postgres::types::{ToSql, Type};
+    let (text_a, int8_a, uuid_a) = (Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::UUID_ARRAY);
+    let params: [(&(dyn ToSql + Sync), Type); 20] = [
+        (&tids, text_a.clone()),
+        (&ids, text_a.clone()),
+        (&revs, int8_a.clone()),
+        (&svs, int8_a.clone()),
+        (&cursors, int8_a.clone()),
+        (&owners, text_a.clone()),
+        (&tokens, uuid_a.clone()),
+        (&cvs, int8_a.clone()),
+        (&obs, int8_a.clone()),
+        (&sfs, int8_a.clone()),
+        (&nexts, int8_a.clone()),
+        (&tdigs, text_a.clone()),
+        (&tasks, text_a.clone()),
+        (&krevs, int8_a.clone()),
+        (&kdigs, text_a.clone()),
+        (&erevs, uuid_a.clone()),
+        (&runs, uuid_a.clone()),
+        (&atts, uuid_a.clone()),
+        (&keys, text_a.clone()),
+        (&bys, text_a),
     ];
     let client: &tokio_postgres::Client = conn;
     let (begin, rows, commit) = futures::join!(
@@ -132,7 +152,11 @@ pub async fn admit_batch(
         // every concurrent admission (the TID scan and the foreign-key probes must stay
         // point accesses).
         client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off"),
-        client.query(ADMIT_SQL, &params),
+        // `query_typed` sends Parse/Bind/Execute in one message on its first poll; plain
+        // `query` would first prepare (a round trip) and so run after the pipelined COMMIT,
+        // outside the transaction (the test
+        // `the_admission_statement_runs_inside_its_serializable_transaction` proves the order).
+        client.query_typed(ADMIT_SQL, &params),
         client.batch_execute("COMMIT"),
     );
     let lost = [

@@ -533,3 +533,55 @@ fn run_ids_of_one_replica_share_a_prefix_and_increase() {
     assert!(a2 > a1, "time-ordered within a replica");
     assert_eq!(a1.get_version_num(), 8);
 }
+
+/// The pipelined BEGIN / statement / COMMIT really run in that order: the statement sees a
+/// SERIALIZABLE transaction with the transaction-local planner setting applied.
+#[tokio::test]
+async fn the_admission_statement_runs_inside_its_serializable_transaction() {
+    let db = TestDb::new().await;
+    db.seed(2, "* * * * * *").await;
+    db.make_due(-100).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "CREATE TABLE public.probe (isolation text, seqscan text, xid bigint);
+             GRANT USAGE ON SCHEMA public TO qlsched_runtime;
+             GRANT INSERT ON public.probe TO qlsched_runtime;
+             CREATE FUNCTION public.probe() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               INSERT INTO public.probe VALUES (current_setting('transaction_isolation'),
+                                                current_setting('enable_seqscan'), txid_current());
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER probe BEFORE INSERT ON qlsched.runs FOR EACH ROW EXECUTE FUNCTION public.probe();
+             CREATE TRIGGER probe BEFORE UPDATE ON qlsched.trigger_schedules FOR EACH ROW
+                 WHEN (OLD.claim_owner IS NOT NULL AND NEW.claim_owner IS NULL) EXECUTE FUNCTION public.probe();",
+        )
+        .await
+        .unwrap();
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    let claims = claim::claim_due(&conn, "a", 30_000, 2).await.unwrap();
+    drop(conn);
+    let batch: Vec<Admission> = claims.iter().map(admission).collect();
+    let mut conn = store::conn(&pool).await.unwrap();
+    let out = admit::admit_batch(&mut conn, &batch).await.unwrap();
+    assert!(
+        out.iter()
+            .all(|o| matches!(o, AdmitOutcome::Admitted { .. })),
+        "{out:?}"
+    );
+    let rows = db
+        .superuser()
+        .await
+        .query("SELECT isolation, seqscan, xid FROM public.probe", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 4, "two schedule updates and two run inserts");
+    for r in &rows {
+        assert_eq!(r.get::<_, String>(0), "serializable");
+        assert_eq!(r.get::<_, String>(1), "off");
+    }
+    let xids: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(2)).collect();
+    assert_eq!(xids.len(), 1, "one transaction for the whole batch");
+}
