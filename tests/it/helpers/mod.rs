@@ -277,7 +277,7 @@ impl TestDb {
     /// Like `seed`, but in a few bulk statements (fast for thousands of triggers). Rows are
     /// initialised and due `due_offset_ms` from now (negative = overdue).
     pub async fn seed_bulk(&self, n: usize, expr: &str, due_offset_ms: i64) {
-        let mut admin = self.admin_with_project().await;
+        let admin = self.admin_with_project().await;
         let digest = TriggerSpec::new("x", "proj", "task", expr, "UTC").content_digest();
         admin
             .execute(
