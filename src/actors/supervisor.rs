@@ -149,6 +149,8 @@ impl Supervisor {
                     warn!(act.log, "claim round failed"; "error" => %e);
                 }
             }
+            // A stop that came while this round ran waits for it and its claim actors.
+            act.maybe_drained();
         }));
     }
 
@@ -176,8 +178,10 @@ impl Supervisor {
         self.live.insert(child, actor.start());
     }
 
+    /// Drained = no claim actor alive and no claim statement in flight (a round that is still
+    /// running may yet lease rows, which the caller releases after the drain).
     fn maybe_drained(&mut self) {
-        if self.live.is_empty() {
+        if self.live.is_empty() && self.rounds_in_flight == 0 {
             for w in self.drain_waiters.drain(..) {
                 let _ = w.send(());
             }

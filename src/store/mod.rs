@@ -154,11 +154,25 @@ pub fn build_pool(
 }
 
 /// Gets a connection, mapping bb8's time-out to a typed error that carries the bound.
+///
+/// An idle connection whose backend has gone (terminated, server restarted) is closed on
+/// the client side as soon as its connection task reads the EOF; such a connection is never
+/// handed out: it goes back to the pool, which discards it (`has_broken` is `is_closed`),
+/// and the next one is tried. Checking costs no round trip.
 pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
-    pool.get().await.map_err(|e| match e {
-        bb8::RunError::User(e) => StoreError::Db(e),
-        bb8::RunError::TimedOut => StoreError::PoolTimeout(pool.config().connection_timeout),
-    })
+    let tries = pool.state().connections as usize + 1;
+    for _ in 0..tries {
+        let c = pool.get().await.map_err(|e| match e {
+            bb8::RunError::User(e) => StoreError::Db(e),
+            bb8::RunError::TimedOut => StoreError::PoolTimeout(pool.config().connection_timeout),
+        })?;
+        if !c.is_closed() {
+            return Ok(c);
+        }
+    }
+    Err(StoreError::Invalid(
+        "every pooled connection was closed; retrying next round".into(),
+    ))
 }
 
 /// Connects a single client outside any pool (management commands, migrations).
