@@ -36,9 +36,16 @@ pub async fn due_backlog(
 ) -> Result<(i64, Option<i64>), StoreError> {
     let r = client
         .query_one(
-            "SELECT count(*), (extract(epoch FROM clock_timestamp())*1000)::bigint - min(claimable_at_ms)
-               FROM qlsched.trigger_schedules
-              WHERE claimable_at_ms <= (extract(epoch FROM clock_timestamp())*1000)::bigint",
+            // The clock is read once (materialised) and compared through a scalar subquery, an
+            // init plan the index range scan can use; a volatile `clock_timestamp()` compared
+            // row by row would scan the whole table.
+            // `ORDER BY … LIMIT` keeps the planner on the index whatever it guesses about
+            // the range; the count is capped at a million.
+            "WITH n AS MATERIALIZED (SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint AS ms)
+             SELECT count(*), (SELECT ms FROM n) - min(claimable_at_ms)
+               FROM (SELECT claimable_at_ms FROM qlsched.trigger_schedules
+                      WHERE claimable_at_ms <= (SELECT ms FROM n)
+                      ORDER BY claimable_at_ms LIMIT 1000000) due",
             &[],
         )
         .await?;

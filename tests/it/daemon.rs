@@ -173,7 +173,13 @@ async fn status_and_runs_list_report_replicas_claims_backlog_and_lag() {
     assert_eq!(s["replicas"][0]["live"], true);
     assert!(s["admitted_last_minute"].as_i64().unwrap() >= 6, "{s}");
     assert!(s["lag_p99_ms"].as_f64().is_some(), "{s}");
-    assert_eq!(s["due_backlog"], 0, "{s}");
+    // Every-second rows come due all the time; nothing may be stuck behind.
+    let backlog = s["due_backlog"].as_i64().unwrap();
+    assert!(backlog <= 3, "{s}");
+    assert!(
+        backlog == 0 || s["oldest_due_age_ms"].as_i64().unwrap() < 1500,
+        "{s}"
+    );
     let list = std::process::Command::new(crate::helpers::replica::binary())
         .args([
             "runs",

@@ -201,3 +201,43 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
         "the scan read exactly the rows it claimed: {text}"
     );
 }
+
+/// The backlog gauge reads a range of the claim index, not the whole table.
+#[tokio::test]
+async fn the_backlog_gauge_is_an_index_range_read() {
+    let db = TestDb::new().await;
+    db.seed_bulk(5000, "0 0 0 1 1 *", 3_600_000).await;
+    let su = db.superuser().await;
+    su.batch_execute("UPDATE qlsched.trigger_schedules SET claimable_at_ms = 0, next_fire_at_ms = 0 WHERE trigger_id < 'trg-00010'; ANALYZE qlsched.trigger_schedules").await.unwrap();
+    let (n, oldest) = qlsched::store::status::due_backlog(&su).await.unwrap();
+    assert_eq!(n, 10);
+    assert!(
+        oldest.unwrap() > 1_000_000_000_000,
+        "oldest due age from claimable_at_ms = 0"
+    );
+    let plan: Vec<String> = su
+        .query(
+            "EXPLAIN WITH n AS MATERIALIZED (SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint AS ms)
+             SELECT count(*), (SELECT ms FROM n) - min(claimable_at_ms)
+               FROM (SELECT claimable_at_ms FROM qlsched.trigger_schedules
+                      WHERE claimable_at_ms <= (SELECT ms FROM n)
+                      ORDER BY claimable_at_ms LIMIT 1000000) due",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("trigger_schedules_claimable_idx")),
+        "{plan:?}"
+    );
+    assert!(
+        !plan
+            .iter()
+            .any(|l| l.contains("Seq Scan on trigger_schedules")),
+        "{plan:?}"
+    );
+}
