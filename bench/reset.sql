@@ -1,0 +1,5 @@
+-- Back to a freshly migrated database (definitions of the bench project/task are kept):
+-- no triggers, no schedule rows, no admitted work, no replicas. Run as the superuser.
+\set ON_ERROR_STOP on
+TRUNCATE qlsched.run_events, qlsched.attempts, qlsched.runs, qlsched.trigger_schedules,
+         qlsched.triggers, qlsched.replicas;
