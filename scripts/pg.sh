@@ -53,3 +53,15 @@ pg_stop() {
   local bin; bin=$(pg_find_bindir)
   [ -f "$dir/data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$dir/data" -m "$mode" -w stop >/dev/null 2>&1 || true
 }
+
+# The drills also need libfaketime (the clock-skew drill runs a replica with a shifted clock).
+ensure_faketime() {
+  if command -v faketime >/dev/null 2>&1; then return 0; fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "faketime is missing (the clock-skew drill needs it): run 'sudo apt-get install -y faketime'" >&2
+    return 1
+  fi
+  echo "installing faketime (apt-get install -y faketime)…" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >&2
+}

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 pg_ensure_installed
+ensure_faketime
 export QLSCHED_PG_BINDIR="$(pg_find_bindir)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
