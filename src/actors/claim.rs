@@ -32,6 +32,9 @@ pub struct ClaimFinished {
     pub child: u64,
     pub trigger_id: String,
     pub report: Report,
+    /// The admitted occurrence's next one was already due when the row was claimed (the
+    /// trigger is behind its schedule): the supervisor starts the next round at once.
+    pub still_due: bool,
 }
 
 pub struct ClaimActor {
@@ -46,6 +49,8 @@ pub struct ClaimActor {
     pub metrics: Metrics,
     pub log: Logger,
     reported: bool,
+    /// The cursor an admission moves to, if this claim admits.
+    next_after_admit: Option<i64>,
 }
 
 impl ClaimActor {
@@ -76,6 +81,7 @@ impl ClaimActor {
             metrics,
             log,
             reported: false,
+            next_after_admit: None,
         }
     }
 
@@ -138,10 +144,16 @@ impl ClaimActor {
 
     fn report(&mut self, report: Report) {
         self.reported = true;
+        let admitted = matches!(report, Report::Done(Outcome::Admitted { .. }));
+        let still_due = admitted
+            && self
+                .next_after_admit
+                .is_some_and(|n| n <= self.claim.observed_at_ms);
         self.supervisor.do_send(ClaimFinished {
             child: self.child,
             trigger_id: self.claim.trigger_id.clone(),
             report,
+            still_due,
         });
     }
 }
@@ -157,6 +169,9 @@ impl Actor for ClaimActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let action = Self::decide(&self.claim, self.reject_backoff, &self.metrics, &self.log);
+        if let Action::Admit(a) = &action {
+            self.next_after_admit = Some(a.next_fire_at_ms);
+        }
         if super::faults::claim_actor_should_die() {
             // Fault drill: die after deciding, before the decision is sent.
             ctx.stop();

@@ -2,7 +2,8 @@
 //! children that fail, and drains on stop.
 //!
 //! Rounds never overlap: a round claims up to the free budget in one statement and spawns a
-//! claim actor per row. When a round filled its budget, the next round starts as soon as the
+//! claim actor per row. When a round filled its budget, or admitted an occurrence whose next
+//! one was already due (a trigger behind its schedule), the next round starts as soon as the
 //! last of its claim actors has reported (catch-up: a backlog drains at admission speed);
 //! otherwise the next round waits for the cadence.
 
@@ -34,6 +35,7 @@ pub struct Supervisor {
     live: HashMap<u64, Addr<ClaimActor>>,
     next_child: u64,
     rounds_in_flight: u32,
+    /// More is due right now: start the next round as soon as this one's actors are done.
     round_filled: bool,
     stopping: bool,
     drain_waiters: Vec<oneshot::Sender<()>>,
@@ -208,6 +210,9 @@ impl Handler<ClaimFinished> for Supervisor {
 
     fn handle(&mut self, msg: ClaimFinished, ctx: &mut Self::Context) {
         self.live.remove(&msg.child);
+        if msg.still_due {
+            self.round_filled = true;
+        }
         match msg.report {
             Report::Done(Outcome::Admitted { lag_ms, .. }) => {
                 debug!(self.log, "admitted"; "trigger" => &msg.trigger_id, "lag_ms" => lag_ms);
@@ -235,7 +240,8 @@ impl Handler<ClaimFinished> for Supervisor {
         self.metrics.live_claims.set(self.live.len() as i64);
         self.maybe_drained();
         if self.live.is_empty() && self.round_filled && !self.stopping {
-            // Catch-up: the round used its whole budget, so more may be due right now.
+            // Catch-up: the round used its whole budget, or a trigger is behind its schedule,
+            // so more is due right now.
             self.round_filled = false;
             self.round(ctx);
         }
