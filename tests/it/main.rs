@@ -5,6 +5,7 @@ mod helpers;
 mod config_validation;
 mod coordinator;
 mod daemon;
+mod drills;
 mod migrations;
 mod operate;
 mod roles;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod proxy;
 pub mod replica;
 
 use std::path::PathBuf;

@@ -1,0 +1,301 @@
+//! The invariant checker every drill ends with: plain SQL over the admitted work, run after
+//! every replica has stopped.
+//!
+//! - one run per occurrence (trigger, `scheduled_for`): `duplicates` counts the extra ones;
+//! - every run is queued with exactly one pristine claimed `remote_worker` attempt and the
+//!   two events `run.created` (seq 1) and `run.queued` (seq 2);
+//! - no claim is left on any schedule row;
+//! - per trigger, the admitted `scheduled_for` set against what the cron and the misfire
+//!   policy require. The drills use fixed-period triggers (`* * * * * *`, `skip`, grace
+//!   60 s), so the requirement is: every period between the trigger's first admitted
+//!   occurrence and its final cursor is admitted, except an occurrence whose whole grace
+//!   window lies inside a window when no replica was up (the only time `skip` may drop
+//!   one). A required occurrence without a run is `lost` when it sits in a hole shorter
+//!   than the grace (no misfire decision can explain it) and `misfired` when the hole is a
+//!   grace or longer (the fleet found it more than the grace late: overload, not a fence
+//!   failure; still a drill failure); a run off the cron grid or at or
+//!   after the cursor is `unexpected`; a trigger never admitted at all is `starved`;
+//! - takeovers: of the leases a killed or cut-off replica held, the occurrences another
+//!   replica admitted; `early_takeovers` are those admitted before the database expiry of
+//!   the lease (and before the holder's successor could have released it): must be 0.
+
+use std::fmt::Write as _;
+
+use tokio_postgres::Client;
+
+/// What the drill knows about its run, beyond the database.
+#[derive(Clone, Debug, Default)]
+pub struct Expect {
+    /// The triggers' fixed period (1 000 ms for `* * * * * *`).
+    pub period_ms: i64,
+    /// Their misfire grace (policy `skip`).
+    pub grace_ms: i64,
+    /// Database-clock windows `[from, to]` when no replica was up.
+    pub down: Vec<(i64, i64)>,
+    /// Leases held by a replica at the moment it was killed or cut off.
+    pub held: Vec<Held>,
+}
+
+impl Expect {
+    /// Every-second `skip` triggers with the default 60 s grace.
+    pub fn every_second() -> Expect {
+        Expect {
+            period_ms: 1000,
+            grace_ms: 60_000,
+            ..Expect::default()
+        }
+    }
+}
+
+/// One lease a replica held when it was killed or cut off.
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub trigger_id: String,
+    pub owner: String,
+    /// The row's cursor when the lease was taken: the occurrence the lease was for.
+    pub scheduled_for_ms: i64,
+    /// The lease's database expiry.
+    pub expires_at_ms: i64,
+    /// Database time from which the holder's id could release it (a restart of the same
+    /// id releases its predecessor's leases at once); `i64::MAX` if never.
+    pub freed_at_ms: i64,
+}
+
+/// The figures of one drill.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    pub triggers: i64,
+    pub expected: i64,
+    pub admitted: i64,
+    pub duplicates: i64,
+    pub lost: i64,
+    /// Required occurrences missing in a hole at least a grace long: what `skip` does to an
+    /// occurrence found more than the grace late (an overloaded or absent fleet).
+    pub misfired: i64,
+    pub unexpected: i64,
+    pub starved: i64,
+    pub bad_shape: i64,
+    pub claims_left: i64,
+    pub max_lag_ms: i64,
+    pub takeovers: i64,
+    pub early_takeovers: i64,
+    /// Runs admitted per replica id.
+    pub by_replica: Vec<(String, i64)>,
+}
+
+/// The leases `owner` holds right now (call it just after the owner was killed or cut off).
+pub async fn held_by(sql: &Client, owner: &str) -> Vec<Held> {
+    sql.query(
+        "SELECT trigger_id, claim_owner, next_fire_at_ms, claim_expires_at_ms
+           FROM qlsched.trigger_schedules
+          WHERE claim_owner = $1 AND next_fire_at_ms IS NOT NULL",
+        &[&owner],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Held {
+        trigger_id: r.get(0),
+        owner: r.get(1),
+        scheduled_for_ms: r.get(2),
+        expires_at_ms: r.get(3),
+        freed_at_ms: i64::MAX,
+    })
+    .collect()
+}
+
+const OCCURRENCES_SQL: &str = "
+WITH r AS (
+    SELECT trigger_id, scheduled_for_ms, count(*) AS n FROM qlsched.runs GROUP BY 1, 2
+), span AS (
+    SELECT s.trigger_id, min(r.scheduled_for_ms) AS first_ms, s.next_fire_at_ms AS cursor_ms
+      FROM qlsched.trigger_schedules s LEFT JOIN r ON r.trigger_id = s.trigger_id
+     GROUP BY s.trigger_id, s.next_fire_at_ms
+), want AS (
+    SELECT span.trigger_id, g AS at_ms
+      FROM span, generate_series(span.first_ms, span.cursor_ms - $1, $1) g
+     WHERE NOT EXISTS (SELECT 1 FROM unnest($3::bigint[], $4::bigint[]) w(d0, d1)
+                        WHERE w.d0 <= g AND g + $2 <= w.d1)
+), missing AS (
+    SELECT want.trigger_id, want.at_ms FROM want
+     WHERE NOT EXISTS (SELECT 1 FROM r WHERE r.trigger_id = want.trigger_id
+                                          AND r.scheduled_for_ms = want.at_ms)
+), holes AS (
+    SELECT trigger_id, count(*) AS len
+      FROM (SELECT trigger_id,
+                   at_ms - $1 * row_number() OVER (PARTITION BY trigger_id ORDER BY at_ms) AS island
+              FROM missing) m
+     GROUP BY trigger_id, island
+)
+SELECT (SELECT count(*) FROM span),
+       (SELECT count(*) FROM want),
+       (SELECT count(*) FROM r),
+       (SELECT coalesce(sum(n - 1), 0)::bigint FROM r),
+       (SELECT coalesce(sum(len) FILTER (WHERE len * $1 < $2), 0)::bigint FROM holes),
+       (SELECT coalesce(sum(len) FILTER (WHERE len * $1 >= $2), 0)::bigint FROM holes),
+       (SELECT count(*) FROM r JOIN span USING (trigger_id)
+         WHERE r.scheduled_for_ms % $1 <> 0 OR r.scheduled_for_ms >= span.cursor_ms
+            OR span.cursor_ms IS NULL),
+       (SELECT count(*) FROM span WHERE first_ms IS NULL),
+       (SELECT coalesce(max(queued_at_ms - scheduled_for_ms), 0) FROM qlsched.runs),
+       (SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL)";
+
+const SHAPE_SQL: &str = "
+SELECT count(*) FROM qlsched.runs r
+ WHERE r.status <> 'queued' OR r.cancelled OR r.queued_at_ms IS NULL
+    OR (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) <> 1
+    OR NOT EXISTS (SELECT 1 FROM qlsched.attempts a
+                    WHERE a.run_id = r.run_id AND a.attempt_no = 1 AND a.executor = 'remote_worker'
+                      AND a.state = 'claimed' AND a.worker_id IS NULL AND a.session_id IS NULL
+                      AND a.lease_id IS NULL AND a.offer_id IS NULL AND a.callback_token IS NULL
+                      AND a.started_at_ms IS NULL AND a.result IS NULL AND a.error IS NULL)
+    OR (SELECT count(*) FROM qlsched.run_events e WHERE e.run_id = r.run_id) <> 2
+    OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e
+                    WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
+    OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e
+                    WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')";
+
+const TAKEOVER_SQL: &str = "
+SELECT count(*) FILTER (WHERE r.admitted_by <> h.owner),
+       count(*) FILTER (WHERE r.admitted_by <> h.owner AND r.queued_at_ms < least(h.exp, h.freed))
+  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])
+       AS h(trigger_id, owner, sf, exp, freed)
+  JOIN qlsched.runs r ON r.trigger_id = h.trigger_id AND r.scheduled_for_ms = h.sf";
+
+/// Runs every check; the caller prints the figures and then asserts them clean.
+pub async fn check(sql: &Client, expect: &Expect) -> Figures {
+    let (d0, d1): (Vec<i64>, Vec<i64>) = expect.down.iter().copied().unzip();
+    let row = sql
+        .query_one(
+            OCCURRENCES_SQL,
+            &[&expect.period_ms, &expect.grace_ms, &d0, &d1],
+        )
+        .await
+        .unwrap();
+    let mut f = Figures {
+        triggers: row.get(0),
+        expected: row.get(1),
+        admitted: row.get(2),
+        duplicates: row.get(3),
+        lost: row.get(4),
+        misfired: row.get(5),
+        unexpected: row.get(6),
+        starved: row.get(7),
+        max_lag_ms: row.get(8),
+        claims_left: row.get(9),
+        ..Figures::default()
+    };
+    f.bad_shape = sql.query_one(SHAPE_SQL, &[]).await.unwrap().get(0);
+    let h = &expect.held;
+    let ids: Vec<&str> = h.iter().map(|h| h.trigger_id.as_str()).collect();
+    let owners: Vec<&str> = h.iter().map(|h| h.owner.as_str()).collect();
+    let sfs: Vec<i64> = h.iter().map(|h| h.scheduled_for_ms).collect();
+    let exps: Vec<i64> = h.iter().map(|h| h.expires_at_ms).collect();
+    let freed: Vec<i64> = h.iter().map(|h| h.freed_at_ms).collect();
+    let row = sql
+        .query_one(TAKEOVER_SQL, &[&ids, &owners, &sfs, &exps, &freed])
+        .await
+        .unwrap();
+    f.takeovers = row.get(0);
+    f.early_takeovers = row.get(1);
+    f.by_replica = sql
+        .query(
+            "SELECT admitted_by, count(*) FROM qlsched.runs GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    f
+}
+
+impl Figures {
+    /// Adds another database's figures (max lag: the larger).
+    pub fn add(&mut self, o: &Figures) {
+        self.triggers += o.triggers;
+        self.expected += o.expected;
+        self.admitted += o.admitted;
+        self.duplicates += o.duplicates;
+        self.lost += o.lost;
+        self.misfired += o.misfired;
+        self.unexpected += o.unexpected;
+        self.starved += o.starved;
+        self.bad_shape += o.bad_shape;
+        self.claims_left += o.claims_left;
+        self.max_lag_ms = self.max_lag_ms.max(o.max_lag_ms);
+        self.takeovers += o.takeovers;
+        self.early_takeovers += o.early_takeovers;
+        self.by_replica.extend(o.by_replica.iter().cloned());
+    }
+
+    /// 0 duplicates, 0 lost, and every other invariant.
+    pub fn assert_clean(&self, report: &str) {
+        let problems: Vec<String> = [
+            ("duplicate occurrences", self.duplicates),
+            ("lost occurrences", self.lost),
+            (
+                "occurrences misfired (found more than the grace late)",
+                self.misfired,
+            ),
+            ("runs not 1 attempt + 2 events", self.bad_shape),
+            ("claims left", self.claims_left),
+            ("runs off the cron grid or past the cursor", self.unexpected),
+            ("triggers never admitted", self.starved),
+            ("takeovers before the database expiry", self.early_takeovers),
+        ]
+        .iter()
+        .filter(|(_, n)| *n != 0)
+        .map(|(what, n)| format!("{what}: {n}"))
+        .collect();
+        assert!(
+            problems.is_empty() && self.admitted > 0,
+            "drill invariants violated: {}\n{report}",
+            if problems.is_empty() {
+                "nothing admitted".to_string()
+            } else {
+                problems.join(", ")
+            }
+        );
+    }
+
+    /// The drill table: one header, one row, then the secondary figures.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "| occurrences expected | admitted | duplicates | lost | max lag | takeovers |"
+        );
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} s | {} |",
+            self.expected,
+            self.admitted,
+            self.duplicates,
+            self.lost,
+            self.max_lag_ms as f64 / 1000.0,
+            self.takeovers
+        );
+        let by: Vec<String> = self
+            .by_replica
+            .iter()
+            .map(|(r, n)| format!("{r}={n}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "triggers {} · misfired {} · early takeovers {} · runs not 1 attempt + 2 events {} · claims left {} \
+             · off-grid {} · never admitted {} · admitted by {}",
+            self.triggers,
+            self.misfired,
+            self.early_takeovers,
+            self.bad_shape,
+            self.claims_left,
+            self.unexpected,
+            self.starved,
+            by.join(" ")
+        );
+        s
+    }
+}

@@ -1,0 +1,219 @@
+//! Product bugs the drills found, each pinned by a small deterministic test (a regression
+//! test once fixed; see docs/drills.md, "Findings").
+//!
+//! 1. (fixed in 9532409) The admission statement did not run inside its SERIALIZABLE
+//!    transaction: `Client::query(ADMIT_SQL /* &str */, ..)` prepares first (one round
+//!    trip), so the pipelined `COMMIT` reached the server before the statement's
+//!    Bind/Execute, which then ran in its own implicit READ COMMITTED transaction. Found
+//!    with the fault proxy.
+//! 2. (fixed in df03a2c) The pool handed out connections whose backend was terminated, one
+//!    per claim round: recovery after `pg_terminate_backend` took up to `pool_size`
+//!    cadences instead of at most two. Found by the backend-termination drill.
+//! 3. (fixed in df03a2c) A graceful stop that arrived while a claim round was in flight
+//!    left that round's leases behind: `Drain` did not wait for the round, so
+//!    `release_all_owned` ran before its claim committed. Found by the drills' "no claims
+//!    left" check (clock-skew drill).
+//! 4. (open) A trigger that fell behind its schedule never catches up while its period is
+//!    the cadence: each round admits one occurrence per row and a round that did not fill
+//!    the budget waits a whole cadence, so an every-second trigger 20 s behind stays 20 s
+//!    behind; delays add up (the standby drill: 17 → 32 → 47 s over three promotions) until
+//!    the grace is crossed and `skip` drops occurrences. Found by the standby-promotion
+//!    drill's long form.
+
+use std::time::Duration;
+
+use qlsched::store;
+
+use super::{scalar, Fleet, EVERY_SECOND};
+use crate::helpers::proxy::Proxy;
+use crate::helpers::{wait_until, TestDb};
+
+/// Every admission must execute inside an explicit transaction block: the server's
+/// ReadyForQuery before the admission's sync point must say `T`, not `I`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_statement_executes_inside_its_serializable_transaction() {
+    let db = TestDb::new().await;
+    db.seed(3, EVERY_SECOND).await;
+    let proxy = Proxy::start(db.port).await;
+    let mut fleet = Fleet::new(&proxy.dsn("qlsched_runtime", &db.name), "", &[]);
+    fleet.start(&["a"]).await;
+    wait_until(
+        "10 admissions through the proxy",
+        Duration::from_secs(30),
+        || async { proxy.stats().admissions >= 10 },
+    )
+    .await;
+    fleet.stop_all().await;
+    let s = proxy.stats();
+    assert_eq!(
+        s.outside_transaction_block, 0,
+        "of {} admissions, {} executed outside any transaction block (ReadyForQuery before \
+         them said idle), {} inside: the admission is not the SERIALIZABLE transaction SPEC §5 \
+         requires. `query(ADMIT_SQL /* &str */, ..)` prepares first (a round trip), so the \
+         pipelined COMMIT reaches the server before the Bind/Execute.",
+        s.admissions, s.outside_transaction_block, s.in_transaction_block
+    );
+}
+
+/// The mechanism behind a slow recovery: the pool hands out idle connections whose backend
+/// is gone (bb8 `test_on_check_out(false)`, and nothing checks `Client::is_closed`), so each
+/// claim round after a termination can burn one cadence on one dead connection: with
+/// `pool_size` 4, up to four cadences. Checking `is_closed()` at checkout costs no round
+/// trip.
+#[tokio::test]
+async fn pooled_connections_whose_backend_was_terminated_are_not_handed_out() {
+    let db = TestDb::new().await;
+    let sql = db.superuser().await;
+    let pool = db.runtime_pool(4);
+    {
+        let mut warm = Vec::new();
+        for _ in 0..4 {
+            warm.push(store::conn(&pool).await.unwrap());
+        }
+        for c in &warm {
+            c.simple_query("SELECT 1").await.unwrap();
+        }
+    }
+    assert_eq!(pool.state().idle_connections, 4);
+    sql.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND usename = 'qlsched_runtime'",
+        &[],
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "the terminated backends gone",
+        Duration::from_secs(10),
+        || {
+            let sql = &sql;
+            async move {
+                scalar(
+                    sql,
+                    "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND usename = 'qlsched_runtime'",
+                )
+                .await
+                    == 0
+            }
+        },
+    )
+    .await;
+    // Let the connection tasks read the FATAL message and the EOF the server sent.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut failures = Vec::new();
+    for i in 0..4 {
+        let c = store::conn(&pool).await.unwrap();
+        if let Err(e) = c.simple_query("SELECT 1").await {
+            failures.push(format!("checkout {i}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "store::conn handed out connections whose backend was terminated (each costs a claim \
+         round a cadence): {failures:?}"
+    );
+}
+
+/// A graceful stop (SIGTERM) while a claim round is in flight must not leave that round's
+/// leases behind. Made deterministic by a test-only trigger on `trigger_schedules` that
+/// holds every claim statement for 600 ms per row.
+#[tokio::test]
+async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
+    let db = TestDb::new().await;
+    db.seed(3, EVERY_SECOND).await;
+    let sql = db.superuser().await;
+    sql.batch_execute(
+        "CREATE FUNCTION qlsched.test_slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.claim_owner IS NOT NULL AND OLD.claim_owner IS DISTINCT FROM NEW.claim_owner THEN
+             PERFORM pg_sleep(0.6);
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER test_slow_claim BEFORE UPDATE ON qlsched.trigger_schedules
+           FOR EACH ROW EXECUTE FUNCTION qlsched.test_slow_claim();",
+    )
+    .await
+    .unwrap();
+    let mut fleet = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
+    fleet.start(&["a"]).await;
+    wait_until(
+        "a claim statement of replica a in flight",
+        Duration::from_secs(30),
+        || async {
+            scalar(
+                &sql,
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND usename = 'qlsched_runtime'
+                    AND wait_event = 'PgSleep'",
+            )
+            .await
+                > 0
+        },
+    )
+    .await;
+    fleet.stop_all().await;
+    // The claim statement the replica left running finishes (or is rolled back) by itself.
+    wait_until(
+        "replica a's backends gone",
+        Duration::from_secs(30),
+        || async {
+            scalar(
+                &sql,
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND usename = 'qlsched_runtime'",
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    let left = scalar(
+        &sql,
+        "SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL",
+    )
+    .await;
+    assert_eq!(
+        left,
+        0,
+        "replica a exited cleanly (\"leases handed over\") but {left} leases are still its own; log:\n{}",
+        fleet.logs()
+    );
+}
+
+/// SPEC §7: "a backlog drains at admission speed". An every-second trigger found 20 s behind
+/// (all within its 60 s grace, so each occurrence fires) must be back on schedule within a
+/// few seconds, not stay 20 s behind.
+#[tokio::test]
+async fn a_trigger_behind_its_schedule_catches_up_at_admission_speed() {
+    let db = TestDb::new().await;
+    db.seed(1, EVERY_SECOND).await;
+    let sql = db.superuser().await;
+    sql.batch_execute(
+        "UPDATE qlsched.trigger_schedules
+            SET next_fire_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - 20) * 1000,
+                state_version = state_version + 1;
+         UPDATE qlsched.trigger_schedules SET claimable_at_ms = next_fire_at_ms",
+    )
+    .await
+    .unwrap();
+    let mut fleet = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
+    fleet.start(&["a"]).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let behind_ms = scalar(
+        &sql,
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - next_fire_at_ms
+           FROM qlsched.trigger_schedules",
+    )
+    .await;
+    let runs = scalar(&sql, "SELECT count(*) FROM qlsched.runs").await;
+    fleet.stop_all().await;
+    assert!(
+        behind_ms < 3000,
+        "after 6 s the trigger is still {behind_ms} ms behind its schedule ({runs} occurrences \
+         admitted, one per cadence): a backlog of one trigger drains at the cadence, not at \
+         admission speed"
+    );
+}

@@ -1,0 +1,404 @@
+//! Drills (SPEC §9): the real `qlsched` binary, real config files, real PostgreSQL, and a
+//! failure injected again and again; each drill ends with the SQL invariant checker
+//! ([`check`]) and prints its table. See docs/drills.md.
+//!
+//! Every drill has a short form (run by `cargo test`) and a long form, selected by the
+//! environment (`scripts/drill.sh NAME [--cycles N] [--duration S]` sets it):
+//! `QLSCHED_DRILL_LONG`, `QLSCHED_DRILL_CYCLES` and/or `QLSCHED_DRILL_DURATION` (seconds)
+//! select the long form (the last two override its figures); `QLSCHED_DRILL_SEED` replays a
+//! random schedule. Drills run one at a time (they measure recovery times on a
+//! 2-core machine); other tests still run beside them.
+
+pub mod check;
+
+mod actor_crash;
+mod backend_termination;
+mod clock_skew;
+mod commit_reply_lost;
+mod findings;
+mod kill_restart;
+mod partition;
+mod pg_restart;
+mod same_replica_id;
+mod standby_promotion;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use qlsched::store::migrate::{self, Roles};
+
+use crate::helpers::pg::Server;
+use crate::helpers::replica::ReplicaProc;
+use crate::helpers::{pg_config, TestDb, PREFIX};
+use check::{Expect, Figures};
+
+/// Every drill's triggers fire every second.
+pub const EVERY_SECOND: &str = "* * * * * *";
+
+/// Only one drill at a time: they are timing-sensitive and CPU-hungry.
+static DRILL_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    DRILL_LOCK.lock().await
+}
+
+/// Short or long form, from the environment.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub long: bool,
+    pub cycles: u32,
+    pub duration: Duration,
+}
+
+impl Params {
+    /// `short` applies under `cargo test`; `long` is the default of the long form, whose
+    /// figures `QLSCHED_DRILL_CYCLES` / `QLSCHED_DRILL_DURATION` override.
+    pub fn from_env(short: (u32, u64), long: (u32, u64)) -> Params {
+        let num = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let cycles = num("QLSCHED_DRILL_CYCLES");
+        let secs = num("QLSCHED_DRILL_DURATION");
+        let asked = std::env::var_os("QLSCHED_DRILL_LONG").is_some();
+        if cycles.is_none() && secs.is_none() && !asked {
+            return Params {
+                long: false,
+                cycles: short.0,
+                duration: Duration::from_secs(short.1),
+            };
+        }
+        Params {
+            long: true,
+            cycles: cycles.map(|c| c as u32).unwrap_or(long.0),
+            duration: Duration::from_secs(secs.unwrap_or(long.1)),
+        }
+    }
+
+    pub fn form(&self) -> &'static str {
+        if self.long {
+            "long form"
+        } else {
+            "short form"
+        }
+    }
+}
+
+/// A small seeded generator (xorshift64*): drills print the seed, `QLSCHED_DRILL_SEED`
+/// replays it.
+pub struct Rng(pub u64, u64);
+
+impl Rng {
+    pub fn from_env() -> Rng {
+        let seed = std::env::var("QLSCHED_DRILL_SEED")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0 | 1);
+        Rng(seed, seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.1;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.1 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    /// A duration uniformly in `[lo, hi]` (milliseconds).
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// The database clock, Unix ms.
+pub async fn db_now(sql: &Client) -> i64 {
+    sql.query_one(
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+pub async fn scalar(sql: &Client, query: &str) -> i64 {
+    sql.query_one(query, &[]).await.unwrap().get(0)
+}
+
+/// Waits until every seeded trigger has at least one run: the fleet is admitting.
+pub async fn wait_all_admitting(sql: &Client, triggers: i64, within: Duration) {
+    crate::helpers::wait_until(
+        "every trigger admitted at least once",
+        within,
+        || async move {
+            scalar(sql, "SELECT count(DISTINCT trigger_id) FROM qlsched.runs").await >= triggers
+        },
+    )
+    .await;
+}
+
+/// SIGKILLs replica `id` as soon as it holds a lease (polling for at most `within`, then
+/// killing anyway) and returns the leases it held at its death.
+pub async fn kill_holding_leases(
+    fleet: &mut Fleet,
+    sql: &Client,
+    id: &str,
+    within: Duration,
+) -> Vec<check::Held> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let n: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            break;
+        }
+    }
+    fleet.kill(id);
+    check::held_by(sql, id).await
+}
+
+/// A counter or gauge from a replica's `/metrics` (None if the replica does not answer).
+pub fn metric(r: &ReplicaProc, name: &str) -> Option<f64> {
+    let (_, body) = r.get("/metrics")?;
+    body.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+}
+
+/// The replicas of one drill: same database, same extra config; killed ones are kept (with
+/// their logs) until the end.
+pub struct Fleet {
+    dsn: String,
+    extra_toml: String,
+    env: Vec<(String, String)>,
+    pub live: BTreeMap<String, ReplicaProc>,
+    dead: Vec<ReplicaProc>,
+}
+
+impl Fleet {
+    /// Replicas log at info (the per-admission debug lines cost CPU the drills need).
+    pub fn new(dsn: &str, extra_toml: &str, env: &[(&str, &str)]) -> Fleet {
+        let mut all = vec![("QLSCHED__LOG__LEVEL".to_string(), "info".to_string())];
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Fleet {
+            dsn: dsn.to_string(),
+            extra_toml: extra_toml.to_string(),
+            env: all,
+            live: BTreeMap::new(),
+            dead: Vec::new(),
+        }
+    }
+
+    /// Spawns replica `id` (with extra environment) without waiting for it.
+    pub fn spawn(&mut self, id: &str, env: &[(&str, &str)]) {
+        let mut all: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        all.extend_from_slice(env);
+        let r = ReplicaProc::spawn(&self.dsn, id, &self.extra_toml, &all);
+        if let Some(old) = self.live.insert(id.to_string(), r) {
+            self.dead.push(old);
+        }
+    }
+
+    pub async fn wait_ready(&mut self, id: &str) {
+        self.live
+            .get_mut(id)
+            .expect("spawned")
+            .wait_ready(Duration::from_secs(30))
+            .await;
+    }
+
+    /// Spawns the replicas and waits until each is ready.
+    pub async fn start(&mut self, ids: &[&str]) {
+        for id in ids {
+            self.spawn(id, &[]);
+        }
+        for id in ids {
+            self.wait_ready(id).await;
+        }
+    }
+
+    /// SIGKILL (and reap: a zombie would still look alive to the replica-id guard).
+    pub fn kill(&mut self, id: &str) {
+        if let Some(mut r) = self.live.remove(id) {
+            r.kill();
+            self.dead.push(r);
+        }
+    }
+
+    pub fn get(&self, id: &str) -> &ReplicaProc {
+        &self.live[id]
+    }
+
+    /// Sum of a metric over the live replicas.
+    pub fn metric_sum(&self, name: &str) -> f64 {
+        self.live.values().filter_map(|r| metric(r, name)).sum()
+    }
+
+    /// SIGTERM every live replica and require a clean exit (drain, leases handed back).
+    pub async fn stop_all(&mut self) {
+        for r in self.live.values() {
+            r.signal(libc::SIGTERM);
+        }
+        let ids: Vec<String> = self.live.keys().cloned().collect();
+        for id in ids {
+            let mut r = self.live.remove(&id).unwrap();
+            let status = r.wait_exit(Duration::from_secs(30)).await;
+            assert!(
+                status.success(),
+                "replica {id} exited with {status}; log:\n{}",
+                tail(&r.log(), 40)
+            );
+            self.dead.push(r);
+        }
+    }
+
+    /// The last lines of every replica's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        for r in self.dead.iter().chain(self.live.values()) {
+            s.push_str(&format!("--- replica {} ---\n{}", r.id, tail(&r.log(), 15)));
+        }
+        s
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n") + "\n"
+}
+
+/// One drill's printed result.
+pub struct Report {
+    pub drill: &'static str,
+    pub setup: String,
+    pub started: Instant,
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    pub fn new(drill: &'static str, p: &Params, setup: String) -> Report {
+        Report {
+            drill,
+            setup: format!("{}: {setup}", p.form()),
+            started: Instant::now(),
+            notes: Vec::new(),
+        }
+    }
+
+    pub fn note(&mut self, s: impl Into<String>) {
+        self.notes.push(s.into());
+    }
+
+    /// Prints the table (between markers scripts/drill.sh looks for) and returns it.
+    pub fn print(&self, f: &Figures) -> String {
+        let mut s = format!(
+            "==== drill {} ({}; {:.1} s)\n",
+            self.drill,
+            self.setup,
+            self.started.elapsed().as_secs_f64()
+        );
+        s.push_str(&f.table());
+        for n in &self.notes {
+            s.push_str(n);
+            s.push('\n');
+        }
+        s.push_str("==== end\n");
+        println!("\n{s}");
+        s
+    }
+
+    /// Checks (once the stopped replicas' last statements have ended), prints, asserts clean.
+    pub async fn finish(&self, sql: &Client, expect: &Expect, fleet: &Fleet) -> Figures {
+        self.finish_all(&[(sql, expect)], &[fleet]).await
+    }
+
+    /// The same over several databases: one table with the figures summed (max lag: the
+    /// largest).
+    pub async fn finish_all(&self, dbs: &[(&Client, &Expect)], fleets: &[&Fleet]) -> Figures {
+        let mut all = Figures::default();
+        for (sql, expect) in dbs {
+            crate::helpers::wait_until(
+                "the stopped replicas' backends gone",
+                Duration::from_secs(30),
+                || async {
+                    scalar(
+                        sql,
+                        "SELECT count(*) FROM pg_stat_activity
+                          WHERE datname = current_database() AND usename = 'qlsched_runtime'",
+                    )
+                    .await
+                        == 0
+                },
+            )
+            .await;
+            all.add(&check::check(sql, expect).await);
+        }
+        let table = self.print(&all);
+        let logs: String = fleets.iter().map(|f| f.logs()).collect();
+        all.assert_clean(&format!("{table}{logs}"));
+        all
+    }
+}
+
+/// A PostgreSQL server of the drill's own (for drills that stop, restart or promote it),
+/// with the qlsched roles and a migrated database `qlsched`; stopped and removed on drop.
+pub struct OwnPg {
+    pub server: Server,
+    pub db: TestDb,
+}
+
+static NEXT_OWN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A fresh directory for one more server of this drill.
+pub fn own_root(tag: &str) -> std::path::PathBuf {
+    let n = NEXT_OWN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let root = std::env::temp_dir().join(format!("qlsched-drill-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    root
+}
+
+impl OwnPg {
+    /// initdb, start (from the calling thread: the server dies with it), bootstrap, migrate.
+    pub async fn start(tag: &str, extra_conf: &str) -> OwnPg {
+        let mut server = Server::init(&own_root(tag), extra_conf);
+        server.start();
+        let port = server.port;
+        let roles = Roles::with_prefix(PREFIX).unwrap();
+        migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, "qlsched")
+            .await
+            .expect("bootstrap");
+        migrate::migrate(&pg_config(port, &roles.owner, "qlsched"), &roles)
+            .await
+            .expect("migrate");
+        OwnPg {
+            server,
+            db: TestDb {
+                name: "qlsched".into(),
+                port,
+            },
+        }
+    }
+}
+
+impl Drop for OwnPg {
+    fn drop(&mut self) {
+        self.server.stop("immediate");
+        let _ = std::fs::remove_dir_all(&self.server.root);
+    }
+}
