@@ -13,16 +13,22 @@ pg_find_bindir() {
   return 1
 }
 
+# apt_install PKG WHAT: installs a Debian package as root, or says what to run otherwise.
+apt_install() {
+  local pkg=$1 what=$2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "$what missing: run 'sudo apt-get install -y $pkg'" >&2
+    return 1
+  fi
+  echo "installing $pkg (apt-get install -y $pkg)…" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >&2
+}
+
 # Installs PostgreSQL with apt when its server binaries are missing (root only).
 pg_ensure_installed() {
   if pg_find_bindir >/dev/null; then return 0; fi
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "PostgreSQL server binaries (initdb, postgres) are missing: run 'sudo apt-get install -y postgresql'" >&2
-    return 1
-  fi
-  echo "installing PostgreSQL (apt-get install -y postgresql)…" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+  apt_install postgresql "PostgreSQL server binaries (initdb, postgres) are"
   pg_find_bindir >/dev/null
 }
 
@@ -56,12 +62,5 @@ pg_stop() {
 
 # The drills also need libfaketime (the clock-skew drill runs a replica with a shifted clock).
 ensure_faketime() {
-  if command -v faketime >/dev/null 2>&1; then return 0; fi
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "faketime is missing (the clock-skew drill needs it): run 'sudo apt-get install -y faketime'" >&2
-    return 1
-  fi
-  echo "installing faketime (apt-get install -y faketime)…" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >&2
+  command -v faketime >/dev/null 2>&1 || apt_install faketime "faketime (the clock-skew drill needs it) is"
 }
