@@ -13,12 +13,12 @@
 //!    left that round's leases behind: `Drain` did not wait for the round, so
 //!    `release_all_owned` ran before its claim committed. Found by the drills' "no claims
 //!    left" check (clock-skew drill).
-//! 4. (open) A trigger that fell behind its schedule never catches up while its period is
-//!    the cadence: each round admits one occurrence per row and a round that did not fill
-//!    the budget waits a whole cadence, so an every-second trigger 20 s behind stays 20 s
-//!    behind; delays add up (the standby drill: 17 → 32 → 47 s over three promotions) until
-//!    the grace is crossed and `skip` drops occurrences. Found by the standby-promotion
-//!    drill's long form.
+//! 4. (fixed in acdc9cd) A trigger that fell behind its schedule never caught up while its
+//!    period was the cadence: each round admitted one occurrence per row and a round that
+//!    did not fill the budget waited a whole cadence, so an every-second trigger 20 s
+//!    behind stayed 20 s behind; delays added up (the standby drill: 17 → 32 → 47 s over
+//!    three promotions) until the grace was crossed and `skip` dropped occurrences. Found
+//!    by the standby-promotion drill's long form.
 
 use std::time::Duration;
 
