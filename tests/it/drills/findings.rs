@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use qlsched::store;
 
-use super::{scalar, Fleet, EVERY_SECOND};
+use super::{scalar, wait_runtime_backends_gone, Fleet, EVERY_SECOND};
 use crate::helpers::proxy::Proxy;
 use crate::helpers::{wait_until, TestDb};
 
@@ -82,21 +82,10 @@ async fn pooled_connections_whose_backend_was_terminated_are_not_handed_out() {
     )
     .await
     .unwrap();
-    wait_until(
+    wait_runtime_backends_gone(
+        &sql,
         "the terminated backends gone",
         Duration::from_secs(10),
-        || {
-            let sql = &sql;
-            async move {
-                scalar(
-                    sql,
-                    "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND usename = 'qlsched_runtime'",
-                )
-                .await
-                    == 0
-            }
-        },
     )
     .await;
     // Let the connection tasks read the FATAL message and the EOF the server sent.
@@ -156,20 +145,7 @@ async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
     .await;
     fleet.stop_all().await;
     // The claim statement the replica left running finishes (or is rolled back) by itself.
-    wait_until(
-        "replica a's backends gone",
-        Duration::from_secs(30),
-        || async {
-            scalar(
-                &sql,
-                "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND usename = 'qlsched_runtime'",
-            )
-            .await
-                == 0
-        },
-    )
-    .await;
+    wait_runtime_backends_gone(&sql, "replica a's backends gone", Duration::from_secs(30)).await;
     let left = scalar(
         &sql,
         "SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL",

@@ -131,6 +131,21 @@ pub async fn scalar(sql: &Client, query: &str) -> i64 {
     sql.query_one(query, &[]).await.unwrap().get(0)
 }
 
+/// Waits until no backend of the runtime role is left in this database (stopped replicas'
+/// connections closed, terminated backends gone).
+pub async fn wait_runtime_backends_gone(sql: &Client, what: &str, within: Duration) {
+    crate::helpers::wait_until(what, within, || async {
+        scalar(
+            sql,
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND usename = 'qlsched_runtime'",
+        )
+        .await
+            == 0
+    })
+    .await;
+}
+
 /// Waits until every seeded trigger has at least one run: the fleet is admitting.
 pub async fn wait_all_admitting(sql: &Client, triggers: i64, within: Duration) {
     crate::helpers::wait_until(
@@ -333,18 +348,10 @@ impl Report {
     pub async fn finish_all(&self, dbs: &[(&Client, &Expect)], fleets: &[&Fleet]) -> Figures {
         let mut all = Figures::default();
         for (sql, expect) in dbs {
-            crate::helpers::wait_until(
+            wait_runtime_backends_gone(
+                sql,
                 "the stopped replicas' backends gone",
                 Duration::from_secs(30),
-                || async {
-                    scalar(
-                        sql,
-                        "SELECT count(*) FROM pg_stat_activity
-                          WHERE datname = current_database() AND usename = 'qlsched_runtime'",
-                    )
-                    .await
-                        == 0
-                },
             )
             .await;
             all.add(&check::check(sql, expect).await);
