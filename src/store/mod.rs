@@ -27,8 +27,15 @@ pub type Conn<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<NoTls>>;
 /// Schema that holds every qlsched object.
 pub const SCHEMA: &str = "qlsched";
 
-/// The SQL fragment that reads the database clock in Unix milliseconds.
-pub const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+/// The one SQL fragment that reads the database clock in Unix milliseconds. A macro, so
+/// statements built with `concat!` stay `&'static str` constants:
+/// `concat!("SELECT ", db_now_ms!())`. Every statement that judges time uses it.
+#[macro_export]
+macro_rules! db_now_ms {
+    () => {
+        "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    };
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
