@@ -1,21 +1,21 @@
 //! Health, readiness and metrics over HTTP (actix-web).
 //!
 //! - `GET /healthz`: 200 while the process runs.
-//! - `GET /readyz`: 200 only after `db check`, recovery and the lifecycle have started; 503
-//!   from the first moment of a stop.
+//! - `GET /readyz`: 200 only after `db check`, recovery and the lifecycle have started, and
+//!   while the database answers; 503 from the first moment of a stop, while the supervisor is
+//!   gone, and while claim rounds have failed for longer than one lease.
 //! - `GET /metrics`: Prometheus text.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
 
+use crate::actors::health::Health;
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
 pub struct State {
-    pub ready: Arc<AtomicBool>,
+    pub health: Health,
     pub metrics: Metrics,
 }
 
@@ -24,7 +24,7 @@ async fn healthz() -> HttpResponse {
 }
 
 async fn readyz(state: web::Data<State>) -> HttpResponse {
-    if state.ready.load(Ordering::SeqCst) {
+    if state.health.is_ready() {
         HttpResponse::Ok()
             .content_type("text/plain")
             .body("ready\n")

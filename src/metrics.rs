@@ -23,6 +23,9 @@ pub struct Metrics {
     pub unknown_outcomes: Counter,
     pub actor_restarts: Counter,
     pub errors: Counter,
+    pub redecides: Counter,
+    pub error_backoffs: Counter,
+    pub orphan_releases: Counter,
     pub lag_seconds: Histogram,
     pub live_claims: Gauge,
     pub due_backlog: Gauge,
@@ -45,6 +48,9 @@ impl Default for Metrics {
             unknown_outcomes: Counter::default(),
             actor_restarts: Counter::default(),
             errors: Counter::default(),
+            redecides: Counter::default(),
+            error_backoffs: Counter::default(),
+            orphan_releases: Counter::default(),
             lag_seconds: Histogram::new(
                 [
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -92,7 +98,7 @@ impl Metrics {
         );
         r.register(
             "duplicate_keys",
-            "Admissions refused by an existing idempotency key",
+            "Occurrences whose idempotency key already existed (admitted before, e.g. by a backfill); cursor advanced, nothing written",
             self.duplicate_keys.clone(),
         );
         r.register(
@@ -114,6 +120,21 @@ impl Metrics {
             "errors",
             "Errors sent to the diagnostic sink (database unreachable, statement failed)",
             self.errors.clone(),
+        );
+        r.register(
+            "redecides",
+            "Admissions refused because the definition moved on (new task or trigger revision, row moved); released to be decided again at once",
+            self.redecides.clone(),
+        );
+        r.register(
+            "error_backoffs",
+            "Claims released with an exponential back-off after an admission error",
+            self.error_backoffs.clone(),
+        );
+        r.register(
+            "orphan_releases",
+            "Rows released because the claim round that leased them never got its reply",
+            self.orphan_releases.clone(),
         );
         r.register(
             "lag_seconds",

@@ -1,28 +1,44 @@
-//! The composition root of `qlsched run` (SPEC §7):
-//! validate config → open pool → schema readiness → replica guard → startup recovery →
-//! scheduler lifecycle → HTTP → systemd READY. Stop (SIGTERM/SIGINT): withdraw readiness →
-//! stop the timer and drain the actors → release remaining leases → retire the guard →
-//! close the pool.
+//! The composition root of `qlsched run` (docs/design.md, "Lifecycle"), in three steps:
+//!
+//! - [`Replica::build`]: open the pool → wait for the database and the schema → take the
+//!   replica-id guard → release a previous incarnation's leases → start-up recovery;
+//! - [`Replica::run`]: start the actors and HTTP → READY → heartbeat the guard and watch the
+//!   supervisor until a stop signal, a lost guard or a dead supervisor;
+//! - [`Replica::shutdown`]: withdraw readiness → drain the actors → hand leases over (only
+//!   while the guard is still ours) → retire the guard → close the pool.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use anyhow::Context as _;
-use slog::{crit, info, warn, Logger};
+use slog::{crit, error, info, warn, Logger};
 use uuid::Uuid;
 
-use crate::actors::supervisor::{Drain, Supervisor};
+use crate::actors::derived;
+use crate::actors::health::Health;
+use crate::actors::supervisor::{Drain, Heartbeat, Supervisor};
 use crate::actors::Settings;
 use crate::config::{Config, LogFormat};
 use crate::metrics::Metrics;
+use crate::store::session::Connector;
 use crate::store::{self, migrate, recovery, release, replicas, Pool};
+
+/// Most recovery candidates listed one by one in the log (the count is always the true one).
+const RECOVERY_LIST_LIMIT: i64 = 100;
 
 pub fn run(cfg: Config, format: LogFormat) -> anyhow::Result<()> {
     let (log, guard) =
         crate::telemetry::init(format, &cfg.log.level, Some(cfg.replica_id.as_str()));
-    let res = actix::System::new().block_on(run_until_stopped(cfg, log.clone()));
+    let res = actix::System::new().block_on(async {
+        let mut signals = Signals::new()?;
+        let Some(replica) = Replica::build(cfg, log.clone(), &mut signals).await? else {
+            return Ok(());
+        };
+        let mut replica = replica;
+        let end = replica.run(&mut signals).await?;
+        replica.shutdown(end).await
+    });
     if let Err(e) = &res {
         crit!(log, "qlsched stopped with an error"; "error" => format!("{e:#}"));
     }
@@ -39,9 +55,7 @@ fn notify(state: &[sd_notify::NotifyState]) {
 /// The systemd watchdog ping, when systemd asks for one (`WatchdogSec=`). The supervisor pings
 /// once per tick, so an interval under two ticks would get a healthy replica killed after one
 /// late tick: refused before the database is touched.
-fn watchdog_heartbeat(
-    cadence: Duration,
-) -> anyhow::Result<Option<crate::actors::supervisor::Heartbeat>> {
+fn watchdog_heartbeat(cadence: Duration) -> anyhow::Result<Option<Heartbeat>> {
     let mut usec = 0;
     if !sd_notify::watchdog_enabled(false, &mut usec) {
         return Ok(None);
@@ -57,6 +71,283 @@ fn watchdog_heartbeat(
     })))
 }
 
+/// The replica-id guard of this process: at most one live process per replica id, judged by
+/// the database clock. Owns acquire, heartbeat and retire; once lost it is never used again
+/// (another process owns the id, and with it every lease under that owner name).
+pub struct ReplicaGuard {
+    owner: String,
+    incarnation: Uuid,
+    ttl_ms: i64,
+    every: Duration,
+    lost: bool,
+}
+
+impl ReplicaGuard {
+    pub async fn acquire(pool: &Pool, owner: &str, lease: Duration) -> anyhow::Result<Self> {
+        let guard = ReplicaGuard {
+            owner: owner.to_string(),
+            incarnation: Uuid::new_v4(),
+            ttl_ms: derived::guard_ttl(lease).as_millis() as i64,
+            every: derived::guard_heartbeat(lease),
+            lost: false,
+        };
+        let conn = store::conn(pool).await?;
+        replicas::acquire(
+            &conn,
+            owner,
+            guard.incarnation,
+            &hostname(),
+            std::process::id() as i32,
+            guard.ttl_ms,
+        )
+        .await?;
+        Ok(guard)
+    }
+
+    /// Extends the guard; `false` once it is lost (the caller must stop).
+    async fn heartbeat(&mut self, pool: &Pool, log: &Logger) -> bool {
+        let res = match store::conn(pool).await {
+            Ok(conn) => {
+                replicas::heartbeat(&conn, &self.owner, self.incarnation, self.ttl_ms).await
+            }
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(true) => {}
+            Ok(false) => self.lost = true,
+            Err(e) => warn!(log, "replica heartbeat failed"; "error" => %e),
+        }
+        !self.lost
+    }
+
+    /// Whether this process still owns the id (and so the leases under its owner name).
+    pub fn held(&self) -> bool {
+        !self.lost
+    }
+
+    async fn retire(&self, conn: &tokio_postgres::Client) {
+        if !self.lost {
+            let _ = replicas::retire(conn, &self.owner, self.incarnation).await;
+        }
+    }
+}
+
+/// Why the run loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Signal,
+    GuardLost,
+    SupervisorDied,
+}
+
+/// A replica between build and shutdown.
+pub struct Replica {
+    cfg: Config,
+    log: Logger,
+    settings: Settings,
+    pool: Pool,
+    guard: ReplicaGuard,
+    metrics: Metrics,
+    health: Health,
+    watchdog: Option<Heartbeat>,
+    running: Option<Running>,
+}
+
+struct Running {
+    supervisor: Addr<Supervisor>,
+    http: Option<actix_web::dev::ServerHandle>,
+    gauges: tokio::task::JoinHandle<()>,
+}
+
+impl Replica {
+    /// Everything before the lifecycle; `None` when a stop signal came first.
+    pub async fn build(
+        cfg: Config,
+        log: Logger,
+        signals: &mut Signals,
+    ) -> anyhow::Result<Option<Self>> {
+        info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "version" => env!("CARGO_PKG_VERSION"));
+        let lease = cfg.scheduler.lease;
+        let watchdog = watchdog_heartbeat(cfg.scheduler.cadence)?;
+        // A peer that vanishes (partition, dead VM) must break the connection well within a
+        // lease: keepalives for idle connections, a TCP user timeout for unacknowledged data.
+        let mut pg = cfg.database.pg.clone();
+        pg.keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3)
+            .tcp_user_timeout(derived::tcp_user_timeout(lease));
+        let connector = Connector {
+            pg: pg.clone(),
+            connect_timeout: cfg.database.connect_timeout,
+        };
+        let settings = Settings::from_config(&cfg, connector);
+        let pool = store::build_pool(
+            pg,
+            cfg.database.pool_size,
+            cfg.database.connect_timeout,
+            &log,
+        );
+        tokio::select! {
+            r = wait_ready(&pool, &log) => r?,
+            _ = signals.next() => { info!(log, "stopped before the database was ready"); return Ok(None); }
+        }
+        let guard = ReplicaGuard::acquire(&pool, &settings.owner, lease).await?;
+        {
+            let conn = store::conn(&pool).await?;
+            let released = release::release_all_owned(&conn, &settings.owner).await?;
+            if released > 0 {
+                info!(log, "released leases left by a previous incarnation"; "count" => released);
+            }
+            let report = recovery::recover_on_startup(&conn, RECOVERY_LIST_LIMIT).await?;
+            info!(log, "startup recovery"; "pristine_admissions" => report.pristine,
+                  "candidates" => report.candidate_count, "listed" => report.candidates.len());
+            for c in &report.candidates {
+                warn!(log, "recovery candidate (fail closed: reported, not dispatched)";
+                      "run_id" => %c.run_id, "key" => &c.idempotency_key, "reason" => &c.reason);
+            }
+        }
+        Ok(Some(Replica {
+            cfg,
+            log,
+            settings,
+            pool,
+            guard,
+            metrics: Metrics::default(),
+            health: Health::default(),
+            watchdog,
+            running: None,
+        }))
+    }
+
+    /// Starts the lifecycle and runs until a stop signal, a lost guard or a dead supervisor.
+    pub async fn run(&mut self, signals: &mut Signals) -> anyhow::Result<End> {
+        let supervisor = Supervisor::new(
+            self.settings.clone(),
+            self.metrics.clone(),
+            &self.log,
+            self.watchdog.clone(),
+            self.health.clone(),
+        )
+        .start();
+        let http = match self.cfg.http.bind {
+            Some(addr) => Some(
+                crate::http::serve(
+                    addr,
+                    crate::http::State {
+                        health: self.health.clone(),
+                        metrics: self.metrics.clone(),
+                    },
+                )
+                .with_context(|| format!("binding HTTP on {addr}"))?,
+            ),
+            None => None,
+        };
+        let gauges = spawn_gauges(
+            self.pool.clone(),
+            self.metrics.clone(),
+            self.cfg.metrics.backlog_interval,
+        );
+        self.running = Some(Running {
+            supervisor: supervisor.clone(),
+            http,
+            gauges,
+        });
+        self.health.set_running(true);
+        self.metrics.ready.set(1);
+        notify(&[sd_notify::NotifyState::Ready]);
+        info!(self.log, "ready"; "http" => self.cfg.http.bind.map(|a| a.to_string()).unwrap_or_else(|| "off".into()));
+
+        // The supervisor is watched every cadence (a panicked actor is gone at once; systemd
+        // restarts the process); the guard is extended at its own interval.
+        let mut watch = tokio::time::interval(self.settings.cadence);
+        let mut beat = tokio::time::interval(self.guard.every);
+        beat.tick().await;
+        let end = loop {
+            tokio::select! {
+                _ = signals.next() => break End::Signal,
+                _ = watch.tick() => {
+                    if !supervisor.connected() {
+                        break End::SupervisorDied;
+                    }
+                }
+                _ = beat.tick() => {
+                    if !self.guard.heartbeat(&self.pool, &self.log).await {
+                        break End::GuardLost;
+                    }
+                }
+            }
+        };
+        Ok(end)
+    }
+
+    /// Withdraws readiness, drains, hands leases over (only while the guard is ours), retires
+    /// the guard and closes the pool. A lost guard or a dead supervisor is an error exit.
+    pub async fn shutdown(self, end: End) -> anyhow::Result<()> {
+        let Replica {
+            log,
+            settings,
+            pool,
+            guard,
+            metrics,
+            health,
+            running,
+            ..
+        } = self;
+        health.set_running(false);
+        metrics.ready.set(0);
+        notify(&[sd_notify::NotifyState::Stopping]);
+        let mut left = 0;
+        let mut http = None;
+        if let Some(r) = running {
+            r.gauges.abort();
+            http = r.http;
+            if end == End::SupervisorDied {
+                error!(log, "the scheduler supervisor stopped unexpectedly; exiting so that the service manager restarts the replica");
+            } else {
+                info!(log, "stopping: draining claim actors"; "drain_ms" => settings.drain.as_millis() as u64);
+                left = r.supervisor.send(Drain(settings.drain)).await.unwrap_or(0);
+            }
+        }
+        match store::conn(&pool).await {
+            // With the guard lost, another process owns this replica id and every lease under
+            // it: releasing "our" leases would release theirs.
+            Ok(_) if !guard.held() => {
+                warn!(log, "replica id taken over by another process; leaving every lease to it";
+                      "abandoned_actors" => left)
+            }
+            Ok(conn) => {
+                match release::release_all_owned(&conn, &settings.owner).await {
+                    Ok(n) => {
+                        info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left)
+                    }
+                    Err(e) => {
+                        warn!(log, "could not release leases; they will expire"; "error" => %e)
+                    }
+                }
+                guard.retire(&conn).await;
+            }
+            Err(e) => warn!(log, "database unreachable at stop; leases will expire"; "error" => %e),
+        }
+        if let Some(h) = http {
+            h.stop(true).await;
+        }
+        drop(pool);
+        System::current().stop();
+        match end {
+            End::GuardLost => anyhow::bail!(
+                "replica id `{}` was taken over by another process after this one's heartbeat lapsed",
+                settings.owner
+            ),
+            End::SupervisorDied => anyhow::bail!("the scheduler supervisor stopped unexpectedly"),
+            End::Signal => {
+                info!(log, "stopped");
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Waits for the database and runs the readiness gate; retries connection failures (the
 /// database may come up after us) but fails at once on a schema that is not ready.
 async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
@@ -64,10 +355,7 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
     loop {
         match store::conn(pool).await {
             Ok(conn) => {
-                let role: String = conn
-                    .query_one("SELECT current_user::text", &[])
-                    .await?
-                    .get(0);
+                let role = migrate::current_role(&conn).await?;
                 let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;
                 if problems.is_empty() {
                     return Ok(());
@@ -81,141 +369,6 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
             }
         }
     }
-}
-
-async fn run_until_stopped(cfg: Config, log: Logger) -> anyhow::Result<()> {
-    let settings = Settings::from_config(&cfg);
-    info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "version" => env!("CARGO_PKG_VERSION"));
-    let watchdog = watchdog_heartbeat(settings.cadence)?;
-    // A peer that vanishes (partition, dead VM) must break the connection well within a
-    // lease: keepalives for idle connections, a TCP user timeout for unacknowledged data.
-    let mut pg = cfg.database.pg.clone();
-    pg.keepalives(true)
-        .keepalives_idle(Duration::from_secs(5))
-        .keepalives_interval(Duration::from_secs(2))
-        .keepalives_retries(3)
-        .tcp_user_timeout(settings.lease / 2);
-    let pool = store::build_pool(
-        pg,
-        cfg.database.pool_size,
-        cfg.database.connect_timeout,
-        &log,
-    );
-    let mut signals = Signals::new()?;
-    tokio::select! {
-        r = wait_ready(&pool, &log) => r?,
-        _ = signals.next() => { info!(log, "stopped before the database was ready"); return Ok(()); }
-    }
-
-    let incarnation = Uuid::new_v4();
-    let hostname = hostname();
-    let ttl_ms = settings.lease.as_millis() as i64;
-    {
-        let conn = store::conn(&pool).await?;
-        replicas::acquire(
-            &conn,
-            &settings.owner,
-            incarnation,
-            &hostname,
-            std::process::id() as i32,
-            ttl_ms,
-        )
-        .await?;
-        let released = release::release_all_owned(&conn, &settings.owner).await?;
-        if released > 0 {
-            info!(log, "released leases left by a previous incarnation"; "count" => released);
-        }
-        let report = recovery::recover_on_startup(&conn, 100).await?;
-        info!(log, "startup recovery"; "pristine_admissions" => report.pristine, "candidates" => report.candidates.len());
-        for c in &report.candidates {
-            warn!(log, "recovery candidate (fail closed: reported, not dispatched)";
-                  "run_id" => %c.run_id, "key" => &c.idempotency_key, "reason" => &c.reason);
-        }
-    }
-
-    let metrics = Metrics::default();
-    let ready = Arc::new(AtomicBool::new(false));
-    let supervisor = Supervisor::new(
-        settings.clone(),
-        pool.clone(),
-        metrics.clone(),
-        &log,
-        watchdog,
-    )
-    .start();
-
-    let http = match cfg.http.bind {
-        Some(addr) => Some(
-            crate::http::serve(
-                addr,
-                crate::http::State {
-                    ready: ready.clone(),
-                    metrics: metrics.clone(),
-                },
-            )
-            .with_context(|| format!("binding HTTP on {addr}"))?,
-        ),
-        None => None,
-    };
-    let gauges = spawn_gauges(pool.clone(), metrics.clone(), cfg.metrics.backlog_interval);
-    ready.store(true, Ordering::SeqCst);
-    metrics.ready.set(1);
-    notify(&[sd_notify::NotifyState::Ready]);
-    info!(log, "ready"; "http" => cfg.http.bind.map(|a| a.to_string()).unwrap_or_else(|| "off".into()));
-
-    // Heartbeat the replica guard until a stop signal (or until the guard is lost).
-    let mut beat = tokio::time::interval((settings.lease / 3).max(Duration::from_secs(1)));
-    beat.tick().await;
-    let lost_guard = loop {
-        tokio::select! {
-            _ = signals.next() => break false,
-            _ = beat.tick() => {
-                match store::conn(&pool).await {
-                    Ok(conn) => match replicas::heartbeat(&conn, &settings.owner, incarnation, ttl_ms).await {
-                        Ok(true) => {}
-                        Ok(false) => break true,
-                        Err(e) => warn!(log, "replica heartbeat failed"; "error" => %e),
-                    },
-                    Err(e) => warn!(log, "replica heartbeat failed"; "error" => %e),
-                }
-            }
-        }
-    };
-
-    // Stop order.
-    ready.store(false, Ordering::SeqCst);
-    metrics.ready.set(0);
-    notify(&[sd_notify::NotifyState::Stopping]);
-    info!(log, "stopping: draining claim actors"; "drain_ms" => settings.drain.as_millis() as u64);
-    let left = supervisor.send(Drain(settings.drain)).await.unwrap_or(0);
-    gauges.abort();
-    match store::conn(&pool).await {
-        Ok(conn) => {
-            match release::release_all_owned(&conn, &settings.owner).await {
-                Ok(n) => {
-                    info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left)
-                }
-                Err(e) => warn!(log, "could not release leases; they will expire"; "error" => %e),
-            }
-            if !lost_guard {
-                let _ = replicas::retire(&conn, &settings.owner, incarnation).await;
-            }
-        }
-        Err(e) => warn!(log, "database unreachable at stop; leases will expire"; "error" => %e),
-    }
-    if let Some(h) = http {
-        h.stop(true).await;
-    }
-    drop(pool);
-    System::current().stop();
-    if lost_guard {
-        anyhow::bail!(
-            "replica id `{}` was taken over by another process after this one's heartbeat lapsed",
-            settings.owner
-        );
-    }
-    info!(log, "stopped");
-    Ok(())
 }
 
 /// Recomputes the due-backlog gauges at most once per interval.
@@ -243,20 +396,20 @@ fn hostname() -> String {
 }
 
 /// SIGTERM and SIGINT as one stream.
-struct Signals {
+pub struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn new() -> std::io::Result<Signals> {
+    pub fn new() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
         })
     }
-    async fn next(&mut self) {
+    pub async fn next(&mut self) {
         tokio::select! {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}

@@ -1,11 +1,16 @@
 //! The supervisor: owns the cadence timer and the round loop, tracks claim actors, restarts
 //! children that fail, and drains on stop.
 //!
-//! Rounds never overlap: a round claims up to the free budget in one statement and spawns a
-//! claim actor per row. When a round filled its budget, or admitted an occurrence whose next
-//! one was already due (a trigger behind its schedule), the next round starts as soon as the
-//! last of its claim actors has reported (catch-up: a backlog drains at admission speed);
-//! otherwise the next round waits for the cadence.
+//! Rounds start in one place, [`Supervisor::start_round`], and never overlap: a round
+//! claims up to the free budget in one statement and spawns a claim actor per row. The
+//! catch-up signal (`Next::AtOnce`) is raised by a round that filled its budget and by a claim
+//! actor whose row is due again right now; only starting a round clears it, so no event can
+//! wipe it. Under catch-up the next round starts as soon as the last claim actor has reported
+//! (a backlog drains at admission speed); otherwise the timer starts it after the cadence.
+//!
+//! Every round carries its own id, stamped on the rows it leases. A round whose reply never
+//! came (client time-out, lost connection) is remembered, and its rows are released by the
+//! rounds after it: a lease is never left without an actor until expiry.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,59 +19,99 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use slog::{debug, error, info, o, warn, Logger};
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
-use super::admit::{AdmitActor, Outcome};
-use super::claim::{ClaimActor, ClaimFinished, Report};
+use super::admission::{AdmitError, Outcome};
+use super::admit::AdmitActor;
+use super::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
+use super::health::Health;
 use super::Settings;
 use crate::metrics::Metrics;
-use crate::store::{self, claim, Pool};
+use crate::store::claim::{self, ClaimedRow};
+use crate::store::session::{bounded, Session};
+use crate::store::StoreError;
 
 /// Called on every timer tick: the systemd watchdog ping (a wedged actor system stops
 /// pinging and gets restarted).
 pub type Heartbeat = Arc<dyn Fn() + Send + Sync>;
 
+/// Whether a claim statement is in flight.
+enum Round {
+    Idle,
+    /// The claim statement runs (on the round connection, moved into its future).
+    Claiming,
+}
+
+/// When the next round starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// At the next timer tick.
+    AtCadence,
+    /// As soon as no claim actor is alive (more is due right now).
+    AtOnce,
+}
+
 pub struct Supervisor {
     settings: Settings,
-    pool: Pool,
     metrics: Metrics,
+    /// The replica's root logger: children derive theirs from it, never from ours.
+    root_log: Logger,
     log: Logger,
     heartbeat: Option<Heartbeat>,
+    health: Health,
+    /// The claim round's own connection; `None` while a round runs.
+    session: Option<Session>,
     admit: Option<Addr<AdmitActor>>,
     live: HashMap<u64, Addr<ClaimActor>>,
     next_child: u64,
-    rounds_in_flight: u32,
-    /// More is due right now: start the next round as soon as this one's actors are done.
-    round_filled: bool,
+    round: Round,
+    next: Next,
     stopping: bool,
     drain_waiters: Vec<oneshot::Sender<()>>,
+    /// Waiting for the claim statement in flight to end (a stop past its drain).
+    round_waiters: Vec<oneshot::Sender<()>>,
     /// Most rounds ever in flight at once (tests assert it stays 1).
     pub max_concurrent_rounds: u32,
+    /// Consecutive respawns per trigger (actor crashes).
     restarts: HashMap<String, u32>,
+    /// Consecutive admission errors per trigger (the error back-off grows with it).
+    failures: HashMap<String, u32>,
+    /// Rounds whose reply never came, with the instant they started.
+    orphans: Vec<(Uuid, Instant)>,
+    /// Since when claim rounds have been failing.
+    failing_since: Option<Instant>,
 }
 
 impl Supervisor {
+    /// `log` is the replica's root logger.
     pub fn new(
         settings: Settings,
-        pool: Pool,
         metrics: Metrics,
         log: &Logger,
         heartbeat: Option<Heartbeat>,
+        health: Health,
     ) -> Self {
         Supervisor {
+            session: Some(Session::new(settings.connector.clone())),
             settings,
-            pool,
             metrics,
+            root_log: log.clone(),
             log: log.new(o!("actor" => "supervisor")),
             heartbeat,
+            health,
             admit: None,
             live: HashMap::new(),
             next_child: 0,
-            rounds_in_flight: 0,
-            round_filled: false,
+            round: Round::Idle,
+            next: Next::AtCadence,
             stopping: false,
             drain_waiters: Vec::new(),
+            round_waiters: Vec::new(),
             max_concurrent_rounds: 0,
             restarts: HashMap::new(),
+            failures: HashMap::new(),
+            orphans: Vec::new(),
+            failing_since: None,
         }
     }
 
@@ -79,26 +124,28 @@ impl Supervisor {
                     self.metrics.actor_restarts.inc();
                     warn!(self.log, "admit actor stopped; restarting it");
                 }
-                let s = &self.settings;
-                let addr = AdmitActor::new(
-                    self.pool.clone(),
-                    &self.log,
-                    self.metrics.clone(),
-                    s.admit_timeout,
-                    s.max_serialization_retries,
-                )
-                .start();
+                let addr =
+                    AdmitActor::new(&self.settings, self.metrics.clone(), &self.root_log).start();
                 self.admit = Some(addr.clone());
                 addr
             }
         }
     }
 
-    fn round(&mut self, ctx: &mut Context<Self>) {
+    fn on_tick(&mut self, ctx: &mut Context<Self>) {
         if let Some(h) = &self.heartbeat {
             h();
         }
-        if self.rounds_in_flight > 0 || self.stopping {
+        if super::faults::supervisor_should_panic() {
+            panic!("fault drill: supervisor panics in its round");
+        }
+        self.start_round(ctx);
+    }
+
+    /// Starts a round unless one runs, the replica is stopping or the budget is used up.
+    /// The only place a round starts; starting one clears the catch-up signal.
+    fn start_round(&mut self, ctx: &mut Context<Self>) {
+        if !matches!(self.round, Round::Idle) || self.stopping {
             return;
         }
         self.admit_addr();
@@ -110,83 +157,158 @@ impl Supervisor {
         if free == 0 {
             return;
         }
-        self.rounds_in_flight += 1;
-        self.max_concurrent_rounds = self.max_concurrent_rounds.max(self.rounds_in_flight);
+        let Some(mut session) = self.session.take() else {
+            return;
+        };
+        let id = Uuid::new_v4();
+        self.round = Round::Claiming;
+        self.next = Next::AtCadence;
+        self.max_concurrent_rounds = self.max_concurrent_rounds.max(1);
         self.metrics.ticks.inc();
-        let pool = self.pool.clone();
+        let memory = self.settings.orphan_memory();
+        self.orphans.retain(|(_, at)| at.elapsed() < memory);
+        let orphans: Vec<Uuid> = self.orphans.iter().map(|(r, _)| *r).collect();
         let owner = self.settings.owner.clone();
         let lease_ms = self.settings.lease.as_millis() as i64;
+        let bound = self.settings.claim_bound();
         let started = Instant::now();
-        let bound = self.settings.admit_timeout;
         let fut = async move {
-            let conn = store::conn(&pool).await?;
-            // A claim that does not answer within the bound ends the round; whatever it
-            // leased (if it ran at all) expires by the database clock.
-            match tokio::time::timeout(
-                bound,
-                claim::claim_due(&conn, &owner, lease_ms, free as i64),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(store::StoreError::Invalid(format!(
-                    "claim statement did not answer within {bound:?}"
-                ))),
+            let mut released = 0;
+            if !orphans.is_empty() {
+                let r = bounded("releasing orphaned rounds", bound, async {
+                    let c = session.client().await?;
+                    claim::release_rounds(c, &owner, &orphans).await
+                })
+                .await;
+                match r {
+                    Ok(n) => released = n,
+                    Err(_) => session.discard(),
+                }
             }
+            let res = bounded("the claim statement", bound, async {
+                let c = session.client().await?;
+                claim::claim_due(c, &owner, lease_ms, free as i64, id).await
+            })
+            .await;
+            if res.as_ref().is_err_and(|e| e.is_connection_lost()) {
+                // The statement may still run on the server: never reuse its connection.
+                session.discard();
+            }
+            (session, released, res)
         };
-        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
-            act.rounds_in_flight -= 1;
-            match res {
-                Ok(rows) => {
-                    act.round_filled = rows.len() as u32 == free;
-                    act.metrics.claims.inc_by(rows.len() as u64);
-                    for row in rows {
-                        act.spawn_claim(row, started, ctx);
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(move |(session, released, res), act, ctx| {
+                    act.session = Some(session);
+                    act.round = Round::Idle;
+                    for w in act.round_waiters.drain(..) {
+                        let _ = w.send(());
                     }
-                    act.metrics.live_claims.set(act.live.len() as i64);
-                }
-                Err(e) => {
-                    act.round_filled = false;
-                    act.metrics.errors.inc();
-                    warn!(act.log, "claim round failed"; "error" => %e);
-                }
-            }
-            // A stop that came while this round ran waits for it and its claim actors.
-            act.maybe_drained();
-        }));
+                    act.round_done(id, started, free, released, res, ctx);
+                }),
+        );
     }
 
-    fn spawn_claim(
+    fn round_done(
         &mut self,
-        row: claim::ClaimedRow,
-        claimed_at: Instant,
+        id: Uuid,
+        started: Instant,
+        free: u32,
+        released: u64,
+        res: Result<Vec<ClaimedRow>, StoreError>,
         ctx: &mut Context<Self>,
     ) {
+        if released > 0 {
+            self.metrics.orphan_releases.inc_by(released);
+            info!(self.log, "released rows of claim rounds whose reply never came"; "rows" => released);
+        }
+        match res {
+            Ok(rows) => {
+                self.failing_since = None;
+                self.health.set_db_failing(false);
+                if rows.len() as u32 == free {
+                    self.next = Next::AtOnce;
+                }
+                self.metrics.claims.inc_by(rows.len() as u64);
+                for row in rows {
+                    self.spawn_claim(row, started, ctx);
+                }
+                self.metrics.live_claims.set(self.live.len() as i64);
+            }
+            Err(e) => {
+                // Whatever the statement leased (if it ran at all) belongs to no actor:
+                // remember the round so its rows are released.
+                self.orphans.push((id, started));
+                self.metrics.errors.inc();
+                warn!(self.log, "claim round failed"; "error" => %e);
+                let since = *self.failing_since.get_or_insert(started);
+                if since.elapsed() >= self.settings.unready_after() && !self.health.is_db_failing()
+                {
+                    error!(self.log, "claim rounds have failed for longer than a lease; not ready";
+                           "failing_ms" => since.elapsed().as_millis() as u64);
+                    self.health.set_db_failing(true);
+                }
+            }
+        }
+        self.after_event(ctx);
+    }
+
+    fn spawn_claim(&mut self, claim: ClaimedRow, claimed_at: Instant, ctx: &mut Context<Self>) {
         let child = self.next_child;
         self.next_child += 1;
+        let failures = self.failures.get(&claim.trigger_id).copied().unwrap_or(0);
+        let args = ClaimArgs {
+            child,
+            claim,
+            claimed_at,
+            lease: self.settings.lease,
+            reject_backoff: self.settings.reject_backoff,
+            error_backoff: self.settings.error_backoff(failures + 1),
+        };
         let admit = self.admit_addr();
         let actor = ClaimActor::new(
-            child,
-            row,
+            args,
             admit,
             ctx.address().recipient(),
-            self.pool.clone(),
-            self.settings.lease,
-            self.settings.reject_backoff,
-            claimed_at,
             self.metrics.clone(),
-            &self.log,
+            &self.root_log,
         );
         self.live.insert(child, actor.start());
     }
 
-    /// Drained = no claim actor alive and no claim statement in flight (a round that is still
-    /// running may yet lease rows, which the caller releases after the drain).
+    /// After a round or a claim actor ended: wake drain waiters, or start the next round at
+    /// once when more is due and no claim actor is alive.
+    fn after_event(&mut self, ctx: &mut Context<Self>) {
+        self.maybe_drained();
+        if self.live.is_empty() && self.next == Next::AtOnce {
+            self.start_round(ctx);
+        }
+    }
+
+    /// Drained = no claim actor alive and no claim statement in flight.
     fn maybe_drained(&mut self) {
-        if self.live.is_empty() && self.rounds_in_flight == 0 {
+        if self.live.is_empty() && matches!(self.round, Round::Idle) {
             for w in self.drain_waiters.drain(..) {
                 let _ = w.send(());
             }
+        }
+    }
+
+    fn respawn(
+        &mut self,
+        trigger_id: &str,
+        claim: ClaimedRow,
+        claimed_at: Instant,
+        ctx: &mut Context<Self>,
+    ) {
+        let n = self.restarts.entry(trigger_id.to_string()).or_insert(0);
+        *n += 1;
+        if *n <= 3 && !self.stopping {
+            self.metrics.actor_restarts.inc();
+            warn!(self.log, "claim actor stopped before reporting; restarting it"; "trigger" => trigger_id);
+            self.spawn_claim(claim, claimed_at, ctx);
+        } else {
+            error!(self.log, "claim actor keeps failing; leaving the lease to expire"; "trigger" => trigger_id);
         }
     }
 }
@@ -196,12 +318,12 @@ impl Actor for Supervisor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         // Armed here so that a restarted supervisor re-arms its timer.
-        ctx.run_interval(self.settings.cadence, |act, ctx| act.round(ctx));
+        ctx.run_interval(self.settings.cadence, |act, ctx| act.on_tick(ctx));
         self.admit_addr();
         info!(self.log, "scheduler started";
               "budget" => self.settings.claim_budget, "lease_ms" => self.settings.lease.as_millis() as u64,
               "cadence_ms" => self.settings.cadence.as_millis() as u64);
-        self.round(ctx);
+        self.start_round(ctx);
     }
 }
 
@@ -211,45 +333,40 @@ impl Handler<ClaimFinished> for Supervisor {
     fn handle(&mut self, msg: ClaimFinished, ctx: &mut Self::Context) {
         self.live.remove(&msg.child);
         if msg.still_due {
-            self.round_filled = true;
+            self.next = Next::AtOnce;
         }
+        let trigger = msg.trigger_id;
         match msg.report {
-            Report::Done(Outcome::Admitted { lag_ms, .. }) => {
-                debug!(self.log, "admitted"; "trigger" => &msg.trigger_id, "lag_ms" => lag_ms);
-                self.restarts.remove(&msg.trigger_id);
-            }
-            Report::Done(_) => {
-                self.restarts.remove(&msg.trigger_id);
-            }
-            Report::Failed(why) => {
-                self.metrics.errors.inc();
-                warn!(self.log, "claim failed"; "trigger" => &msg.trigger_id, "why" => why);
-            }
-            Report::Crashed(claim) => {
-                let n = self.restarts.entry(msg.trigger_id.clone()).or_insert(0);
-                *n += 1;
-                if *n <= 3 && !self.stopping {
-                    self.metrics.actor_restarts.inc();
-                    warn!(self.log, "claim actor stopped before reporting; restarting it"; "trigger" => &msg.trigger_id);
-                    self.spawn_claim(*claim, Instant::now(), ctx);
-                } else {
-                    error!(self.log, "claim actor keeps failing; leaving the lease to expire"; "trigger" => &msg.trigger_id);
+            Report::Done(outcome) => {
+                if let Outcome::Admitted { lag_ms, .. } = outcome {
+                    debug!(self.log, "admitted"; "trigger" => &trigger, "lag_ms" => lag_ms);
                 }
+                self.restarts.remove(&trigger);
+                self.failures.remove(&trigger);
+            }
+            Report::Failed(e) => {
+                if e.is_row_error() {
+                    *self.failures.entry(trigger.clone()).or_insert(0) += 1;
+                }
+                warn!(self.log, "claim ended without a definite outcome"; "trigger" => &trigger, "error" => %e);
+                if let AdmitError::ActorGone = e {
+                    // Restarted on the next round; the lease expires.
+                    self.admit_addr();
+                }
+            }
+            Report::Crashed { claim, claimed_at } => {
+                self.respawn(&trigger, *claim, claimed_at, ctx)
             }
         }
         self.metrics.live_claims.set(self.live.len() as i64);
-        self.maybe_drained();
-        if self.live.is_empty() && self.round_filled && !self.stopping {
-            // Catch-up: the round used its whole budget, or a trigger is behind its schedule,
-            // so more is due right now.
-            self.round_filled = false;
-            self.round(ctx);
-        }
+        self.after_event(ctx);
     }
 }
 
 /// Stop claiming, wait up to `drain` for the live claim actors, then report how many were
-/// still running (their leases are released by the caller or expire).
+/// still running (their leases are released by the caller or expire). A claim statement in
+/// flight is always waited for (it is bounded), so that whatever it leased is released by
+/// the caller too.
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct Drain(pub Duration);
@@ -262,11 +379,27 @@ impl Handler<Drain> for Supervisor {
         let (tx, rx) = oneshot::channel();
         self.drain_waiters.push(tx);
         self.maybe_drained();
+        let round_bound = self.settings.claim_bound() + Duration::from_secs(1);
         Box::pin(
             async move {
                 let _ = tokio::time::timeout(msg.0, rx).await;
             }
             .into_actor(self)
+            .then(move |_, act, _| {
+                // Past the drain: claim actors are abandoned, but a round still in flight
+                // is waited for.
+                let waiting = matches!(act.round, Round::Claiming);
+                let (tx, rx) = oneshot::channel::<()>();
+                if waiting {
+                    act.round_waiters.push(tx);
+                }
+                async move {
+                    if waiting {
+                        let _ = tokio::time::timeout(round_bound, rx).await;
+                    }
+                }
+                .into_actor(act)
+            })
             .map(|_, act, _| act.live.len()),
         )
     }
@@ -285,6 +418,8 @@ pub struct ProbeReport {
     pub live: usize,
     /// The current admit actor.
     pub admit: Option<Addr<AdmitActor>>,
+    /// Rounds whose reply never came, still remembered.
+    pub orphans: usize,
 }
 
 impl Handler<Probe> for Supervisor {
@@ -294,6 +429,7 @@ impl Handler<Probe> for Supervisor {
             max_concurrent_rounds: self.max_concurrent_rounds,
             live: self.live.len(),
             admit: self.admit.clone(),
+            orphans: self.orphans.len(),
         })
     }
 }

@@ -4,7 +4,8 @@
 use uuid::Uuid;
 
 use super::claim::ClaimedRow;
-use super::{Conn, Pool, StoreError};
+use super::StoreError;
+use crate::db_now_ms;
 
 /// The fixed idempotency key of an occurrence.
 pub fn idempotency_key(trigger_id: &str, trigger_revision: i64, scheduled_for_ms: i64) -> String {
@@ -58,24 +59,50 @@ impl Admission {
 pub enum AdmitOutcome {
     /// Committed: exactly one run, one attempt, two events; cursor advanced; claim cleared.
     Admitted { queued_at_ms: i64 },
-    /// A verification failed; nothing was written. `why` names the first check that failed.
+    /// The occurrence's idempotency key already existed (a backfill, or a run admitted by
+    /// other means): nothing new was written for it, the cursor advanced past it under the
+    /// fence and the claim was cleared.
+    AlreadyAdmitted,
+    /// A verification failed; nothing was written. `why` names what changed.
     Refused { why: Refusal },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why an admission's fenced UPDATE hit no row, as [`diagnose`] finds it after the
+/// rollback. Each category has its own follow-up in the admit engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// Owner, token, version or state changed, or the lease expired (database clock).
+    /// Owner, token, version or `state_version` changed, or the lease expired (database
+    /// clock): the row is no longer ours and must not be touched.
     FenceLost,
-    /// The trigger, task or project changed or was disabled/suspended since the claim.
+    /// The project is no longer active.
+    ProjectInactive,
+    /// The trigger or its task moved on (new revision or digest, disabled): re-decide at once.
     DefinitionChanged,
-    /// The pinned execution revision is missing or its digest does not match its spec.
-    CorruptExecutionRevision,
-    /// The idempotency key already exists (another admission of the same occurrence won).
-    DuplicateKey,
+    /// The pinned execution revision is missing, not `remote_worker`, or its digest does not
+    /// match its spec: a corrupt definition, retried only after a back-off.
+    ExecutionRevisionInvalid,
+    /// The fence still holds but the row's cursor, revision or observation is not the one the
+    /// decision was made from.
+    CursorMoved,
+    /// The row is unchanged but its physical address moved (`VACUUM FULL`, `CLUSTER`), so
+    /// the TID access found nothing: re-decide at once.
+    RowMoved,
+    /// Every check passes on re-reading: nothing explains the miss.
+    Unexplained,
+}
+
+impl Refusal {
+    /// Whether the claim is still ours after this refusal (so the engine should release it).
+    pub fn claim_still_ours(self) -> bool {
+        !matches!(self, Refusal::FenceLost)
+    }
 }
 
 /// One admission transaction for one occurrence (a batch of one).
-pub async fn admit_once(conn: &mut Conn<'_>, a: &Admission) -> Result<AdmitOutcome, StoreError> {
+pub async fn admit_once(
+    conn: &tokio_postgres::Client,
+    a: &Admission,
+) -> Result<AdmitOutcome, StoreError> {
     let mut out = admit_batch(conn, std::slice::from_ref(a)).await?;
     Ok(out.remove(0))
 }
@@ -89,13 +116,16 @@ pub async fn admit_once(conn: &mut Conn<'_>, a: &Admission) -> Result<AdmitOutco
 /// database clock), the claimed state (revision, `state_version`, cursor, observation) and
 /// every definition check, each a primary-key point read; the inserts take their rows from
 /// the UPDATE's RETURNING, so an occurrence is written exactly when its fenced UPDATE hit
-/// its one row. A row whose checks fail is simply absent (refused, nothing written for it);
-/// any failed write aborts the statement and the whole transaction rolls back.
+/// its one row. The run insert skips a key that already exists (`ON CONFLICT DO NOTHING`):
+/// that occurrence was admitted before, so its cursor still advances and nothing else is
+/// written for it. A row whose checks fail is simply absent (refused, nothing written for
+/// it); any failed write aborts the statement and the whole transaction rolls back.
 ///
 /// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
-/// flush for the whole batch. A broken connection anywhere in the three leaves the outcome unknown.
+/// flush for the whole batch. A broken connection anywhere in the three leaves the outcome
+/// unknown.
 pub async fn admit_batch(
-    conn: &mut Conn<'_>,
+    client: &tokio_postgres::Client,
     batch: &[Admission],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
     let text = |f: fn(&Admission) -> String| batch.iter().map(f).collect::<Vec<String>>();
@@ -145,7 +175,6 @@ pub async fn admit_batch(
         (&keys, text_a.clone()),
         (&bys, text_a),
     ];
-    let client: &tokio_postgres::Client = conn;
     let (begin, rows, commit) = futures::join!(
         // enable_seqscan off: on small tables the planner would seq-scan, and a sequential
         // scan under SERIALIZABLE takes a relation-level predicate lock that conflicts with
@@ -171,40 +200,33 @@ pub async fn admit_batch(
         return Err(StoreError::OutcomeUnknown);
     }
     begin?;
-    let rows = match rows {
-        Ok(rows) => rows,
-        Err(e) => {
-            // The COMMIT answered ROLLBACK: nothing of the batch was written.
-            let e = StoreError::from(e);
-            if e.is_unique_violation() && batch.len() == 1 {
-                return Ok(vec![AdmitOutcome::Refused {
-                    why: Refusal::DuplicateKey,
-                }]);
-            }
-            return Err(e);
-        }
-    };
+    // An error of the statement: the COMMIT answered ROLLBACK, nothing of the batch was written.
+    let rows = rows?;
     commit?;
     let mut out = Vec::with_capacity(batch.len());
     for a in batch {
-        match rows
+        let hit = rows
             .iter()
-            .find(|r| r.get::<_, &str>(0) == a.claim.trigger_id)
-        {
-            Some(r) => out.push(AdmitOutcome::Admitted {
-                queued_at_ms: r.get(1),
-            }),
-            None => out.push(AdmitOutcome::Refused {
-                why: diagnose(conn, a).await?,
-            }),
-        }
+            .find(|r| r.get::<_, &str>(0) == a.claim.trigger_id);
+        out.push(match hit {
+            Some(r) => match r.get::<_, Option<i64>>(1) {
+                Some(queued_at_ms) => AdmitOutcome::Admitted { queued_at_ms },
+                None => AdmitOutcome::AlreadyAdmitted,
+            },
+            None => AdmitOutcome::Refused {
+                why: diagnose(client, a).await?,
+            },
+        });
     }
     Ok(out)
 }
 
-const ADMIT_SQL: &str = "
+const ADMIT_SQL: &str = concat!(
+    "
 WITH obs AS MATERIALIZED (
-    SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+    SELECT ",
+    db_now_ms!(),
+    " AS now_ms
 ), d AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[], $7::uuid[],
                          $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::text[], $14::int8[],
@@ -238,48 +260,89 @@ WITH obs AS MATERIALIZED (
                               queued_at_ms, admitted_by)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by
       FROM adv
-    RETURNING trigger_id, queued_at_ms
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING run_id, queued_at_ms
 ), att AS (
     INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-    SELECT attempt_id, run_id, 1, 'remote_worker', 'claimed', now_ms FROM adv
+    SELECT adv.attempt_id, adv.run_id, 1, 'remote_worker', 'claimed', adv.now_ms
+      FROM adv JOIN run ON run.run_id = adv.run_id
 ), ev AS (
     INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
     SELECT adv.run_id, e.seq, e.kind, adv.now_ms
-      FROM adv, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
+      FROM adv JOIN run ON run.run_id = adv.run_id, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
 )
-SELECT trigger_id, queued_at_ms FROM run";
+SELECT adv.trigger_id, run.queued_at_ms FROM adv LEFT JOIN run ON run.run_id = adv.run_id"
+);
 
-/// Why an admission statement hit no row. Read after the rollback, outside the transaction.
-async fn diagnose(conn: &Conn<'_>, a: &Admission) -> Result<Refusal, StoreError> {
+/// Why an admission statement hit no row. Read after the rollback, outside the transaction,
+/// in one statement: each check of the admission, re-read separately.
+pub async fn diagnose(
+    client: &tokio_postgres::Client,
+    a: &Admission,
+) -> Result<Refusal, StoreError> {
     let c = &a.claim;
-    let row = conn
-        .query_one(
-            "SELECT
-               EXISTS (SELECT 1 FROM qlsched.trigger_schedules s
-                        WHERE s.trigger_id = $1 AND s.claim_owner = $2 AND s.claim_token = $3
-                          AND s.claim_version = $4 AND s.state_version = $5
-                          AND s.claim_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint),
-               EXISTS (SELECT 1 FROM qlsched.execution_revisions e
-                        WHERE e.execution_revision_id = $6 AND e.kind = 'remote_worker'
-                          AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex'))",
+    let d = &c.def;
+    let row = client
+        .query_opt(
+            concat!(
+                "WITH obs AS MATERIALIZED (SELECT ",
+                db_now_ms!(),
+                " AS now_ms)
+                 SELECT coalesce(s.claim_owner = $2 AND s.claim_token = $3 AND s.claim_version = $4
+                                 AND s.state_version = $11 AND s.claim_expires_at_ms > obs.now_ms, false),
+                        coalesce(p.status = 'active', false),
+                        coalesce(t.revision = $5 AND t.content_digest = $6 AND t.enabled AND t.kind = 'cron'
+                                 AND t.task_id = $7 AND k.revision = $8 AND k.content_digest = $9
+                                 AND k.execution_revision_id = $10, false),
+                        EXISTS (SELECT 1 FROM qlsched.execution_revisions e
+                                 WHERE e.execution_revision_id = $10 AND e.kind = 'remote_worker'
+                                   AND e.project_id = s.project_id
+                                   AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')),
+                        s.trigger_revision = $5 AND s.next_fire_at_ms IS NOT DISTINCT FROM $12
+                            AND s.updated_at_ms = $13,
+                        s.ctid::text = $14
+                   FROM obs, qlsched.trigger_schedules s
+                   LEFT JOIN qlsched.projects p ON p.project_id = s.project_id
+                   LEFT JOIN qlsched.triggers t ON t.trigger_id = s.trigger_id
+                   LEFT JOIN qlsched.tasks k ON k.task_id = $7
+                  WHERE s.trigger_id = $1"
+            ),
             &[
                 &c.trigger_id,
                 &c.fence.owner,
                 &c.fence.token,
                 &c.fence.version,
+                &d.trigger_revision,
+                &d.trigger_digest,
+                &d.task_id,
+                &d.task_revision,
+                &d.task_digest,
+                &d.execution_revision_id,
                 &c.state_version,
-                &c.def.execution_revision_id,
+                &c.next_fire_at_ms,
+                &c.observed_at_ms,
+                &c.tid,
             ],
         )
         .await?;
-    let fence_held: bool = row.get(0);
-    let exec_ok: bool = row.get(1);
-    Ok(if !fence_held {
+    let Some(row) = row else {
+        return Ok(Refusal::FenceLost);
+    };
+    let check = |i: usize| row.get::<_, bool>(i);
+    Ok(if !check(0) {
         Refusal::FenceLost
-    } else if !exec_ok {
-        Refusal::CorruptExecutionRevision
-    } else {
+    } else if !check(1) {
+        Refusal::ProjectInactive
+    } else if !check(2) {
         Refusal::DefinitionChanged
+    } else if !check(3) {
+        Refusal::ExecutionRevisionInvalid
+    } else if !check(4) {
+        Refusal::CursorMoved
+    } else if !check(5) {
+        Refusal::RowMoved
+    } else {
+        Refusal::Unexplained
     })
 }
 
@@ -294,33 +357,48 @@ pub enum Resolution {
     NotOurs,
 }
 
-/// Resolves an unknown outcome by reading the idempotency key and the fence on a fresh
-/// connection. Never retries the write blindly: a retry after `NotCommittedClaimHeld` is
-/// itself fenced, so a COMMIT still in flight on the old backend makes it lose the fence.
-pub async fn resolve_unknown(pool: &Pool, a: &Admission) -> Result<Resolution, StoreError> {
-    let conn = super::conn(pool).await?;
-    let c = &a.claim;
-    let row = conn
-        .query_one(
-            "SELECT (SELECT queued_at_ms FROM qlsched.runs WHERE idempotency_key = $1 AND run_id = $2),
+/// Resolves unknown outcomes of a batch in one read of the idempotency keys and fences on
+/// a fresh connection. Never retries the write blindly: a retry after
+/// `NotCommittedClaimHeld` is itself fenced, so a COMMIT still in flight on the old backend
+/// makes it lose the fence.
+pub async fn resolve_batch(
+    client: &tokio_postgres::Client,
+    batch: &[Admission],
+) -> Result<Vec<Resolution>, StoreError> {
+    let keys: Vec<String> = batch.iter().map(|a| a.key()).collect();
+    let runs: Vec<Uuid> = batch.iter().map(|a| a.run_id).collect();
+    let ids: Vec<&str> = batch.iter().map(|a| a.claim.trigger_id.as_str()).collect();
+    let tokens: Vec<Uuid> = batch.iter().map(|a| a.claim.fence.token).collect();
+    let cvs: Vec<i64> = batch.iter().map(|a| a.claim.fence.version).collect();
+    let svs: Vec<i64> = batch.iter().map(|a| a.claim.state_version).collect();
+    let rows = client
+        .query(
+            "SELECT d.i, r.queued_at_ms,
                     EXISTS (SELECT 1 FROM qlsched.trigger_schedules s
-                             WHERE s.trigger_id = $3 AND s.claim_token = $4 AND s.claim_version = $5
-                               AND s.state_version = $6)",
-            &[&a.key(), &a.run_id, &c.trigger_id, &c.fence.token, &c.fence.version, &c.state_version],
+                             WHERE s.trigger_id = d.trigger_id AND s.claim_token = d.token
+                               AND s.claim_version = d.cv AND s.state_version = d.sv)
+               FROM unnest($1::text[], $2::uuid[], $3::text[], $4::uuid[], $5::int8[], $6::int8[])
+                    WITH ORDINALITY AS d(ikey, run_id, trigger_id, token, cv, sv, i)
+               LEFT JOIN qlsched.runs r ON r.idempotency_key = d.ikey AND r.run_id = d.run_id
+              ORDER BY d.i",
+            &[&keys, &runs, &ids, &tokens, &cvs, &svs],
         )
         .await?;
-    let queued: Option<i64> = row.get(0);
-    let held: bool = row.get(1);
-    Ok(match (queued, held) {
-        (Some(q), _) => Resolution::Committed { queued_at_ms: q },
-        (None, true) => Resolution::NotCommittedClaimHeld,
-        (None, false) => Resolution::NotOurs,
-    })
+    Ok(rows
+        .iter()
+        .map(
+            |r| match (r.get::<_, Option<i64>>(1), r.get::<_, bool>(2)) {
+                (Some(q), _) => Resolution::Committed { queued_at_ms: q },
+                (None, true) => Resolution::NotCommittedClaimHeld,
+                (None, false) => Resolution::NotOurs,
+            },
+        )
+        .collect())
 }
 
 /// Moves the cursor without admitting (initialise, misfired skip) and clears the claim.
 pub async fn advance_cursor(
-    conn: &Conn<'_>,
+    conn: &tokio_postgres::Client,
     c: &ClaimedRow,
     next_fire_at_ms: i64,
 ) -> Result<bool, StoreError> {
@@ -333,7 +411,7 @@ pub async fn advance_cursor(
 /// judged by the database clock in the same statement; under READ COMMITTED a concurrent
 /// change of a row is re-checked against that WHERE, so a stale claim moves nothing.
 pub async fn advance_batch(
-    conn: &Conn<'_>,
+    conn: &tokio_postgres::Client,
     batch: &[(ClaimedRow, i64)],
 ) -> Result<Vec<bool>, StoreError> {
     let ids: Vec<&str> = batch.iter().map(|(c, _)| c.trigger_id.as_str()).collect();
@@ -346,8 +424,10 @@ pub async fn advance_batch(
     let nexts: Vec<i64> = batch.iter().map(|(_, n)| *n).collect();
     let rows = conn
         .query(
-            "WITH obs AS MATERIALIZED (
-                 SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+            concat!(
+                "WITH obs AS MATERIALIZED (SELECT ",
+                db_now_ms!(),
+                " AS now_ms
              ), d AS (
                  SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::uuid[],
                                       $7::int8[], $8::int8[])
@@ -362,7 +442,8 @@ pub async fn advance_batch(
                 AND s.next_fire_at_ms IS NOT DISTINCT FROM d.cursor_ms
                 AND s.claim_owner = d.owner AND s.claim_token = d.token AND s.claim_version = d.cv
                 AND s.claim_expires_at_ms > obs.now_ms
-             RETURNING s.trigger_id",
+             RETURNING s.trigger_id"
+            ),
             &[&ids, &revs, &svs, &cursors, &owners, &tokens, &cvs, &nexts],
         )
         .await?;

@@ -2,7 +2,8 @@
 
 use uuid::Uuid;
 
-use super::{Conn, StoreError};
+use super::StoreError;
+use crate::db_now_ms;
 
 /// The four-part lease fence, plus where the claimed row version lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,21 +55,55 @@ pub struct ClaimedRow {
 /// head: live claims sit at their expiry, disabled rows are absent. The clock is read once
 /// (materialised CTE) and used for due-ness, expiry and the returned observation. No cron is
 /// evaluated and no id is minted while the row locks are held.
+///
+/// Every row leased is stamped with `round`, so that a round whose reply never arrived can
+/// be found and released by [`release_rounds`].
 pub async fn claim_due(
-    conn: &Conn<'_>,
+    conn: &tokio_postgres::Client,
     owner: &str,
     lease_ms: i64,
     limit: i64,
+    round: Uuid,
 ) -> Result<Vec<ClaimedRow>, StoreError> {
     let rows = conn
-        .query(CLAIM_DUE_SQL, &[&owner, &lease_ms, &limit])
+        .query(CLAIM_DUE_SQL, &[&owner, &lease_ms, &limit, &round])
         .await?;
     Ok(rows.iter().map(claimed_row).collect())
 }
 
-pub const CLAIM_DUE_SQL: &str = "
+/// Releases the rows that this owner's claim rounds `rounds` leased and nobody works on (the
+/// round's reply never arrived). Returns how many rows were released.
+///
+/// Locking: one autocommit UPDATE guarded by owner and round id: rows of any other round
+/// (held by live claim actors) or taken over since (another owner) are untouched; a round
+/// still running on the server is waited for by row lock and re-checked.
+pub async fn release_rounds(
+    conn: &tokio_postgres::Client,
+    owner: &str,
+    rounds: &[Uuid],
+) -> Result<u64, StoreError> {
+    Ok(conn
+        .execute(
+            concat!(
+                "UPDATE qlsched.trigger_schedules s
+                    SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+                        claimable_at_ms = coalesce(s.next_fire_at_ms, 0),
+                        state_version = s.state_version + 1, updated_at_ms = ",
+                db_now_ms!(),
+                "
+                  WHERE s.claim_owner = $1 AND s.claim_round = ANY ($2)"
+            ),
+            &[&owner, &rounds],
+        )
+        .await?)
+}
+
+pub const CLAIM_DUE_SQL: &str = concat!(
+    "
 WITH obs AS MATERIALIZED (
-    SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+    SELECT ",
+    db_now_ms!(),
+    " AS now_ms
 ), picked AS (
     SELECT s.trigger_id
       FROM qlsched.trigger_schedules s
@@ -87,6 +122,7 @@ UPDATE qlsched.trigger_schedules s
        claim_token = gen_random_uuid(),
        claim_version = s.claim_version + 1,
        claim_expires_at_ms = obs.now_ms + $2,
+       claim_round = $4,
        claimable_at_ms = obs.now_ms + $2,
        state_version = s.state_version + 1,
        updated_at_ms = obs.now_ms
@@ -98,7 +134,8 @@ RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
           s.claim_owner, s.claim_token, s.claim_version, s.claim_expires_at_ms, obs.now_ms,
           s.project_id, s.trigger_revision, t.content_digest, t.cron_expr, t.timezone,
           t.misfire_policy, t.misfire_grace_ms, t.task_id, k.revision, k.content_digest,
-          k.execution_revision_id";
+          k.execution_revision_id"
+);
 
 fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
     ClaimedRow {

@@ -354,6 +354,19 @@ pub fn expected_privileges(kind: &str) -> Vec<(String, String)> {
 
 /// The readiness gate: applied stream equals the binary's, capability matches, and the
 /// given roles hold exactly their grants. Returns every problem found (empty = ready).
+/// How many migrations this binary carries.
+pub fn embedded_count() -> usize {
+    embedded::migrations::runner().get_migrations().len()
+}
+
+/// The role this connection is logged in as.
+pub async fn current_role(client: &tokio_postgres::Client) -> Result<String, StoreError> {
+    Ok(client
+        .query_one("SELECT current_user::text", &[])
+        .await?
+        .get(0))
+}
+
 pub async fn check(
     client: &tokio_postgres::Client,
     roles_to_check: &[(&str, &str)],

@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
+pub mod session;
 pub mod status;
 
 use std::time::Duration;
@@ -50,6 +51,13 @@ pub enum StoreError {
     /// The connection broke while a COMMIT may have been in flight.
     #[error("connection lost around COMMIT: outcome unknown")]
     OutcomeUnknown,
+    /// A statement did not answer within its client-side bound. Its connection is discarded:
+    /// the statement may still be running (or committing) on the server.
+    #[error("{what} did not answer within {after:?}")]
+    Timeout { what: &'static str, after: Duration },
+    /// Every pooled connection handed out had a backend that was gone.
+    #[error("every pooled connection was closed (backends gone); retrying next round")]
+    AllConnectionsClosed,
 }
 
 /// The connection broke (closed, I/O error, server shutting down).
@@ -105,7 +113,10 @@ impl StoreError {
     pub fn is_connection_lost(&self) -> bool {
         match self {
             StoreError::Db(e) => connection_lost(e),
-            StoreError::PoolTimeout(_) | StoreError::OutcomeUnknown => true,
+            StoreError::PoolTimeout(_)
+            | StoreError::OutcomeUnknown
+            | StoreError::Timeout { .. }
+            | StoreError::AllConnectionsClosed => true,
             _ => false,
         }
     }
@@ -177,9 +188,7 @@ pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
             return Ok(c);
         }
     }
-    Err(StoreError::Invalid(
-        "every pooled connection was closed; retrying next round".into(),
-    ))
+    Err(StoreError::AllConnectionsClosed)
 }
 
 /// Connects a single client outside any pool (management commands, migrations).

@@ -1,6 +1,7 @@
-//! Start-up recovery (SPEC §6): classify admitted work before the lifecycle starts.
+//! Start-up recovery (docs/design.md, "Start-up recovery"): classify admitted work before the
+//! lifecycle starts.
 
-use super::{Conn, StoreError};
+use super::StoreError;
 
 /// A run whose admission no longer has the exact pristine shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,22 +15,31 @@ pub struct RecoveryCandidate {
 pub struct RecoveryReport {
     /// Queued runs whose latest attempt is still exactly as admitted: the dispatcher's.
     pub pristine: i64,
-    /// Everything else that is not finished: reported, never dispatched by this daemon.
+    /// How many unfinished runs are not pristine (the true count, whatever the list holds).
+    pub candidate_count: i64,
+    /// The first of them (at most the caller's limit): reported, never dispatched by this
+    /// daemon.
     pub candidates: Vec<RecoveryCandidate>,
 }
 
 /// Classifies unfinished runs. Read-only: the scheduler never dispatches or repairs work, so
 /// candidates are reported (fail closed) and left to the dispatcher or an operator.
 ///
+/// Unfinished means `queued`, `dispatching` or `running`; the partial index
+/// `runs_unfinished_idx` holds exactly those, so finished history is never scanned.
+///
 /// Locking: plain READ COMMITTED reads; nothing is locked.
-pub async fn recover_on_startup(conn: &Conn<'_>, limit: i64) -> Result<RecoveryReport, StoreError> {
+pub async fn recover_on_startup(
+    conn: &tokio_postgres::Client,
+    limit: i64,
+) -> Result<RecoveryReport, StoreError> {
     let rows = conn
         .query(
             "WITH latest AS (
                  SELECT DISTINCT ON (a.run_id) a.*
                    FROM qlsched.attempts a
                    JOIN qlsched.runs r ON r.run_id = a.run_id
-                  WHERE r.status IN ('queued', 'dispatching')
+                  WHERE r.status IN ('queued', 'dispatching', 'running')
                   ORDER BY a.run_id, a.attempt_no DESC)
              , classified AS (
              SELECT r.run_id, r.idempotency_key,
@@ -48,17 +58,22 @@ pub async fn recover_on_startup(conn: &Conn<'_>, limit: i64) -> Result<RecoveryR
                     END AS reason
                FROM qlsched.runs r
                LEFT JOIN latest l ON l.run_id = r.run_id
-              WHERE r.status IN ('queued', 'dispatching'))
-             (SELECT NULL::uuid, NULL::text, NULL::text, count(*) FROM classified WHERE reason IS NULL)
+              WHERE r.status IN ('queued', 'dispatching', 'running'))
+             (SELECT NULL::uuid, NULL::text, NULL::text, count(*) FILTER (WHERE reason IS NULL),
+                     count(*) FILTER (WHERE reason IS NOT NULL) FROM classified)
              UNION ALL
-             (SELECT run_id, idempotency_key, reason, 0 FROM classified WHERE reason IS NOT NULL LIMIT $1)",
+             (SELECT run_id, idempotency_key, reason, 0, 0 FROM classified WHERE reason IS NOT NULL
+               ORDER BY run_id LIMIT $1)",
             &[&limit],
         )
         .await?;
     let mut report = RecoveryReport::default();
     for r in rows {
         match r.get::<_, Option<String>>(2) {
-            None => report.pristine = r.get(3),
+            None => {
+                report.pristine = r.get(3);
+                report.candidate_count = r.get(4);
+            }
             Some(reason) => report.candidates.push(RecoveryCandidate {
                 run_id: r.get(0),
                 idempotency_key: r.get(1),

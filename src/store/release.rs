@@ -2,7 +2,8 @@
 //! claims a previous incarnation of this replica id left behind.
 
 use super::claim::Fence;
-use super::{Conn, StoreError};
+use super::StoreError;
+use crate::db_now_ms;
 
 /// Releases one claim if it is still exactly ours; the row becomes claimable again at
 /// `now + backoff_ms` (0 = at once, or at its cursor if that is later).
@@ -11,15 +12,17 @@ use super::{Conn, StoreError};
 /// over or republished since is left untouched (0 rows). Expiry is not required: a token
 /// that still matches means nobody else has taken the row.
 pub async fn release_claim(
-    conn: &Conn<'_>,
+    conn: &tokio_postgres::Client,
     trigger_id: &str,
     fence: &Fence,
     backoff_ms: i64,
 ) -> Result<bool, StoreError> {
     let n = conn
         .execute(
-            "WITH obs AS MATERIALIZED (
-                 SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms)
+            concat!(
+                "WITH obs AS MATERIALIZED (SELECT ",
+                db_now_ms!(),
+                " AS now_ms)
              UPDATE qlsched.trigger_schedules s
                 SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
                     claimable_at_ms = CASE WHEN $5::bigint > 0 THEN obs.now_ms + $5
@@ -27,7 +30,8 @@ pub async fn release_claim(
                     state_version = s.state_version + 1, updated_at_ms = obs.now_ms
                FROM obs
               WHERE s.trigger_id = $1 AND s.claim_owner = $2 AND s.claim_token = $3
-                AND s.claim_version = $4",
+                AND s.claim_version = $4"
+            ),
             &[
                 &trigger_id,
                 &fence.owner,
@@ -46,15 +50,22 @@ pub async fn release_claim(
 ///
 /// Locking: one autocommit UPDATE; rows another transaction is admitting are waited for and
 /// then re-checked (an admitted row no longer has this owner and is skipped).
-pub async fn release_all_owned(conn: &Conn<'_>, owner: &str) -> Result<u64, StoreError> {
+pub async fn release_all_owned(
+    conn: &tokio_postgres::Client,
+    owner: &str,
+) -> Result<u64, StoreError> {
     Ok(conn
         .execute(
-            "UPDATE qlsched.trigger_schedules s
+            concat!(
+                "UPDATE qlsched.trigger_schedules s
                 SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
                     claimable_at_ms = coalesce(s.next_fire_at_ms, 0),
                     state_version = s.state_version + 1,
-                    updated_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-              WHERE s.claim_owner = $1",
+                    updated_at_ms = ",
+                db_now_ms!(),
+                "
+              WHERE s.claim_owner = $1"
+            ),
             &[&owner],
         )
         .await?)

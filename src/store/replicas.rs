@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 
-use super::{Conn, StoreError};
+use super::StoreError;
 
 /// Who holds a replica id now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,12 +28,12 @@ pub enum GuardError {
     Store(#[from] StoreError),
 }
 
-const NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+const NOW: &str = crate::db_now_ms!();
 
 /// Takes the id if it is free, stopped, expired — or held by a process of this host that no
 /// longer exists (a crashed predecessor restarted by systemd need not wait for expiry).
 pub async fn acquire(
-    conn: &Conn<'_>,
+    conn: &tokio_postgres::Client,
     id: &str,
     incarnation: Uuid,
     hostname: &str,
@@ -108,7 +108,7 @@ fn process_alive(pid: i32) -> bool {
 /// Extends the guard. `false` means this incarnation lost the id (it expired and another
 /// process took it): the caller must stop.
 pub async fn heartbeat(
-    conn: &Conn<'_>,
+    conn: &tokio_postgres::Client,
     id: &str,
     incarnation: Uuid,
     ttl_ms: i64,
@@ -126,7 +126,11 @@ pub async fn heartbeat(
 }
 
 /// Marks a clean stop so the id is free at once.
-pub async fn retire(conn: &Conn<'_>, id: &str, incarnation: Uuid) -> Result<(), StoreError> {
+pub async fn retire(
+    conn: &tokio_postgres::Client,
+    id: &str,
+    incarnation: Uuid,
+) -> Result<(), StoreError> {
     conn.execute(
         &format!("UPDATE qlsched.replicas SET stopped_at_ms = {NOW}, expires_at_ms = {NOW} WHERE replica_id = $1 AND incarnation = $2"),
         &[&id, &incarnation],

@@ -41,11 +41,15 @@ pub async fn due_backlog(
             // row by row would scan the whole table.
             // `ORDER BY … LIMIT` keeps the planner on the index whatever it guesses about
             // the range; the count is capped at a million.
-            "WITH n AS MATERIALIZED (SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint AS ms)
+            concat!(
+                "WITH n AS MATERIALIZED (SELECT ",
+                crate::db_now_ms!(),
+                " AS ms)
              SELECT count(*), (SELECT ms FROM n) - min(claimable_at_ms)
                FROM (SELECT claimable_at_ms FROM qlsched.trigger_schedules
                       WHERE claimable_at_ms <= (SELECT ms FROM n)
-                      ORDER BY claimable_at_ms LIMIT 1000000) due",
+                      ORDER BY claimable_at_ms LIMIT 1000000) due"
+            ),
             &[],
         )
         .await?;
@@ -53,7 +57,7 @@ pub async fn due_backlog(
 }
 
 pub async fn read(client: &tokio_postgres::Client, last: i64) -> Result<Status, StoreError> {
-    let now_sql = "(extract(epoch FROM clock_timestamp())*1000)::bigint";
+    let now_sql = crate::db_now_ms!();
     let replicas = client
         .query(
             &format!(

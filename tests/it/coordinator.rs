@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use qlsched::actors::admit::Stop;
+use qlsched::actors::health::Health;
 use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
 use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
@@ -15,8 +16,9 @@ use crate::helpers::{discard_log, wait_until, TestDb};
 /// A yearly expression: each seeded row fires exactly once during a test.
 const ONCE: &str = "0 0 0 1 1 *";
 
-fn settings(owner: &str, budget: u32, cadence_ms: u64, lease_ms: u64) -> Settings {
+fn settings(db: &TestDb, owner: &str, budget: u32, cadence_ms: u64, lease_ms: u64) -> Settings {
     Settings {
+        connector: db.connector(),
         owner: owner.into(),
         claim_budget: budget,
         lease: Duration::from_millis(lease_ms),
@@ -28,9 +30,9 @@ fn settings(owner: &str, budget: u32, cadence_ms: u64, lease_ms: u64) -> Setting
     }
 }
 
-fn start(db: &TestDb, s: Settings) -> (Addr<Supervisor>, Metrics) {
+fn start(_db: &TestDb, s: Settings) -> (Addr<Supervisor>, Metrics) {
     let metrics = Metrics::default();
-    let sup = Supervisor::new(s, db.runtime_pool(4), metrics.clone(), &discard_log(), None).start();
+    let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
     (sup, metrics)
 }
 
@@ -45,7 +47,7 @@ async fn the_budget_bounds_each_round_and_a_backlog_drains_without_waiting_for_t
     let db = TestDb::new().await;
     db.seed_bulk(1000, ONCE, -1000).await;
     let started = Instant::now();
-    let (sup, metrics) = start(&db, settings("a", 16, 60_000, 30_000));
+    let (sup, metrics) = start(&db, settings(&db, "a", 16, 60_000, 30_000));
     let (mut max_claimed, mut max_live) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(60);
     while runs(&db).await < 1000 {
@@ -92,7 +94,7 @@ async fn rounds_never_overlap_when_a_round_is_slow() {
     tx.batch_execute("LOCK TABLE qlsched.trigger_schedules IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let (sup, metrics) = start(&db, settings("a", 16, 100, 30_000));
+    let (sup, metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
     // 1.5 s = 15 cadences while the first round is stuck.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(metrics.ticks.get(), 1, "only the stuck round was started");
@@ -116,7 +118,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
     tx.batch_execute("LOCK TABLE qlsched.runs IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let (sup, _metrics) = start(&db, settings("a", 16, 100, 30_000));
+    let (sup, _metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
     wait_until("16 leases held", Duration::from_secs(10), || async {
         db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
             .await
@@ -158,7 +160,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
 async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
     let db = TestDb::new().await;
     db.seed_bulk(300, ONCE, -1000).await;
-    let (sup, metrics) = start(&db, settings("a", 16, 100, 5_000));
+    let (sup, metrics) = start(&db, settings(&db, "a", 16, 100, 5_000));
     let mut stops = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while runs(&db).await < 300 {
@@ -190,8 +192,8 @@ async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
 async fn two_independent_replicas_racing_admit_every_occurrence_exactly_once() {
     let db = TestDb::new().await;
     db.seed_bulk(100, "* * * * * *", -500).await;
-    let (a, ma) = start(&db, settings("a", 16, 100, 5_000));
-    let (b, mb) = start(&db, settings("b", 16, 100, 5_000));
+    let (a, ma) = start(&db, settings(&db, "a", 16, 100, 5_000));
+    let (b, mb) = start(&db, settings(&db, "b", 16, 100, 5_000));
     tokio::time::sleep(Duration::from_secs(4)).await;
     a.send(Drain(Duration::from_secs(5))).await.unwrap();
     b.send(Drain(Duration::from_secs(5))).await.unwrap();
@@ -229,7 +231,9 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
     db.seed_bulk(10, ONCE, -1000).await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let held = claim::claim_due(&conn, "dead", 1500, 10).await.unwrap();
+    let held = claim::claim_due(&conn, "dead", 1500, 10, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     assert_eq!(held.len(), 10);
     let expiry = held.iter().map(|c| c.fence.expires_at_ms).max().unwrap();
     let pid: i32 = conn
@@ -242,7 +246,7 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
-    let (_b, _) = start(&db, settings("b", 16, 100, 5_000));
+    let (_b, _) = start(&db, settings(&db, "b", 16, 100, 5_000));
     wait_until("b admitted all 10", Duration::from_secs(20), || async {
         runs(&db).await == 10
     })
@@ -259,8 +263,8 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
 /// none, and two admissions of the same claim get different run ids.
 #[test]
 fn ids_are_minted_only_for_admissions() {
-    use qlsched::actors::admit::Action;
-    use qlsched::actors::claim::ClaimActor;
+    use qlsched::actors::admission::Action;
+    use qlsched::actors::claim::{plan, Kind};
     use qlsched::store::claim::{ClaimedRow, Fence, TriggerDef};
     let row = |cursor: Option<i64>, expr: &str, policy: &str| ClaimedRow {
         trigger_id: "t".into(),
@@ -288,9 +292,8 @@ fn ids_are_minted_only_for_admissions() {
             execution_revision_id: uuid::Uuid::nil(),
         },
     };
-    let (m, log) = (Metrics::default(), discard_log());
     let backoff = Duration::from_secs(60);
-    let init = ClaimActor::decide(&row(None, "* * * * * *", "skip"), backoff, &m, &log);
+    let init = plan(&row(None, "* * * * * *", "skip"), backoff).0;
     assert!(
         matches!(
             init,
@@ -300,7 +303,7 @@ fn ids_are_minted_only_for_admissions() {
         ),
         "{init:?}"
     );
-    let skip = ClaimActor::decide(&row(Some(0), "* * * * * *", "skip"), backoff, &m, &log);
+    let skip = plan(&row(Some(0), "* * * * * *", "skip"), backoff).0;
     assert!(
         matches!(
             skip,
@@ -310,16 +313,15 @@ fn ids_are_minted_only_for_admissions() {
         ),
         "{skip:?}"
     );
-    let reject = ClaimActor::decide(&row(Some(0), "not cron", "skip"), backoff, &m, &log);
+    let reject = plan(&row(Some(0), "not cron", "skip"), backoff).0;
     assert!(
         matches!(reject, Action::Release { backoff: b } if b == backoff),
         "{reject:?}"
     );
     let fire_row = row(Some(999_000), "* * * * * *", "skip");
-    let (Action::Admit(x), Action::Admit(y)) = (
-        ClaimActor::decide(&fire_row, backoff, &m, &log),
-        ClaimActor::decide(&fire_row, backoff, &m, &log),
-    ) else {
+    let (Action::Admit(x), Action::Admit(y)) =
+        (plan(&fire_row, backoff).0, plan(&fire_row, backoff).0)
+    else {
         panic!("an on-time occurrence is admitted");
     };
     assert_eq!(
@@ -328,14 +330,15 @@ fn ids_are_minted_only_for_admissions() {
     );
     assert_ne!(x.run_id, y.run_id);
     assert_ne!(x.attempt_id, y.attempt_id);
-    let once = ClaimActor::decide(&row(Some(0), "* * * * * *", "fire_once"), backoff, &m, &log);
+    let once = plan(&row(Some(0), "* * * * * *", "fire_once"), backoff).0;
     assert!(
         matches!(once, Action::Admit(ref a) if a.scheduled_for_ms == 0 && a.next_fire_at_ms == 1_001_000),
         "{once:?}"
     );
-    assert_eq!(
-        (m.initialisations.get(), m.skips.get(), m.rejects.get()),
-        (1, 1, 1)
+    let kind = plan(&row(Some(0), "not cron", "skip"), backoff).1;
+    assert!(
+        matches!(&kind, Kind::Reject(why) if why.contains("`not cron`")),
+        "{kind:?}"
     );
 }
 
@@ -350,7 +353,7 @@ async fn a_corrupt_definition_at_admit_time_is_released_with_back_off() {
         .batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'")
         .await
         .unwrap();
-    let (_sup, metrics) = start(&db, settings("a", 16, 100, 30_000));
+    let (_sup, metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
     wait_until("the reject", Duration::from_secs(10), || async {
         metrics.rejects.get() == 1
     })
@@ -378,7 +381,9 @@ async fn suspending_a_project_fences_out_its_live_claims() {
     db.seed_bulk(3, ONCE, -1000).await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let held = claim::claim_due(&conn, "a", 30_000, 3).await.unwrap();
+    let held = claim::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     assert_eq!(held.len(), 3);
     let mut admin = db.admin().await;
     store::manage::set_project(&mut admin, "proj", "suspended")
@@ -397,7 +402,7 @@ async fn suspending_a_project_fences_out_its_live_claims() {
         .await
         .unwrap();
     assert_eq!(
-        claim::claim_due(&conn, "b", 30_000, 10)
+        claim::claim_due(&conn, "b", 30_000, 10, uuid::Uuid::new_v4())
             .await
             .unwrap()
             .len(),

@@ -9,7 +9,9 @@ use crate::helpers::{poll_until, unique_owner, wait_until, TestDb};
 
 async fn claim_one(pool: &Pool, owner: &str, lease_ms: i64) -> ClaimedRow {
     let conn = store::conn(pool).await.unwrap();
-    let mut rows = claim::claim_due(&conn, owner, lease_ms, 1).await.unwrap();
+    let mut rows = claim::claim_due(&conn, owner, lease_ms, 1, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 1, "expected one due row");
     rows.remove(0)
 }
@@ -27,8 +29,8 @@ fn admission(c: &ClaimedRow) -> Admission {
 }
 
 async fn admit(pool: &Pool, a: &Admission) -> AdmitOutcome {
-    let mut conn = store::conn(pool).await.unwrap();
-    admit::admit_once(&mut conn, a).await.unwrap()
+    let conn = store::conn(pool).await.unwrap();
+    admit::admit_once(&conn, a).await.unwrap()
 }
 
 async fn written(db: &TestDb) -> (i64, i64, i64) {
@@ -142,7 +144,9 @@ async fn a_stale_holder_cannot_commit_after_a_takeover() {
         let (pool, b) = (pool.clone(), b.clone());
         async move {
             let conn = store::conn(&pool).await.unwrap();
-            let rows = claim::claim_due(&conn, &b, 30_000, 1).await.unwrap();
+            let rows = claim::claim_due(&conn, &b, 30_000, 1, uuid::Uuid::new_v4())
+                .await
+                .unwrap();
             (!rows.is_empty()).then_some(rows)
         }
     })
@@ -251,8 +255,8 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
         su.execute("INSERT INTO public.fail_at VALUES ($1)", &[&what])
             .await
             .unwrap();
-        let mut conn = store::conn(&pool).await.unwrap();
-        let err = admit::admit_once(&mut conn, &admission(&c))
+        let conn = store::conn(&pool).await.unwrap();
+        let err = admit::admit_once(&conn, &admission(&c))
             .await
             .unwrap_err();
         assert!(
@@ -295,7 +299,7 @@ async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_bac
     assert_eq!(
         admit(&pool, &admission(&c)).await,
         AdmitOutcome::Refused {
-            why: Refusal::CorruptExecutionRevision
+            why: Refusal::ExecutionRevisionInvalid
         }
     );
     assert_eq!(written(&db).await, (0, 0, 0));
@@ -310,7 +314,7 @@ async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_bac
         .await;
     assert!((55_000..=60_000).contains(&wait), "back-off {wait} ms");
     assert!(
-        claim::claim_due(&conn, "b", 30_000, 10)
+        claim::claim_due(&conn, "b", 30_000, 10, uuid::Uuid::new_v4())
             .await
             .unwrap()
             .is_empty(),
@@ -356,7 +360,7 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
 }
 
 #[tokio::test]
-async fn an_existing_idempotency_key_refuses_the_admission_and_writes_nothing() {
+async fn an_existing_idempotency_key_writes_no_run_and_advances_the_cursor_under_the_fence() {
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     db.make_due(-100).await;
@@ -372,13 +376,19 @@ async fn an_existing_idempotency_key_refuses_the_admission_and_writes_nothing() 
         )
         .await
         .unwrap();
-    assert_eq!(
-        admit(&pool, &a).await,
-        AdmitOutcome::Refused {
-            why: Refusal::DuplicateKey
-        }
-    );
+    assert_eq!(admit(&pool, &a).await, AdmitOutcome::AlreadyAdmitted);
     assert_eq!(written(&db).await, (1, 0, 0));
+    let (cursor, owner) = (
+        db.count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+            .await,
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL")
+            .await,
+    );
+    assert_eq!(
+        (cursor, owner),
+        (a.next_fire_at_ms, 0),
+        "the cursor moved past the existing occurrence and the claim was cleared"
+    );
 }
 
 #[tokio::test]
@@ -389,16 +399,13 @@ async fn an_unknown_outcome_is_resolved_by_key_and_fence() {
     let pool = db.runtime_pool(2);
     let c = claim_one(&pool, "a", 30_000).await;
     let a = admission(&c);
-    assert_eq!(
-        admit::resolve_unknown(&pool, &a).await.unwrap(),
-        Resolution::NotCommittedClaimHeld
-    );
+    assert_eq!(resolve(&pool, &a).await, Resolution::NotCommittedClaimHeld);
     assert!(matches!(
         admit(&pool, &a).await,
         AdmitOutcome::Admitted { .. }
     ));
     assert!(matches!(
-        admit::resolve_unknown(&pool, &a).await.unwrap(),
+        resolve(&pool, &a).await,
         Resolution::Committed { .. }
     ));
     let other = claim_one(&pool, "a", 30_000).await;
@@ -407,11 +414,17 @@ async fn an_unknown_outcome_is_resolved_by_key_and_fence() {
         .await
         .unwrap();
     assert_eq!(
-        admit::resolve_unknown(&pool, &admission(&other))
-            .await
-            .unwrap(),
+        resolve(&pool, &admission(&other)).await,
         Resolution::NotOurs
     );
+}
+
+async fn resolve(pool: &Pool, a: &Admission) -> Resolution {
+    let conn = store::conn(pool).await.unwrap();
+    admit::resolve_batch(&conn, std::slice::from_ref(a))
+        .await
+        .unwrap()
+        .remove(0)
 }
 
 #[tokio::test]
@@ -447,12 +460,14 @@ async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
     db.make_due(-100).await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let claims = claim::claim_due(&conn, "a", 30_000, 5).await.unwrap();
+    let claims = claim::claim_due(&conn, "a", 30_000, 5, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     drop(conn);
     let mut batch: Vec<Admission> = claims.iter().map(admission).collect();
     batch[2].claim.fence.token = Uuid::new_v4();
-    let mut conn = store::conn(&pool).await.unwrap();
-    let out = admit::admit_batch(&mut conn, &batch).await.unwrap();
+    let conn = store::conn(&pool).await.unwrap();
+    let out = admit::admit_batch(&conn, &batch).await.unwrap();
     assert_eq!(
         out.iter()
             .filter(|o| matches!(o, AdmitOutcome::Admitted { .. }))
@@ -509,7 +524,9 @@ async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
     db.seed(3, "* * * * * *").await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let claims = claim::claim_due(&conn, "a", 30_000, 3).await.unwrap();
+    let claims = claim::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     let mut batch: Vec<_> = claims
         .iter()
         .map(|c| (c.clone(), c.observed_at_ms + 1000))
@@ -561,11 +578,13 @@ async fn the_admission_statement_runs_inside_its_serializable_transaction() {
         .unwrap();
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let claims = claim::claim_due(&conn, "a", 30_000, 2).await.unwrap();
+    let claims = claim::claim_due(&conn, "a", 30_000, 2, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     drop(conn);
     let batch: Vec<Admission> = claims.iter().map(admission).collect();
-    let mut conn = store::conn(&pool).await.unwrap();
-    let out = admit::admit_batch(&mut conn, &batch).await.unwrap();
+    let conn = store::conn(&pool).await.unwrap();
+    let out = admit::admit_batch(&conn, &batch).await.unwrap();
     assert!(
         out.iter()
             .all(|o| matches!(o, AdmitOutcome::Admitted { .. })),

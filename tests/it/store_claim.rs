@@ -22,7 +22,9 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
     }
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let a = claim::claim_due(&conn, "a", 30_000, 3).await.unwrap();
+    let a = claim::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     let got: Vec<&str> = a.iter().map(|r| r.trigger_id.as_str()).collect();
     assert_eq!(got.len(), 3);
     // pending ones first (NULLS FIRST), then the oldest due one
@@ -30,7 +32,9 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
         got.contains(&"trg-00003") && got.contains(&"trg-00004") && got.contains(&"trg-00000"),
         "{got:?}"
     );
-    let b = claim::claim_due(&conn, "b", 30_000, 10).await.unwrap();
+    let b = claim::claim_due(&conn, "b", 30_000, 10, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     let got_b: Vec<&str> = b.iter().map(|r| r.trigger_id.as_str()).collect();
     assert_eq!(
         got_b,
@@ -49,7 +53,7 @@ async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_
     db.seed(1, "* * * * * *").await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let first = claim::claim_due(&conn, &unique_owner("a"), 700, 10)
+    let first = claim::claim_due(&conn, &unique_owner("a"), 700, 10, uuid::Uuid::new_v4())
         .await
         .unwrap();
     assert_eq!(first.len(), 1);
@@ -63,7 +67,9 @@ async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_
             let (pool, b) = (pool.clone(), b.clone());
             async move {
                 let conn = store::conn(&pool).await.unwrap();
-                let rows = claim::claim_due(&conn, &b, 30_000, 10).await.unwrap();
+                let rows = claim::claim_due(&conn, &b, 30_000, 10, uuid::Uuid::new_v4())
+                    .await
+                    .unwrap();
                 (!rows.is_empty()).then_some(rows)
             }
         },
@@ -92,7 +98,9 @@ async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
         .unwrap();
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let rows = claim::claim_due(&conn, "a", 30_000, 10).await.unwrap();
+    let rows = claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     assert_eq!(
         rows.iter()
             .map(|r| r.trigger_id.as_str())
@@ -105,15 +113,17 @@ async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
     qlsched::store::manage::set_project(&mut admin, "proj", "suspended")
         .await
         .unwrap();
-    assert!(claim::claim_due(&conn, "a", 30_000, 10)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+            .await
+            .unwrap()
+            .is_empty()
+    );
     qlsched::store::manage::set_project(&mut admin, "proj", "active")
         .await
         .unwrap();
     assert_eq!(
-        claim::claim_due(&conn, "a", 30_000, 10)
+        claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
             .await
             .unwrap()
             .len(),
@@ -142,7 +152,7 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
     .unwrap();
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let live = claim::claim_due(&conn, "holder", 600_000, 1000)
+    let live = claim::claim_due(&conn, "holder", 600_000, 1000, uuid::Uuid::new_v4())
         .await
         .unwrap();
     assert_eq!(live.len(), 1000);
@@ -153,7 +163,8 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
     let sql = claim::CLAIM_DUE_SQL
         .replace("$1", "'probe'")
         .replace("$2", "30000")
-        .replace("$3", "16");
+        .replace("$3", "16")
+        .replace("$4", "gen_random_uuid()");
     let plan: Vec<String> = su
         .query(
             &format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}"),

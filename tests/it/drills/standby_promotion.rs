@@ -67,7 +67,9 @@ async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_da
         );
         let row = {
             let conn = store::conn(&pool).await.unwrap();
-            let mut rows = claim::claim_due(&conn, HOLDER, LEASE_MS, 1).await.unwrap();
+            let mut rows = claim::claim_due(&conn, HOLDER, LEASE_MS, 1, uuid::Uuid::new_v4())
+                .await
+                .unwrap();
             assert_eq!(rows.len(), 1, "nothing due to claim on the primary");
             rows.remove(0)
         };

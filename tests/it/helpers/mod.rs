@@ -156,6 +156,14 @@ impl TestDb {
     pub async fn admin(&self) -> tokio_postgres::Client {
         self.client("qlsched_admin").await
     }
+    /// How a replica's claim round and admit engine connect to this database.
+    pub fn connector(&self) -> qlsched::store::session::Connector {
+        qlsched::store::session::Connector {
+            pg: self.config("qlsched_runtime"),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
     pub fn runtime_pool(&self, size: u32) -> Pool {
         store::build_pool(
             self.config("qlsched_runtime"),
