@@ -6,6 +6,7 @@ mod config_validation;
 mod coordinator;
 mod daemon;
 mod drills;
+mod edges;
 mod migrations;
 mod operate;
 mod roles;

@@ -256,9 +256,7 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
             .await
             .unwrap();
         let conn = store::conn(&pool).await.unwrap();
-        let err = admit::admit_once(&conn, &admission(&c))
-            .await
-            .unwrap_err();
+        let err = admit::admit_once(&conn, &admission(&c)).await.unwrap_err();
         assert!(
             err.to_string().contains("injected failure"),
             "{what}: {err}"

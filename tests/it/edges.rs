@@ -1,0 +1,356 @@
+//! Everyday events that must lose, stall or mis-report nothing: a task deployed while its
+//! triggers are claimed, a table rewritten under the scheduler, a claim statement that never
+//! answers, a persistent admission error, and refusals diagnosed by cause.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use qlsched::actors::health::Health;
+use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
+use qlsched::actors::Settings;
+use qlsched::metrics::Metrics;
+use qlsched::store::admit::{self, Admission, Refusal};
+use qlsched::store::claim::{self, ClaimedRow};
+use qlsched::store::{self, manage, recovery};
+
+use crate::helpers::{discard_log, wait_until, TestDb};
+
+fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Settings {
+    Settings {
+        owner: owner.into(),
+        claim_budget: 64,
+        lease: Duration::from_millis(lease_ms),
+        cadence: Duration::from_millis(cadence_ms),
+        drain: Duration::from_secs(2),
+        admit_timeout: Duration::from_secs(1),
+        max_serialization_retries: 5,
+        reject_backoff: Duration::from_secs(60),
+        connector: db.connector(),
+    }
+}
+
+fn start(s: Settings) -> (Addr<Supervisor>, Metrics, Health) {
+    let (metrics, health) = (Metrics::default(), Health::default());
+    let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, health.clone()).start();
+    (sup, metrics, health)
+}
+
+/// Occurrences missing between each trigger's first and last run (every-second triggers).
+async fn holes(db: &TestDb) -> i64 {
+    db.count(
+        "SELECT coalesce(sum(gaps), 0)::bigint FROM (
+           SELECT trigger_id, max(scheduled_for_ms) / 1000 - min(scheduled_for_ms) / 1000 + 1 - count(*) AS gaps
+             FROM qlsched.runs GROUP BY trigger_id) g",
+    )
+    .await
+}
+
+/// Deploying a new task version while its triggers are claimed re-decides them at once: no
+/// trigger stops, no occurrence is skipped, none is late by more than 2 s, and the runs after
+/// the last deployment are pinned to the new execution revision.
+#[actix_rt::test]
+async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
+    let db = TestDb::new().await;
+    db.seed_bulk(200, "* * * * * *", 0).await;
+    let (a, ma, _) = start(settings(&db, "a", 200, 30_000));
+    let (b, mb, _) = start(settings(&db, "b", 200, 30_000));
+    let mut admin = db.admin().await;
+    wait_until("first admissions", Duration::from_secs(20), || async {
+        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
+            .await
+            == 200
+    })
+    .await;
+    for i in 0..20 {
+        manage::publish_task(&mut admin, "proj", "task", &format!("{{\"v\":{i}}}"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(450)).await;
+    }
+    let last_publish = db.count(concat!("SELECT ", qlsched::db_now_ms!())).await;
+    wait_until("runs on the last revision", Duration::from_secs(20), || async {
+        db.count(&format!(
+            "SELECT count(DISTINCT trigger_id) FROM qlsched.runs r JOIN qlsched.tasks k USING (task_id)
+              WHERE r.scheduled_for_ms > {last_publish} + 1000 AND r.task_revision = k.revision
+                AND r.execution_revision_id = k.execution_revision_id"
+        ))
+        .await
+            == 200
+    })
+    .await;
+    let _ = a.send(Drain(Duration::from_secs(2))).await;
+    let _ = b.send(Drain(Duration::from_secs(2))).await;
+    assert_eq!(holes(&db).await, 0, "occurrences skipped");
+    let late = db
+        .count("SELECT count(*) FROM qlsched.runs WHERE queued_at_ms - scheduled_for_ms > 2000")
+        .await;
+    assert_eq!(late, 0, "runs admitted more than 2 s late");
+    let stale = db
+        .count(&format!(
+            "SELECT count(*) FROM qlsched.runs r JOIN qlsched.tasks k USING (task_id)
+              WHERE r.scheduled_for_ms > {last_publish} + 1000 AND r.task_revision <> k.revision"
+        ))
+        .await;
+    assert_eq!(
+        stale, 0,
+        "runs after the last deployment on an old revision"
+    );
+    assert!(
+        ma.redecides.get() + mb.redecides.get() > 0,
+        "no admission was refused by the deployments: the test did not race them"
+    );
+    db.assert_invariants().await;
+}
+
+/// A rewrite of the schedule table (`VACUUM FULL`) moves every row's physical address under
+/// live claims: the refused admissions are decided again at once, with no back-off and no loss.
+#[actix_rt::test]
+async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
+    let db = TestDb::new().await;
+    db.seed_bulk(100, "* * * * * *", 0).await;
+    let (a, m, _) = start(settings(&db, "a", 200, 30_000));
+    wait_until("first admissions", Duration::from_secs(20), || async {
+        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
+            .await
+            == 100
+    })
+    .await;
+    let su = db.superuser().await;
+    for _ in 0..4 {
+        su.batch_execute("VACUUM FULL qlsched.trigger_schedules")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let after = db.count(concat!("SELECT ", qlsched::db_now_ms!())).await;
+    wait_until("every trigger admitted after the rewrites", Duration::from_secs(10), || async {
+        db.count(&format!(
+            "SELECT count(DISTINCT trigger_id) FROM qlsched.runs WHERE scheduled_for_ms > {after} + 1000"
+        ))
+        .await
+            == 100
+    })
+    .await;
+    let _ = a.send(Drain(Duration::from_secs(2))).await;
+    assert_eq!(holes(&db).await, 0, "occurrences skipped");
+    let backed_off = db
+        .count(&format!(
+            "SELECT count(*) FROM qlsched.trigger_schedules WHERE claimable_at_ms > {} + 10000",
+            db.count(concat!("SELECT ", qlsched::db_now_ms!())).await
+        ))
+        .await;
+    assert_eq!(backed_off, 0, "rows released with a back-off");
+    let _ = m;
+    db.assert_invariants().await;
+}
+
+/// A claim statement that does not answer in time (here: blocked behind a table lock, then
+/// committing after the replica gave up on it) leaves leases no actor works on. The next
+/// rounds release them by the round's id: the rows are admitted long before the 30 s lease
+/// would have expired.
+#[actix_rt::test]
+async fn leases_of_a_claim_round_whose_reply_never_came_are_released() {
+    let db = TestDb::new().await;
+    db.seed_bulk(20, "0 0 0 1 1 *", -1000).await;
+    let su = db.superuser().await;
+    su.batch_execute("BEGIN; LOCK TABLE qlsched.trigger_schedules IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let (sup, metrics, _) = start(settings(&db, "a", 300, 30_000));
+    wait_until(
+        "a claim round to time out",
+        Duration::from_secs(10),
+        || async { metrics.errors.get() >= 1 },
+    )
+    .await;
+    let released_at = Instant::now();
+    su.batch_execute("COMMIT").await.unwrap();
+    wait_until(
+        "all rows admitted well within the lease",
+        Duration::from_secs(10),
+        || async { db.count("SELECT count(*) FROM qlsched.runs").await == 20 },
+    )
+    .await;
+    assert!(released_at.elapsed() < Duration::from_secs(25));
+    let probe = sup.send(Probe).await.unwrap();
+    assert!(probe.orphans >= 1, "the failed round was not remembered");
+    db.assert_invariants().await;
+}
+
+/// A persistent admission error of one row backs off exponentially instead of repeating
+/// every cadence; the other rows are unaffected.
+#[actix_rt::test]
+async fn a_persistent_admission_error_backs_off_exponentially() {
+    let db = TestDb::new().await;
+    db.seed_bulk(2, "* * * * * *", 0).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION qlsched.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.trigger_id = 'trg-00000' THEN RAISE EXCEPTION 'refused for the test'; END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_one BEFORE INSERT ON qlsched.runs
+               FOR EACH ROW EXECUTE FUNCTION qlsched.refuse_one();",
+        )
+        .await
+        .unwrap();
+    let (sup, metrics, _) = start(settings(&db, "a", 100, 30_000));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    let claims = db
+        .count("SELECT claim_version FROM qlsched.trigger_schedules WHERE trigger_id = 'trg-00000'")
+        .await;
+    // Cadence 100 ms: without back-off ~60 claims in 6 s; with 0.1, 0.2, 0.4 … s about 7.
+    assert!(
+        claims <= 10,
+        "the failing row was claimed {claims} times in 6 s"
+    );
+    assert!(
+        metrics.error_backoffs.get() >= 3,
+        "back-offs counted: {}",
+        metrics.error_backoffs.get()
+    );
+    let healthy = db
+        .count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'trg-00001'")
+        .await;
+    assert!(
+        healthy >= 4,
+        "the healthy trigger admitted only {healthy} runs"
+    );
+}
+
+/// A trigger behind its schedule catches up at admission speed even when the timer starts
+/// rounds while its claim actor is still admitting (slow admissions make that certain):
+/// the catch-up signal raised by the claim actor survives the timer's round.
+#[actix_rt::test]
+async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
+    let db = TestDb::new().await;
+    db.seed_bulk(1, "* * * * * *", -20_000).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION qlsched.slow_admission() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(0.25); RETURN NEW; END $$;
+             CREATE TRIGGER slow_admission BEFORE INSERT ON qlsched.runs
+               FOR EACH ROW EXECUTE FUNCTION qlsched.slow_admission();",
+        )
+        .await
+        .unwrap();
+    // Cadence 2 s: a lost catch-up signal would fall back to one occurrence per 2 s.
+    let (sup, _, _) = start(settings(&db, "a", 2_000, 30_000));
+    let started = Instant::now();
+    wait_until(
+        "the 20 missed occurrences",
+        Duration::from_secs(30),
+        || async { db.count("SELECT count(*) FROM qlsched.runs").await >= 20 },
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    assert!(
+        elapsed < Duration::from_secs(15),
+        "20 occurrences took {elapsed:?}: the catch-up fell back to the cadence"
+    );
+}
+
+async fn claim_one(db: &TestDb) -> ClaimedRow {
+    let pool = db.runtime_pool(1);
+    let conn = store::conn(&pool).await.unwrap();
+    claim::claim_due(&conn, "a", 30_000, 1, uuid::Uuid::new_v4())
+        .await
+        .unwrap()
+        .remove(0)
+}
+
+fn admission(c: &ClaimedRow) -> Admission {
+    Admission {
+        claim: c.clone(),
+        scheduled_for_ms: c.next_fire_at_ms.unwrap(),
+        next_fire_at_ms: c.next_fire_at_ms.unwrap() + 1000,
+        run_id: admit::mint_run_id("a"),
+        attempt_id: uuid::Uuid::new_v4(),
+        admitted_by: "a".into(),
+    }
+}
+
+async fn refusal_after(db: &TestDb, change: &str) -> Refusal {
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-100).await;
+    let c = claim_one(db).await;
+    if !change.is_empty() {
+        db.superuser().await.batch_execute(change).await.unwrap();
+    }
+    let pool = db.runtime_pool(1);
+    let conn = store::conn(&pool).await.unwrap();
+    match admit::admit_once(&conn, &admission(&c)).await.unwrap() {
+        admit::AdmitOutcome::Refused { why } => why,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Each refusal is named by its real cause.
+#[tokio::test]
+async fn refusals_are_diagnosed_by_cause() {
+    let cases = [
+        (
+            "UPDATE qlsched.trigger_schedules SET claim_token = gen_random_uuid()",
+            Refusal::FenceLost,
+        ),
+        ("UPDATE qlsched.projects SET status = 'suspended'", Refusal::ProjectInactive),
+        (
+            "UPDATE qlsched.tasks SET revision = revision + 1, content_digest = repeat('b', 64)",
+            Refusal::DefinitionChanged,
+        ),
+        (
+            "UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'",
+            Refusal::ExecutionRevisionInvalid,
+        ),
+        (
+            "UPDATE qlsched.trigger_schedules SET next_fire_at_ms = next_fire_at_ms - 1000, claimable_at_ms = claimable_at_ms",
+            Refusal::CursorMoved,
+        ),
+        ("VACUUM FULL qlsched.trigger_schedules", Refusal::RowMoved),
+    ];
+    for (change, want) in cases {
+        let db = TestDb::new().await;
+        assert_eq!(refusal_after(&db, change).await, want, "after `{change}`");
+    }
+}
+
+/// Start-up recovery examines `running` runs too, reports the true number of candidates
+/// whatever the listing limit, and reads unfinished runs through an index.
+#[tokio::test]
+async fn recovery_counts_every_candidate_including_running_runs_through_an_index() {
+    let db = TestDb::new().await;
+    db.seed_bulk(1, "* * * * * *", -100).await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
+                                   execution_revision_id, idempotency_key, status, scheduled_for_ms, admitted_by, queued_at_ms)
+         SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1, k.execution_revision_id,
+                'ql3:cron:v1:trg-00000:1:' || g, CASE WHEN g % 2 = 0 THEN 'running' ELSE 'dispatching' END, g, 'x', g
+           FROM generate_series(1, 150) g, qlsched.tasks k",
+    )
+    .await
+    .unwrap();
+    let pool = db.runtime_pool(1);
+    let conn = store::conn(&pool).await.unwrap();
+    let report = recovery::recover_on_startup(&conn, 10).await.unwrap();
+    assert_eq!(report.candidate_count, 150);
+    assert_eq!(report.candidates.len(), 10);
+    su.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let plan: Vec<String> = su
+        .query(
+            "EXPLAIN SELECT run_id FROM qlsched.runs WHERE status IN ('queued', 'dispatching', 'running')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("runs_unfinished_idx"), "{plan}");
+}
