@@ -341,7 +341,7 @@ impl Replica {
             ),
             End::SupervisorDied => anyhow::bail!("the scheduler supervisor stopped unexpectedly"),
             End::Signal => {
-                info!(log, "stopped");
+                info!(log, "stopped"; "admitted" => metrics.admits.get());
                 Ok(())
             }
         }

@@ -7,6 +7,7 @@ mod coordinator;
 mod daemon;
 mod drills;
 mod edges;
+mod lifecycle;
 mod migrations;
 mod operate;
 mod roles;

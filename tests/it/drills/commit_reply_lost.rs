@@ -74,6 +74,18 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
     .await;
     let unknown = metric(fleet.get("a"), "qlsched_unknown_outcomes_total").unwrap_or(0.0);
     fleet.stop_all().await;
+    // Each outcome is counted exactly once: the replica's admissions counter at its clean
+    // stop equals the runs it committed, lost replies included.
+    let counted = admitted_at_stop(&fleet.get("a").log());
+    let committed = scalar(
+        &sql,
+        "SELECT count(*) FROM qlsched.runs WHERE admitted_by = 'a'",
+    )
+    .await;
+    assert_eq!(
+        counted, committed,
+        "qlsched_admits_total at stop vs runs committed by the replica"
+    );
 
     let s = proxy.stats();
     let lost_replies: Vec<_> = s
@@ -121,4 +133,13 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
         !behind_back.is_empty(),
         "no lost reply hid a committed admission: the drill did not exercise \"commit succeeded, client saw a reset\""
     );
+}
+
+/// The `admitted` count of the replica's final "stopped" log line.
+fn admitted_at_stop(log: &str) -> i64 {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["msg"] == "stopped")
+        .and_then(|v| v["admitted"].as_i64())
+        .unwrap_or_else(|| panic!("no \"stopped\" line with an admitted count in the log:\n{log}"))
 }
