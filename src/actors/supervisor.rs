@@ -36,7 +36,8 @@ use crate::store::StoreError;
 pub type Heartbeat = Arc<dyn Fn() + Send + Sync>;
 
 /// Whether a claim statement is in flight.
-enum Round {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Round {
     Idle,
     /// The claim statement runs (on the round connection, moved into its future).
     Claiming,
@@ -44,11 +45,56 @@ enum Round {
 
 /// When the next round starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Next {
+pub enum Next {
     /// At the next timer tick.
     AtCadence,
     /// As soon as no claim actor is alive (more is due right now).
     AtOnce,
+}
+
+/// The round state and the catch-up signal, and every transition between them. The signal
+/// is raised by events (a filled round, a row due again) and cleared only by starting a
+/// round, so no event can wipe a pending one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoundGate {
+    round: Round,
+    next: Next,
+}
+
+impl Default for RoundGate {
+    fn default() -> Self {
+        RoundGate {
+            round: Round::Idle,
+            next: Next::AtCadence,
+        }
+    }
+}
+
+impl RoundGate {
+    /// A round may start now (none in flight).
+    pub fn idle(&self) -> bool {
+        self.round == Round::Idle
+    }
+    /// A round started: it takes the pending signal with it.
+    pub fn started(&mut self) {
+        self.round = Round::Claiming;
+        self.next = Next::AtCadence;
+    }
+    /// The round's statement ended; `filled` = it leased its whole budget.
+    pub fn round_done(&mut self, filled: bool) {
+        self.round = Round::Idle;
+        if filled {
+            self.next = Next::AtOnce;
+        }
+    }
+    /// A claim actor's row is due again right now.
+    pub fn due_again(&mut self) {
+        self.next = Next::AtOnce;
+    }
+    /// Whether to start a round now, without waiting for the timer.
+    pub fn start_at_once(&self, live_claims: usize) -> bool {
+        self.idle() && live_claims == 0 && self.next == Next::AtOnce
+    }
 }
 
 pub struct Supervisor {
@@ -64,8 +110,7 @@ pub struct Supervisor {
     admit: Option<Addr<AdmitActor>>,
     live: HashMap<u64, Addr<ClaimActor>>,
     next_child: u64,
-    round: Round,
-    next: Next,
+    gate: RoundGate,
     stopping: bool,
     drain_waiters: Vec<oneshot::Sender<()>>,
     /// Waiting for the claim statement in flight to end (a stop past its drain).
@@ -102,8 +147,7 @@ impl Supervisor {
             admit: None,
             live: HashMap::new(),
             next_child: 0,
-            round: Round::Idle,
-            next: Next::AtCadence,
+            gate: RoundGate::default(),
             stopping: false,
             drain_waiters: Vec::new(),
             round_waiters: Vec::new(),
@@ -145,7 +189,7 @@ impl Supervisor {
     /// Starts a round unless one runs, the replica is stopping or the budget is used up.
     /// The only place a round starts; starting one clears the catch-up signal.
     fn start_round(&mut self, ctx: &mut Context<Self>) {
-        if !matches!(self.round, Round::Idle) || self.stopping {
+        if !self.gate.idle() || self.stopping {
             return;
         }
         self.admit_addr();
@@ -161,8 +205,7 @@ impl Supervisor {
             return;
         };
         let id = Uuid::new_v4();
-        self.round = Round::Claiming;
-        self.next = Next::AtCadence;
+        self.gate.started();
         self.max_concurrent_rounds = self.max_concurrent_rounds.max(1);
         self.metrics.ticks.inc();
         let memory = self.settings.orphan_memory();
@@ -200,11 +243,12 @@ impl Supervisor {
             fut.into_actor(self)
                 .map(move |(session, released, res), act, ctx| {
                     act.session = Some(session);
-                    act.round = Round::Idle;
+                    act.gate
+                        .round_done(matches!(&res, Ok(rows) if rows.len() as u32 == free));
                     for w in act.round_waiters.drain(..) {
                         let _ = w.send(());
                     }
-                    act.round_done(id, started, free, released, res, ctx);
+                    act.round_done(id, started, released, res, ctx);
                 }),
         );
     }
@@ -213,7 +257,6 @@ impl Supervisor {
         &mut self,
         id: Uuid,
         started: Instant,
-        free: u32,
         released: u64,
         res: Result<Vec<ClaimedRow>, StoreError>,
         ctx: &mut Context<Self>,
@@ -226,9 +269,6 @@ impl Supervisor {
             Ok(rows) => {
                 self.failing_since = None;
                 self.health.set_db_failing(false);
-                if rows.len() as u32 == free {
-                    self.next = Next::AtOnce;
-                }
                 self.metrics.claims.inc_by(rows.len() as u64);
                 for row in rows {
                     self.spawn_claim(row, started, ctx);
@@ -280,14 +320,14 @@ impl Supervisor {
     /// once when more is due and no claim actor is alive.
     fn after_event(&mut self, ctx: &mut Context<Self>) {
         self.maybe_drained();
-        if self.live.is_empty() && self.next == Next::AtOnce {
+        if self.gate.start_at_once(self.live.len()) {
             self.start_round(ctx);
         }
     }
 
     /// Drained = no claim actor alive and no claim statement in flight.
     fn maybe_drained(&mut self) {
-        if self.live.is_empty() && matches!(self.round, Round::Idle) {
+        if self.live.is_empty() && self.gate.idle() {
             for w in self.drain_waiters.drain(..) {
                 let _ = w.send(());
             }
@@ -333,7 +373,7 @@ impl Handler<ClaimFinished> for Supervisor {
     fn handle(&mut self, msg: ClaimFinished, ctx: &mut Self::Context) {
         self.live.remove(&msg.child);
         if msg.still_due {
-            self.next = Next::AtOnce;
+            self.gate.due_again();
         }
         let trigger = msg.trigger_id;
         match msg.report {
@@ -388,7 +428,7 @@ impl Handler<Drain> for Supervisor {
             .then(move |_, act, _| {
                 // Past the drain: claim actors are abandoned, but a round still in flight
                 // is waited for.
-                let waiting = matches!(act.round, Round::Claiming);
+                let waiting = !act.gate.idle();
                 let (tx, rx) = oneshot::channel::<()>();
                 if waiting {
                     act.round_waiters.push(tx);
@@ -431,5 +471,45 @@ impl Handler<Probe> for Supervisor {
             admit: self.admit.clone(),
             orphans: self.orphans.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RoundGate;
+
+    /// The interleaving that lost the catch-up signal: the timer starts a round while a claim
+    /// actor still admits; the actor reports "due again" while that round runs; the round
+    /// ends without filling its budget. The signal must survive the round's end.
+    #[test]
+    fn a_catch_up_signal_raised_during_a_timer_round_survives_its_end() {
+        let mut gate = RoundGate::default();
+        gate.started(); // the timer's round, while a claim actor is still admitting
+        gate.due_again(); // the actor: its next occurrence is already due
+        gate.round_done(false); // the round leased less than its budget
+        assert!(gate.start_at_once(0), "catch-up lost: {gate:?}");
+        gate.started();
+        assert!(
+            !gate.start_at_once(0),
+            "starting a round consumes the signal"
+        );
+    }
+
+    #[test]
+    fn a_filled_round_starts_the_next_at_once_only_when_its_actors_are_done() {
+        let mut gate = RoundGate::default();
+        gate.started();
+        gate.round_done(true);
+        assert!(!gate.start_at_once(3));
+        assert!(gate.start_at_once(0));
+    }
+
+    #[test]
+    fn rounds_never_overlap() {
+        let mut gate = RoundGate::default();
+        gate.started();
+        gate.due_again();
+        assert!(!gate.idle());
+        assert!(!gate.start_at_once(0));
     }
 }

@@ -99,7 +99,7 @@ impl fmt::Debug for DatabaseConfig {
     }
 }
 
-/// Claiming and admitting (SPEC §7).
+/// Claiming and admitting (docs/design.md, "What each setting bounds").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
     /// Most rows leased per round, 1..=256.

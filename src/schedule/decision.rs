@@ -1,4 +1,4 @@
-//! The pure misfire decision of SPEC §4: given a trigger's schedule, its cursor and the
+//! The pure misfire decision (docs/design.md, "Deciding"): given a trigger's schedule, its cursor and the
 //! database's observation time, say what to admit and where the cursor goes next.
 
 use std::fmt;
@@ -44,7 +44,7 @@ impl fmt::Display for MisfirePolicy {
     }
 }
 
-/// How late an occurrence may be admitted and still count as on time (SPEC §1 default).
+/// How late an occurrence may be admitted and still count as on time (the default of every trigger).
 pub const DEFAULT_MISFIRE_GRACE_MS: i64 = 60_000;
 
 /// The outcome of one decision; all instants are Unix ms (UTC).
@@ -77,7 +77,7 @@ pub enum Decision {
 }
 
 /// Pure: no clock reads, no I/O. Parses the expression and zone (`Reject` on error or an
-/// expression that never fires), then applies SPEC §4 through [`decide_with`].
+/// expression that never fires), then applies the decision table through [`decide_with`].
 #[must_use]
 pub fn decide(
     expr: &str,

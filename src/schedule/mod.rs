@@ -1,4 +1,4 @@
-//! Cron schedules evaluated in an IANA time zone, and the pure misfire decision (SPEC §4).
+//! Cron schedules evaluated in an IANA time zone, and the pure misfire decision (docs/design.md, "Deciding").
 //!
 //! Nothing here reads a clock or does I/O: every function takes the instants it needs as
 //! Unix milliseconds (UTC) and returns plain values, so the whole module is tested without a

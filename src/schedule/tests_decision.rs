@@ -1,4 +1,4 @@
-//! SPEC §4 decisions: grace boundaries, both policies, initialise, not-due, reject, backlog.
+//! The decision table (docs/design.md, "Deciding"): grace boundaries, both policies, initialise, not-due, reject, backlog.
 
 use std::time::{Duration, Instant};
 

@@ -65,7 +65,7 @@ pub const PRIVILEGES: [&str; 7] = [
     "TRIGGER",
 ];
 
-/// The exact grants of SPEC §1: (table, admin, runtime). worker_ingress has none at all.
+/// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
     (
         "projects",
@@ -333,7 +333,7 @@ pub async fn table_privileges(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// The privileges SPEC §1 gives a role kind ("admin" | "runtime" | "worker_ingress").
+/// The privileges docs/design.md ("Roles and grants") gives a role kind ("admin" | "runtime" | "worker_ingress").
 pub fn expected_privileges(kind: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = GRANTS
         .iter()

@@ -1,4 +1,4 @@
-//! Each role can do exactly what SPEC §1 grants, and nothing more, proven against the
+//! Each role can do exactly what docs/design.md ("Roles and grants") grants, and nothing more, proven against the
 //! catalog and by trying.
 
 use qlsched::store::migrate;

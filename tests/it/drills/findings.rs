@@ -48,7 +48,7 @@ async fn the_admission_statement_executes_inside_its_serializable_transaction() 
     assert_eq!(
         s.outside_transaction_block, 0,
         "of {} admissions, {} executed outside any transaction block (ReadyForQuery before \
-         them said idle), {} inside: the admission is not the SERIALIZABLE transaction SPEC §5 \
+         them said idle), {} inside: the admission is not the SERIALIZABLE transaction of docs/design.md \
          requires. `query(ADMIT_SQL /* &str */, ..)` prepares first (a round trip), so the \
          pipelined COMMIT reaches the server before the Bind/Execute.",
         s.admissions, s.outside_transaction_block, s.in_transaction_block
@@ -159,7 +159,7 @@ async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
     );
 }
 
-/// SPEC §7: "a backlog drains at admission speed". An every-second trigger found 20 s behind
+/// docs/design.md (Actors): "a backlog drains at admission speed". An every-second trigger found 20 s behind
 /// (all within its 60 s grace, so each occurrence fires) must be back on schedule within a
 /// few seconds, not stay 20 s behind.
 #[tokio::test]

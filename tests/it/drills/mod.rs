@@ -1,4 +1,4 @@
-//! Drills (SPEC §9): the real `qlsched` binary, real config files, real PostgreSQL, and a
+//! Drills: the real `qlsched` binary, real config files, real PostgreSQL, and a
 //! failure injected again and again; each drill ends with the SQL invariant checker
 //! ([`check`]) and prints its table. See docs/drills.md.
 //!
