@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use slog::{o, warn, Logger};
+use slog::{debug, o, warn, Logger};
 use uuid::Uuid;
 
 use super::admission::{Action, AdmitError, Outcome};
@@ -212,6 +212,7 @@ impl Actor for ClaimActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let (action, kind) = plan(&self.args.claim, self.args.reject_backoff);
+        debug!(self.log, "decided"; "decision" => ?kind);
         self.count(&kind);
         if let Action::Admit(a) = &action {
             self.next_after_admit = Some(a.next_fire_at_ms);

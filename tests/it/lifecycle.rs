@@ -183,3 +183,33 @@ impl<'de> serde::Deserialize<'de> for UniqueKeys {
         d.deserialize_map(V)
     }
 }
+
+/// A replica admitting at debug level writes JSON lines whose keys never repeat (a child
+/// logger never re-adds a key its parent set).
+#[tokio::test]
+async fn every_json_log_line_of_an_admitting_replica_has_unique_keys() {
+    let db = TestDb::new().await;
+    db.seed(3, "* * * * * *").await;
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "keys",
+        "cadence = \"200ms\"",
+        &[],
+    );
+    r.wait_ready(Duration::from_secs(30)).await;
+    wait_until("admissions", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 6
+    })
+    .await;
+    r.terminate(Duration::from_secs(20)).await;
+    let log = r.log();
+    assert_keys_unique(&log);
+    assert!(
+        log.contains("\"actor\":\"admit\""),
+        "no admit-actor line: {log}"
+    );
+    assert!(
+        log.contains("\"actor\":\"claim\""),
+        "no claim-actor line: {log}"
+    );
+}
