@@ -76,7 +76,7 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
     fleet.stop_all().await;
     // Each outcome is counted exactly once: the replica's admissions counter at its clean
     // stop equals the runs it committed, lost replies included.
-    let counted = admitted_at_stop(&fleet.get("a").log());
+    let counted = admitted_at_stop(&fleet.stopped("a").log());
     let committed = scalar(
         &sql,
         "SELECT count(*) FROM qlsched.runs WHERE admitted_by = 'a'",

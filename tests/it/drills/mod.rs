@@ -260,6 +260,15 @@ impl Fleet {
         &self.live[id]
     }
 
+    /// A replica that has exited (its log stays readable).
+    pub fn stopped(&self, id: &str) -> &ReplicaProc {
+        self.dead
+            .iter()
+            .rev()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("no stopped replica {id}"))
+    }
+
     /// Sum of a metric over the live replicas.
     pub fn metric_sum(&self, name: &str) -> f64 {
         self.live.values().filter_map(|r| metric(r, name)).sum()
