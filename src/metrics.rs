@@ -26,6 +26,8 @@ pub struct Metrics {
     pub redecides: Counter,
     pub error_backoffs: Counter,
     pub orphan_releases: Counter,
+    pub wakeups: Counter,
+    pub notifications: Counter,
     pub lag_seconds: Histogram,
     pub live_claims: Gauge,
     pub due_backlog: Gauge,
@@ -51,6 +53,8 @@ impl Default for Metrics {
             redecides: Counter::default(),
             error_backoffs: Counter::default(),
             orphan_releases: Counter::default(),
+            wakeups: Counter::default(),
+            notifications: Counter::default(),
             lag_seconds: Histogram::new(
                 [
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -135,6 +139,16 @@ impl Metrics {
             "orphan_releases",
             "Rows released because the claim round that leased them never got its reply",
             self.orphan_releases.clone(),
+        );
+        r.register(
+            "wakeups",
+            "Rounds started at the instant a row became claimable (before the cadence tick)",
+            self.wakeups.clone(),
+        );
+        r.register(
+            "notifications",
+            "Change notifications received (publish, enable, manual fire) that woke the scheduler",
+            self.notifications.clone(),
         );
         r.register(
             "lag_seconds",

@@ -239,8 +239,10 @@ impl Engine {
             let group: Vec<Admission> = pending.iter().map(|&m| batch[m].clone()).collect();
             let bound = self.admit_timeout.min(remaining);
             let res = bounded("the admission transaction", bound, async {
-                let c = self.session.client().await?;
-                admit::admit_batch(c, &group).await
+                // Prepared once per connection: no planning per batch; its cached plans keep
+                // the TID access (tests/it/plans.rs).
+                let (c, stmt) = self.session.prepared(admit::ADMIT_SQL).await?;
+                admit::admit_batch_prepared(c, &stmt, &group).await
             })
             .await;
             attempt += 1;

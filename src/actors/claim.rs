@@ -114,6 +114,8 @@ pub struct ClaimFinished {
     /// The row is due again right now (its next occurrence was already due when claimed, or
     /// it was released to be decided again): the supervisor starts the next round at once.
     pub still_due: bool,
+    /// When the row's new cursor falls due (local time), if this claim moved it.
+    pub next_cursor_at: Option<Instant>,
 }
 
 /// What a claim actor is given.
@@ -136,6 +138,8 @@ pub struct ClaimActor {
     reported: bool,
     /// The cursor an admission moves to, if this claim admits.
     next_after_admit: Option<i64>,
+    /// The cursor this claim's action moves to (admission or advance).
+    next_cursor_ms: Option<i64>,
 }
 
 impl ClaimActor {
@@ -159,6 +163,7 @@ impl ClaimActor {
             log,
             reported: false,
             next_after_admit: None,
+            next_cursor_ms: None,
         }
     }
 
@@ -189,11 +194,20 @@ impl ClaimActor {
             Report::Done(Outcome::Refused(why)) => why.claim_still_ours() && redecide(*why),
             _ => false,
         };
+        let moved = matches!(
+            &report,
+            Report::Done(Outcome::Admitted { .. } | Outcome::AlreadyAdmitted | Outcome::Advanced)
+        );
+        let next_cursor_at = self.next_cursor_ms.filter(|_| moved).map(|next| {
+            let wait = (next - claim.observed_at_ms).max(0) as u64 + 1;
+            self.args.claimed_at + Duration::from_millis(wait)
+        });
         self.supervisor.do_send(ClaimFinished {
             child: self.args.child,
             trigger_id: claim.trigger_id.clone(),
             report,
             still_due,
+            next_cursor_at,
         });
     }
 }
@@ -214,8 +228,13 @@ impl Actor for ClaimActor {
         let (action, kind) = plan(&self.args.claim, self.args.reject_backoff);
         debug!(self.log, "decided"; "decision" => ?kind);
         self.count(&kind);
-        if let Action::Admit(a) = &action {
-            self.next_after_admit = Some(a.next_fire_at_ms);
+        match &action {
+            Action::Admit(a) => {
+                self.next_after_admit = Some(a.next_fire_at_ms);
+                self.next_cursor_ms = Some(a.next_fire_at_ms);
+            }
+            Action::Advance { next_fire_at_ms } => self.next_cursor_ms = Some(*next_fire_at_ms),
+            Action::Release { .. } => {}
         }
         if super::faults::claim_actor_should_die() {
             // Fault drill: die after deciding, before the decision is sent.

@@ -27,7 +27,7 @@ use super::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
 use super::health::Health;
 use super::Settings;
 use crate::metrics::Metrics;
-use crate::store::claim::{self, ClaimedRow};
+use crate::store::claim::{self, ClaimRound, ClaimedRow};
 use crate::store::session::{bounded, Session};
 use crate::store::StoreError;
 
@@ -125,6 +125,8 @@ pub struct Supervisor {
     orphans: Vec<(Uuid, Instant)>,
     /// Since when claim rounds have been failing.
     failing_since: Option<Instant>,
+    /// The next precise wake-up (a row becomes claimable), before the next tick.
+    wake: Option<(Instant, SpawnHandle)>,
 }
 
 impl Supervisor {
@@ -156,7 +158,31 @@ impl Supervisor {
             failures: HashMap::new(),
             orphans: Vec::new(),
             failing_since: None,
+            wake: None,
         }
+    }
+
+    /// Wakes at `at` (when a row becomes claimable) unless an earlier wake is already set or
+    /// the cadence tick comes first anyway. A wake that finds a round running leaves the
+    /// catch-up signal, so the round after it starts at once.
+    fn wake_at(&mut self, at: Instant, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        if at >= now + self.settings.cadence {
+            return;
+        }
+        if let Some((t, h)) = self.wake {
+            if t <= at {
+                return;
+            }
+            ctx.cancel_future(h);
+        }
+        let h = ctx.run_later(at.saturating_duration_since(now), |act, ctx| {
+            act.wake = None;
+            act.metrics.wakeups.inc();
+            act.gate.due_again();
+            act.start_round(ctx);
+        });
+        self.wake = Some((at, h));
     }
 
     /// The admit actor, restarted if it has stopped.
@@ -204,6 +230,8 @@ impl Supervisor {
         let Some(mut session) = self.session.take() else {
             return;
         };
+        // The claim is prepared with its limit as a constant: a power of two ≤ the free budget.
+        let (variant, free) = claim::claim_variant(free);
         let id = Uuid::new_v4();
         self.gate.started();
         self.max_concurrent_rounds = self.max_concurrent_rounds.max(1);
@@ -229,8 +257,8 @@ impl Supervisor {
                 }
             }
             let res = bounded("the claim statement", bound, async {
-                let c = session.client().await?;
-                claim::claim_due(c, &owner, lease_ms, free as i64, id).await
+                let (c, stmt) = session.prepared(variant).await?;
+                claim::claim_round(c, &stmt, &owner, lease_ms, id).await
             })
             .await;
             if res.as_ref().is_err_and(|e| e.is_connection_lost()) {
@@ -244,7 +272,7 @@ impl Supervisor {
                 .map(move |(session, released, res), act, ctx| {
                     act.session = Some(session);
                     act.gate
-                        .round_done(matches!(&res, Ok(rows) if rows.len() as u32 == free));
+                        .round_done(matches!(&res, Ok(r) if r.rows.len() as u32 == free));
                     for w in act.round_waiters.drain(..) {
                         let _ = w.send(());
                     }
@@ -258,7 +286,7 @@ impl Supervisor {
         id: Uuid,
         started: Instant,
         released: u64,
-        res: Result<Vec<ClaimedRow>, StoreError>,
+        res: Result<ClaimRound, StoreError>,
         ctx: &mut Context<Self>,
     ) {
         if released > 0 {
@@ -266,9 +294,14 @@ impl Supervisor {
             info!(self.log, "released rows of claim rounds whose reply never came"; "rows" => released);
         }
         match res {
-            Ok(rows) => {
+            Ok(round) => {
                 self.failing_since = None;
                 self.health.set_db_failing(false);
+                if let Some(next) = round.next_due_ms {
+                    let wait = Duration::from_millis((next - round.now_ms).max(0) as u64 + 1);
+                    self.wake_at(started + wait, ctx);
+                }
+                let rows = round.rows;
                 self.metrics.claims.inc_by(rows.len() as u64);
                 for row in rows {
                     self.spawn_claim(row, started, ctx);
@@ -374,6 +407,9 @@ impl Handler<ClaimFinished> for Supervisor {
         self.live.remove(&msg.child);
         if msg.still_due {
             self.gate.due_again();
+        }
+        if let Some(at) = msg.next_cursor_at {
+            self.wake_at(at, ctx);
         }
         let trigger = msg.trigger_id;
         match msg.report {

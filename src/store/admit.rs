@@ -128,6 +128,25 @@ pub async fn admit_batch(
     client: &tokio_postgres::Client,
     batch: &[Admission],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
+    admit_with(client, None, batch).await
+}
+
+/// [`admit_batch`] with [`ADMIT_SQL`] already prepared on this connection: not planned again
+/// once its plan is cached, and still one round trip (the prepared statement's Bind and
+/// Execute go out between the pipelined BEGIN and COMMIT).
+pub async fn admit_batch_prepared(
+    client: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    batch: &[Admission],
+) -> Result<Vec<AdmitOutcome>, StoreError> {
+    admit_with(client, Some(stmt), batch).await
+}
+
+async fn admit_with(
+    client: &tokio_postgres::Client,
+    stmt: Option<&tokio_postgres::Statement>,
+    batch: &[Admission],
+) -> Result<Vec<AdmitOutcome>, StoreError> {
     let text = |f: fn(&Admission) -> String| batch.iter().map(f).collect::<Vec<String>>();
     let int = |f: fn(&Admission) -> i64| batch.iter().map(f).collect::<Vec<i64>>();
     let uid = |f: fn(&Admission) -> Uuid| batch.iter().map(f).collect::<Vec<Uuid>>();
@@ -185,7 +204,15 @@ pub async fn admit_batch(
         // `query` would first prepare (a round trip) and so run after the pipelined COMMIT,
         // outside the transaction (the test
         // `the_admission_statement_runs_inside_its_serializable_transaction` proves the order).
-        client.query_typed(ADMIT_SQL, &params),
+        async {
+            match stmt {
+                Some(stmt) => {
+                    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                    client.query(stmt, &values).await
+                }
+                None => client.query_typed(ADMIT_SQL, &params).await,
+            }
+        },
         client.batch_execute("COMMIT"),
     );
     let lost = [
@@ -221,7 +248,7 @@ pub async fn admit_batch(
     Ok(out)
 }
 
-const ADMIT_SQL: &str = concat!(
+pub const ADMIT_SQL: &str = concat!(
     "
 WITH obs AS MATERIALIZED (
     SELECT ",
@@ -239,13 +266,16 @@ WITH obs AS MATERIALIZED (
            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
            claimable_at_ms = d.next_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
       FROM obs, d, qlsched.triggers t, qlsched.tasks k, qlsched.projects p, qlsched.execution_revisions e
-     WHERE s.ctid = ANY ($1::text[]::tid[]) AND s.ctid = d.tid::tid AND s.trigger_id = d.trigger_id
+     WHERE s.ctid = ANY ($1::text[]::tid[]) AND s.ctid = d.tid::tid
+       -- Compared as an expression, not as an index key: the schedule row must be reached by
+       -- its TID, never by a primary-key probe (page-level predicate locks under SERIALIZABLE).
+       AND s.trigger_id || '' = d.trigger_id
        AND s.trigger_revision = d.rev AND s.state_version = d.sv
        AND s.next_fire_at_ms = d.cursor_ms AND s.next_fire_at_ms = d.sf
        AND s.claim_owner = d.owner AND s.claim_token = d.token AND s.claim_version = d.cv
        AND s.claim_expires_at_ms > obs.now_ms
        AND s.updated_at_ms = d.observed_ms AND d.sf <= d.observed_ms AND d.next_ms > d.sf
-       AND t.trigger_id = s.trigger_id AND t.revision = d.rev AND t.content_digest = d.tdig
+       AND t.trigger_id = d.trigger_id AND t.revision = d.rev AND t.content_digest = d.tdig
        AND t.enabled AND t.kind = 'cron' AND t.task_id = d.task_id
        AND k.task_id = d.task_id AND k.revision = d.krev AND k.content_digest = d.kdig
        AND k.execution_revision_id = d.erev

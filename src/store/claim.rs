@@ -68,7 +68,70 @@ pub async fn claim_due(
     let rows = conn
         .query(CLAIM_DUE_SQL, &[&owner, &lease_ms, &limit, &round])
         .await?;
-    Ok(rows.iter().map(claimed_row).collect())
+    Ok(parse_round(&rows).rows)
+}
+
+/// The claim statement with its limit as a constant, for `limit` rounded down to a power of
+/// two (1 ..= 256): the text to prepare and the limit it carries. A constant limit keeps the
+/// generic plan (used once a prepared statement has run a few times) on the claim index and
+/// on primary-key probes; with the limit as a parameter the generic plan hash-joins a
+/// sequential scan of the whole table (`tests/it/plans.rs`).
+pub fn claim_variant(limit: u32) -> (&'static str, u32) {
+    use std::sync::OnceLock;
+    static VARIANTS: OnceLock<Vec<&'static str>> = OnceLock::new();
+    let variants = VARIANTS.get_or_init(|| {
+        (0..=8)
+            .map(|e| {
+                let sql = CLAIM_DUE_SQL
+                    .replace("LIMIT $3", &format!("LIMIT {}", 1u32 << e))
+                    .replace("$4", "$3");
+                &*Box::leak(sql.into_boxed_str())
+            })
+            .collect()
+    });
+    let e = limit.clamp(1, 256).ilog2() as usize;
+    (variants[e], 1 << e)
+}
+
+/// What one claim round found: the rows it leased, the database clock it observed, and
+/// when the next row becomes claimable (the earliest `claimable_at_ms` after the
+/// observation, read from the head of the claim index in the same statement).
+#[derive(Clone, Debug)]
+pub struct ClaimRound {
+    pub rows: Vec<ClaimedRow>,
+    pub now_ms: i64,
+    pub next_due_ms: Option<i64>,
+}
+
+/// [`claim_due`] with a [`claim_variant`] already prepared on this connection, returning the
+/// round's observation and next due instant too.
+pub async fn claim_round(
+    conn: &tokio_postgres::Client,
+    variant: &tokio_postgres::Statement,
+    owner: &str,
+    lease_ms: i64,
+    round: Uuid,
+) -> Result<ClaimRound, StoreError> {
+    let rows = conn.query(variant, &[&owner, &lease_ms, &round]).await?;
+    Ok(parse_round(&rows))
+}
+
+fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
+    let mut out = ClaimRound {
+        rows: Vec::with_capacity(rows.len()),
+        now_ms: 0,
+        next_due_ms: None,
+    };
+    for r in rows {
+        match r.get::<_, Option<String>>(0) {
+            Some(_) => out.rows.push(claimed_row(r)),
+            None => {
+                out.now_ms = r.get(8);
+                out.next_due_ms = r.get(20);
+            }
+        }
+    }
+    out
 }
 
 /// Releases the rows that this owner's claim rounds `rounds` leased and nobody works on (the
@@ -116,7 +179,7 @@ WITH obs AS MATERIALIZED (
      ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
      LIMIT $3
        FOR UPDATE OF s SKIP LOCKED
-)
+), claimed AS (
 UPDATE qlsched.trigger_schedules s
    SET claim_owner = $1,
        claim_token = gen_random_uuid(),
@@ -134,7 +197,17 @@ RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
           s.claim_owner, s.claim_token, s.claim_version, s.claim_expires_at_ms, obs.now_ms,
           s.project_id, s.trigger_revision, t.content_digest, t.cron_expr, t.timezone,
           t.misfire_policy, t.misfire_grace_ms, t.task_id, k.revision, k.content_digest,
-          k.execution_revision_id"
+          k.execution_revision_id
+)
+SELECT claimed.*, NULL::bigint FROM claimed
+UNION ALL
+-- The probe row: the clock and the next instant a row becomes claimable (index head).
+SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint,
+       NULL::bigint, obs.now_ms, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text,
+       NULL::text, NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::uuid,
+       (SELECT n.claimable_at_ms FROM qlsched.trigger_schedules n
+         WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1)
+  FROM obs"
 );
 
 fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {

@@ -40,6 +40,8 @@ impl Connector {
 pub struct Session {
     connector: Connector,
     client: Option<tokio_postgres::Client>,
+    /// Statements prepared on this connection, by their text.
+    prepared: std::collections::HashMap<&'static str, tokio_postgres::Statement>,
 }
 
 impl Session {
@@ -47,13 +49,14 @@ impl Session {
         Session {
             connector,
             client: None,
+            prepared: std::collections::HashMap::new(),
         }
     }
 
     /// The open connection, connecting first when there is none (or its backend is gone).
     pub async fn client(&mut self) -> Result<&tokio_postgres::Client, StoreError> {
         if self.client.as_ref().is_some_and(|c| c.is_closed()) {
-            self.client = None;
+            self.discard();
         }
         if self.client.is_none() {
             self.client = Some(self.connector.connect().await?);
@@ -65,5 +68,26 @@ impl Session {
     /// run behind it on the same backend.
     pub fn discard(&mut self) {
         self.client = None;
+        self.prepared.clear();
+    }
+
+    /// The connection and `sql` prepared on it: prepared once per connection, so that its
+    /// plan is cached (PostgreSQL plans it on the first executions, then may keep a generic
+    /// plan; `tests/it/plans.rs` proves the generic plans are the right ones).
+    pub async fn prepared(
+        &mut self,
+        sql: &'static str,
+    ) -> Result<(&tokio_postgres::Client, tokio_postgres::Statement), StoreError> {
+        self.client().await?;
+        let client = self.client.as_ref().expect("connected above");
+        let stmt = match self.prepared.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = client.prepare(sql).await?;
+                self.prepared.insert(sql, s.clone());
+                s
+            }
+        };
+        Ok((client, stmt))
     }
 }

@@ -10,6 +10,7 @@ mod edges;
 mod lifecycle;
 mod migrations;
 mod operate;
+mod plans;
 mod roles;
 mod store_admit;
 mod store_claim;

@@ -1,0 +1,119 @@
+//! The claim and the admission are prepared once per connection, so after the first
+//! executions PostgreSQL may switch to a generic plan (planned without the parameter values).
+//! These tests prove the generic plans keep the claim index's range scan and the admission's
+//! TID access: a plan that regresses fails here, not in a benchmark.
+
+use qlsched::store::admit::ADMIT_SQL;
+use qlsched::store::claim::claim_variant;
+
+use crate::helpers::TestDb;
+
+async fn plan(su: &tokio_postgres::Client, sql: &str) -> String {
+    su.query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A table shaped like production: 10,000 schedules, a few hundred claimed, history in runs.
+async fn populated() -> (TestDb, tokio_postgres::Client) {
+    let db = TestDb::new().await;
+    db.seed_bulk(10_000, "* * * * * *", 60_000).await;
+    let su = db.superuser().await;
+    su.batch_execute(concat!(
+        "UPDATE qlsched.trigger_schedules SET claimable_at_ms = ",
+        qlsched::db_now_ms!(),
+        " - 1000, next_fire_at_ms = ",
+        qlsched::db_now_ms!(),
+        " - 1000 WHERE trigger_id < 'trg-00500';
+         ANALYZE;"
+    ))
+    .await
+    .unwrap();
+    (db, su)
+}
+
+#[tokio::test]
+async fn the_claim_keeps_its_index_range_scan_after_six_executions_and_as_a_generic_plan() {
+    let (_db, su) = populated().await;
+    let (variant, _) = claim_variant(16);
+    su.batch_execute(&format!("PREPARE claim(text, bigint, uuid) AS {variant}"))
+        .await
+        .unwrap();
+    // Six executions with the default plan cache mode (in a transaction rolled back, so the
+    // rows stay due), then the plan PostgreSQL now uses.
+    su.batch_execute("BEGIN").await.unwrap();
+    for _ in 0..6 {
+        su.batch_execute("EXECUTE claim('probe', 30000, gen_random_uuid())")
+            .await
+            .unwrap();
+    }
+    let after_six = plan(
+        &su,
+        "EXPLAIN (COSTS OFF) EXECUTE claim('probe', 30000, gen_random_uuid())",
+    )
+    .await;
+    su.batch_execute("ROLLBACK").await.unwrap();
+    su.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    let generic = plan(
+        &su,
+        "EXPLAIN (COSTS OFF) EXECUTE claim('probe', 30000, gen_random_uuid())",
+    )
+    .await;
+    for (what, p) in [("after six executions", &after_six), ("generic", &generic)] {
+        assert!(
+            p.contains("Index Scan using trigger_schedules_claimable_idx"),
+            "{what}:\n{p}"
+        );
+        assert!(!p.contains("Seq Scan on trigger_schedules"), "{what}:\n{p}");
+        assert!(
+            p.contains("Index Scan using trigger_schedules_pkey on trigger_schedules s_1"),
+            "{what}: the update reaches the picked rows by primary key:\n{p}"
+        );
+        assert!(
+            !p.contains("Sort"),
+            "{what}: the index gives the order:\n{p}"
+        );
+    }
+}
+
+/// The admission reaches each schedule row by its TID (a tuple-level predicate lock under
+/// SERIALIZABLE; a primary-key probe would lock whole B-tree leaf pages and make admissions of
+/// neighbouring trigger ids conflict), whether planned with its values or generically.
+#[tokio::test]
+async fn the_admission_keeps_its_tid_access_after_six_executions_and_as_a_generic_plan() {
+    let (_db, su) = populated().await;
+    su.batch_execute(&format!("PREPARE admit AS {ADMIT_SQL}"))
+        .await
+        .unwrap();
+    su.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let args = "ARRAY['(0,1)'], ARRAY['trg-00000'], ARRAY[1::int8], ARRAY[2::int8], ARRAY[0::int8],
+                ARRAY['a'], ARRAY[gen_random_uuid()], ARRAY[1::int8], ARRAY[0::int8], ARRAY[0::int8],
+                ARRAY[1000::int8], ARRAY['d'], ARRAY['task'], ARRAY[1::int8], ARRAY['d'],
+                ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()],
+                ARRAY['k'], ARRAY['a']";
+    // Six executions (they admit nothing: the fence does not match), then the plan in use.
+    for _ in 0..6 {
+        su.batch_execute(&format!("EXECUTE admit({args})"))
+            .await
+            .unwrap();
+    }
+    let after_six = plan(&su, &format!("EXPLAIN (COSTS OFF) EXECUTE admit({args})")).await;
+    su.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    let generic = plan(&su, &format!("EXPLAIN (COSTS OFF) EXECUTE admit({args})")).await;
+    for (what, p) in [("after six executions", &after_six), ("generic", &generic)] {
+        assert!(p.contains("Tid Scan on trigger_schedules"), "{what}:\n{p}");
+        assert!(
+            !p.contains("Index Scan using trigger_schedules_pkey"),
+            "{what}:\n{p}"
+        );
+        assert!(!p.contains("Seq Scan"), "{what}:\n{p}");
+    }
+}
