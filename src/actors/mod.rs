@@ -32,6 +32,8 @@ pub struct Settings {
     pub admit_timeout: Duration,
     pub max_serialization_retries: u32,
     pub reject_backoff: Duration,
+    /// Listen for change notifications (`scheduler.listen`).
+    pub listen: bool,
     /// How the claim round and the admit engine open their own connections.
     pub connector: Connector,
 }
@@ -51,6 +53,7 @@ impl Settings {
             admit_timeout: s.admit_timeout,
             max_serialization_retries: s.max_serialization_retries,
             reject_backoff: s.reject_backoff,
+            listen: s.listen,
             connector,
         }
     }

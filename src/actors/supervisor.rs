@@ -127,6 +127,9 @@ pub struct Supervisor {
     failing_since: Option<Instant>,
     /// The next precise wake-up (a row becomes claimable), before the next tick.
     wake: Option<(Instant, SpawnHandle)>,
+    /// The last round's start and the database clock it observed: turns database instants
+    /// into local ones (a difference of database times, so node clock skew does not matter).
+    clock: Option<(Instant, i64)>,
 }
 
 impl Supervisor {
@@ -159,7 +162,43 @@ impl Supervisor {
             orphans: Vec::new(),
             failing_since: None,
             wake: None,
+            clock: None,
         }
+    }
+
+    /// Listens for change notifications on a dedicated connection, reconnecting with a
+    /// back-off; tied to this actor's life.
+    fn start_listener(&mut self, ctx: &mut Context<Self>) {
+        if !self.settings.listen {
+            return;
+        }
+        let (connector, addr, log) = (
+            self.settings.connector.clone(),
+            ctx.address(),
+            self.log.clone(),
+        );
+        ctx.spawn(
+            async move {
+                let mut delay = Duration::from_millis(500);
+                loop {
+                    match crate::store::wake::listen(&connector).await {
+                        Ok((client, mut rx)) => {
+                            delay = Duration::from_millis(500);
+                            debug!(log, "listening for change notifications");
+                            while let Some(at_ms) = rx.recv().await {
+                                addr.do_send(Wake { at_ms });
+                            }
+                            drop(client);
+                            warn!(log, "change listener disconnected; changes are picked up at the cadence until it reconnects");
+                        }
+                        Err(e) => debug!(log, "change listener cannot connect"; "error" => %e),
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+            .into_actor(self),
+        );
     }
 
     /// Wakes at `at` (when a row becomes claimable) unless an earlier wake is already set or
@@ -297,6 +336,7 @@ impl Supervisor {
             Ok(round) => {
                 self.failing_since = None;
                 self.health.set_db_failing(false);
+                self.clock = Some((started, round.now_ms));
                 if let Some(next) = round.next_due_ms {
                     let wait = Duration::from_millis((next - round.now_ms).max(0) as u64 + 1);
                     self.wake_at(started + wait, ctx);
@@ -393,6 +433,7 @@ impl Actor for Supervisor {
         // Armed here so that a restarted supervisor re-arms its timer.
         ctx.run_interval(self.settings.cadence, |act, ctx| act.on_tick(ctx));
         self.admit_addr();
+        self.start_listener(ctx);
         info!(self.log, "scheduler started";
               "budget" => self.settings.claim_budget, "lease_ms" => self.settings.lease.as_millis() as u64,
               "cadence_ms" => self.settings.cadence.as_millis() as u64);
@@ -436,6 +477,40 @@ impl Handler<ClaimFinished> for Supervisor {
         }
         self.metrics.live_claims.set(self.live.len() as i64);
         self.after_event(ctx);
+    }
+}
+
+/// A change notification: something may be claimable at `at_ms` (database clock; `None` =
+/// now).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Wake {
+    pub at_ms: Option<i64>,
+}
+
+impl Handler<Wake> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Wake, ctx: &mut Self::Context) {
+        self.metrics.notifications.inc();
+        if self.stopping {
+            return;
+        }
+        match (msg.at_ms, self.clock) {
+            (Some(at), Some((local, db))) if at > db => {
+                let at = local + Duration::from_millis((at - db) as u64);
+                if at > Instant::now() {
+                    self.wake_at(at, ctx);
+                    return;
+                }
+                self.gate.due_again();
+                self.start_round(ctx);
+            }
+            _ => {
+                self.gate.due_again();
+                self.start_round(ctx);
+            }
+        }
     }
 }
 

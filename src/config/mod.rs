@@ -116,6 +116,8 @@ pub struct SchedulerConfig {
     pub max_serialization_retries: u32,
     /// How long a row whose decision was rejected is left alone, 1s..=3600s.
     pub reject_backoff: Duration,
+    /// Listen for change notifications (publish, enable) on a dedicated connection.
+    pub listen: bool,
 }
 
 /// Health, readiness and metrics endpoint.

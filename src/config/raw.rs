@@ -51,6 +51,7 @@ pub(super) struct RawScheduler {
     pub admit_timeout: Option<String>,
     pub max_serialization_retries: Option<i64>,
     pub reject_backoff: Option<String>,
+    pub listen: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -228,6 +228,7 @@ fn scheduler(c: &mut Checker<'_>, raw: RawScheduler) -> Option<SchedulerConfig> 
         admit_timeout: admit_timeout?.0,
         max_serialization_retries: retries?,
         reject_backoff: reject_backoff?.0,
+        listen: raw.listen.unwrap_or(true),
     })
 }
 

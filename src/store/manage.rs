@@ -234,6 +234,10 @@ pub async fn publish_trigger(
         &[&spec.trigger_id, &spec.project_id, &revision, &spec.enabled],
     )
     .await?;
+    if spec.enabled {
+        // The new revision needs its first cursor now: wake the replicas.
+        super::wake::notify(&tx, None).await?;
+    }
     tx.commit().await?;
     Ok(Published {
         revision,

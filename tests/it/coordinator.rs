@@ -27,6 +27,7 @@ fn settings(db: &TestDb, owner: &str, budget: u32, cadence_ms: u64, lease_ms: u6
         admit_timeout: Duration::from_secs(2),
         max_serialization_retries: 5,
         reject_backoff: Duration::from_secs(60),
+        listen: false,
     }
 }
 

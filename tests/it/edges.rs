@@ -25,6 +25,7 @@ fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Setting
         admit_timeout: Duration::from_secs(1),
         max_serialization_retries: 5,
         reject_backoff: Duration::from_secs(60),
+        listen: false,
         connector: db.connector(),
     }
 }

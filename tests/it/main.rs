@@ -9,6 +9,7 @@ mod drills;
 mod edges;
 mod lifecycle;
 mod migrations;
+mod on_time;
 mod operate;
 mod plans;
 mod roles;

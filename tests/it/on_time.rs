@@ -1,0 +1,176 @@
+//! Firing on time: a replica wakes at the instant a row becomes claimable instead of at its
+//! next cadence tick, and a change notification wakes it for a newly published trigger.
+//! Without notifications the change is picked up within one cadence.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use qlsched::actors::health::Health;
+use qlsched::actors::supervisor::{Drain, Supervisor};
+use qlsched::actors::Settings;
+use qlsched::metrics::Metrics;
+use qlsched::store::manage::{self, TriggerSpec};
+
+use crate::helpers::{discard_log, wait_until, TestDb};
+
+fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
+    Settings {
+        owner: "a".into(),
+        claim_budget: 16,
+        lease: Duration::from_secs(cadence_s * 3),
+        cadence: Duration::from_secs(cadence_s),
+        drain: Duration::from_secs(2),
+        admit_timeout: Duration::from_secs(2),
+        max_serialization_retries: 5,
+        reject_backoff: Duration::from_secs(60),
+        listen,
+        connector: db.connector(),
+    }
+}
+
+fn start(s: Settings) -> (Addr<Supervisor>, Metrics) {
+    let metrics = Metrics::default();
+    let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
+    (sup, metrics)
+}
+
+async fn now_ms(db: &TestDb) -> i64 {
+    db.count(concat!("SELECT ", qlsched::db_now_ms!())).await
+}
+
+/// (scheduled_for, queued_at) of the first run of `trigger`.
+async fn first_run(db: &TestDb, trigger: &str) -> (i64, i64) {
+    let r = db
+        .superuser()
+        .await
+        .query_one(
+            "SELECT scheduled_for_ms, queued_at_ms FROM qlsched.runs WHERE trigger_id = $1
+              ORDER BY scheduled_for_ms LIMIT 1",
+            &[&trigger],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// A trigger published while the replica sleeps (cadence 10 s) is initialised at once through
+/// the notification and its first occurrence admitted within 100 ms of its time.
+#[actix_rt::test]
+async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_notify() {
+    let _one = crate::drills::exclusive().await;
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    let (sup, metrics) = start(settings(&db, 10, true));
+    wait_until(
+        "the first (empty) round",
+        Duration::from_secs(10),
+        || async { metrics.ticks.get() >= 1 },
+    )
+    .await;
+    // Let the listener connect before publishing.
+    wait_until("the listener", Duration::from_secs(10), || async {
+        db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
+            .await
+            >= 1
+    })
+    .await;
+    let published = now_ms(&db).await;
+    manage::publish_trigger(
+        &mut admin,
+        &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
+    )
+    .await
+    .unwrap();
+    wait_until("the first run", Duration::from_secs(5), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 1
+    })
+    .await;
+    let (scheduled, queued) = first_run(&db, "fresh").await;
+    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    assert!(
+        scheduled - published <= 2_000,
+        "first occurrence {scheduled} is {} ms after the publish: not the first after it",
+        scheduled - published
+    );
+    assert!(
+        queued - scheduled <= 100,
+        "admitted {} ms after its time",
+        queued - scheduled
+    );
+    assert!(metrics.notifications.get() >= 1, "no notification arrived");
+}
+
+/// Without notifications (a lost one, or a pooler that does not carry LISTEN) the change is
+/// picked up at the next cadence round, and the occurrence is then admitted on time.
+#[actix_rt::test]
+async fn without_notifications_a_new_trigger_is_picked_up_within_one_cadence() {
+    let _one = crate::drills::exclusive().await;
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    let (sup, metrics) = start(settings(&db, 3, false));
+    wait_until(
+        "the first (empty) round",
+        Duration::from_secs(10),
+        || async { metrics.ticks.get() >= 1 },
+    )
+    .await;
+    let published = now_ms(&db).await;
+    manage::publish_trigger(
+        &mut admin,
+        &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
+    )
+    .await
+    .unwrap();
+    wait_until("the first run", Duration::from_secs(10), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 1
+    })
+    .await;
+    let (scheduled, queued) = first_run(&db, "fresh").await;
+    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    assert!(
+        scheduled - published <= 3_000 + 1_000,
+        "first occurrence {} ms after the publish: more than one cadence (3 s) + one period",
+        scheduled - published
+    );
+    assert!(
+        queued - scheduled <= 100,
+        "admitted {} ms late",
+        queued - scheduled
+    );
+    assert_eq!(metrics.notifications.get(), 0);
+}
+
+/// Every-second triggers under a 5 s cadence are admitted at their instants, not at the
+/// ticks: the replica wakes when the next row becomes claimable.
+#[actix_rt::test]
+async fn a_replica_wakes_at_the_next_due_instant_not_at_its_cadence() {
+    let _one = crate::drills::exclusive().await;
+    let db = TestDb::new().await;
+    db.seed_bulk(20, "* * * * * *", 0).await;
+    let (sup, metrics) = start(settings(&db, 5, false));
+    wait_until("six seconds of runs", Duration::from_secs(15), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 20 * 7
+    })
+    .await;
+    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    // The first run of each trigger is its seeded (unaligned) cursor; the rest are on time.
+    let late = db
+        .count(
+            "SELECT count(*) FROM qlsched.runs WHERE scheduled_for_ms % 1000 = 0
+                AND queued_at_ms - scheduled_for_ms > 100",
+        )
+        .await;
+    let on_time = db
+        .count(
+            "SELECT count(*) FROM qlsched.runs WHERE scheduled_for_ms % 1000 = 0
+                AND queued_at_ms - scheduled_for_ms <= 100",
+        )
+        .await;
+    assert!(on_time >= 20 * 4, "only {on_time} runs were on time");
+    assert_eq!(late, 0, "runs more than 100 ms late under a 5 s cadence");
+    assert!(
+        metrics.wakeups.get() >= 5,
+        "wake-ups: {}",
+        metrics.wakeups.get()
+    );
+}
