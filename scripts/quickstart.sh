@@ -54,7 +54,7 @@ fi
 echo "refused as expected: $(cat "$WORK/err")"
 
 say "starting replicas a, b, c (lease 6s for the demo)"
-export QLSCHED__DATABASE__DSN="$RUNTIME" QLSCHED__SCHEDULER__LEASE=6s QLSCHED__LOG__LEVEL=info
+export QLSCHED__DATABASE__DSN="$RUNTIME" QLSCHED__SCHEDULER__LEASE=6s QLSCHED__SCHEDULER__CADENCE=1s QLSCHED__LOG__LEVEL=info
 for r in a b c; do
   $QL run --config "config/replica-$r.toml" >"$WORK/replica-$r.log" 2>&1 &
   PIDS[$r]=$!

@@ -72,13 +72,14 @@ fn watchdog_heartbeat(cadence: Duration) -> anyhow::Result<Option<Heartbeat>> {
 }
 
 /// The replica-id guard of this process: at most one live process per replica id, judged by
-/// the database clock. Owns acquire, heartbeat and retire; once lost it is never used again
-/// (another process owns the id, and with it every lease under that owner name).
+/// the database clock. Owns acquire, the heartbeat's terms (the claim rounds extend it in
+/// their own statement, so an idle replica issues one statement per round) and retire; once
+/// lost it is never used again (another process owns the id, and with it every lease under
+/// that owner name).
 pub struct ReplicaGuard {
     owner: String,
     incarnation: Uuid,
-    ttl_ms: i64,
-    every: Duration,
+    ttl: Duration,
     lost: bool,
 }
 
@@ -87,8 +88,7 @@ impl ReplicaGuard {
         let guard = ReplicaGuard {
             owner: owner.to_string(),
             incarnation: Uuid::new_v4(),
-            ttl_ms: derived::guard_ttl(lease).as_millis() as i64,
-            every: derived::guard_heartbeat(lease),
+            ttl: derived::guard_ttl(lease),
             lost: false,
         };
         let conn = store::conn(pool).await?;
@@ -98,26 +98,20 @@ impl ReplicaGuard {
             guard.incarnation,
             &hostname(),
             std::process::id() as i32,
-            guard.ttl_ms,
+            guard.ttl.as_millis() as i64,
         )
         .await?;
         Ok(guard)
     }
 
-    /// Extends the guard; `false` once it is lost (the caller must stop).
-    async fn heartbeat(&mut self, pool: &Pool, log: &Logger) -> bool {
-        let res = match store::conn(pool).await {
-            Ok(conn) => {
-                replicas::heartbeat(&conn, &self.owner, self.incarnation, self.ttl_ms).await
-            }
-            Err(e) => Err(e),
-        };
-        match res {
-            Ok(true) => {}
-            Ok(false) => self.lost = true,
-            Err(e) => warn!(log, "replica heartbeat failed"; "error" => %e),
-        }
-        !self.lost
+    /// What the claim rounds need to extend the guard: this incarnation and the TTL.
+    pub fn terms(&self) -> (Uuid, Duration) {
+        (self.incarnation, self.ttl)
+    }
+
+    /// A round found the guard taken over.
+    fn lost(&mut self) {
+        self.lost = true;
     }
 
     /// Whether this process still owns the id (and so the leases under its owner name).
@@ -156,7 +150,6 @@ pub struct Replica {
 struct Running {
     supervisor: Addr<Supervisor>,
     http: Option<actix_web::dev::ServerHandle>,
-    gauges: tokio::task::JoinHandle<()>,
 }
 
 impl Replica {
@@ -193,6 +186,8 @@ impl Replica {
             _ = signals.next() => { info!(log, "stopped before the database was ready"); return Ok(None); }
         }
         let guard = ReplicaGuard::acquire(&pool, &settings.owner, lease).await?;
+        let mut settings = settings;
+        settings.guard = Some(guard.terms());
         {
             let conn = store::conn(&pool).await?;
             let released = release::release_all_owned(&conn, &settings.owner).await?;
@@ -243,26 +238,18 @@ impl Replica {
             ),
             None => None,
         };
-        let gauges = spawn_gauges(
-            self.pool.clone(),
-            self.metrics.clone(),
-            self.cfg.metrics.backlog_interval,
-        );
         self.running = Some(Running {
             supervisor: supervisor.clone(),
             http,
-            gauges,
         });
         self.health.set_running(true);
         self.metrics.ready.set(1);
         notify(&[sd_notify::NotifyState::Ready]);
         info!(self.log, "ready"; "http" => self.cfg.http.bind.map(|a| a.to_string()).unwrap_or_else(|| "off".into()));
 
-        // The supervisor is watched every cadence (a panicked actor is gone at once; systemd
-        // restarts the process); the guard is extended at its own interval.
-        let mut watch = tokio::time::interval(self.settings.cadence);
-        let mut beat = tokio::time::interval(self.guard.every);
-        beat.tick().await;
+        // The supervisor is watched every cadence: a panicked actor is gone at once (systemd
+        // restarts the process); a round that found the guard taken over ends the run.
+        let mut watch = tokio::time::interval(self.settings.cadence.min(Duration::from_secs(1)));
         let end = loop {
             tokio::select! {
                 _ = signals.next() => break End::Signal,
@@ -270,9 +257,8 @@ impl Replica {
                     if !supervisor.connected() {
                         break End::SupervisorDied;
                     }
-                }
-                _ = beat.tick() => {
-                    if !self.guard.heartbeat(&self.pool, &self.log).await {
+                    if self.health.is_guard_lost() {
+                        self.guard.lost();
                         break End::GuardLost;
                     }
                 }
@@ -300,7 +286,6 @@ impl Replica {
         let mut left = 0;
         let mut http = None;
         if let Some(r) = running {
-            r.gauges.abort();
             http = r.http;
             if end == End::SupervisorDied {
                 error!(log, "the scheduler supervisor stopped unexpectedly; exiting so that the service manager restarts the replica");
@@ -369,24 +354,6 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
             }
         }
     }
-}
-
-/// Recomputes the due-backlog gauges at most once per interval.
-fn spawn_gauges(pool: Pool, metrics: Metrics, every: Duration) -> tokio::task::JoinHandle<()> {
-    actix::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tick.tick().await;
-            if let Ok(conn) = store::conn(&pool).await {
-                if let Ok((n, oldest)) = store::status::due_backlog(&conn).await {
-                    metrics.due_backlog.set(n);
-                    metrics
-                        .oldest_due_age_seconds
-                        .set(oldest.unwrap_or(0) as f64 / 1000.0);
-                }
-            }
-        }
-    })
 }
 
 fn hostname() -> String {

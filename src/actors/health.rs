@@ -16,6 +16,7 @@ pub struct Health {
 struct Inner {
     running: AtomicBool,
     db_failing: AtomicBool,
+    guard_lost: AtomicBool,
 }
 
 impl Health {
@@ -30,6 +31,13 @@ impl Health {
     }
     pub fn is_db_failing(&self) -> bool {
         self.inner.db_failing.load(Ordering::SeqCst)
+    }
+    /// A claim round found the replica-id guard no longer ours.
+    pub fn set_guard_lost(&self) {
+        self.inner.guard_lost.store(true, Ordering::SeqCst);
+    }
+    pub fn is_guard_lost(&self) -> bool {
+        self.inner.guard_lost.load(Ordering::SeqCst)
     }
     pub fn is_ready(&self) -> bool {
         self.is_running() && !self.is_db_failing()

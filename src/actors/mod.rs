@@ -34,6 +34,11 @@ pub struct Settings {
     pub reject_backoff: Duration,
     /// Listen for change notifications (`scheduler.listen`).
     pub listen: bool,
+    /// The replica-id guard this process holds (incarnation, TTL), extended by the claim
+    /// rounds; `None` = no guard (tests driving the actors directly).
+    pub guard: Option<(uuid::Uuid, Duration)>,
+    /// How often a claim round also reads the due backlog (`metrics.backlog_interval`).
+    pub backlog_interval: Duration,
     /// How the claim round and the admit engine open their own connections.
     pub connector: Connector,
 }
@@ -54,6 +59,8 @@ impl Settings {
             max_serialization_retries: s.max_serialization_retries,
             reject_backoff: s.reject_backoff,
             listen: s.listen,
+            guard: None,
+            backlog_interval: cfg.metrics.backlog_interval,
             connector,
         }
     }

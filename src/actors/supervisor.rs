@@ -130,6 +130,9 @@ pub struct Supervisor {
     /// The last round's start and the database clock it observed: turns database instants
     /// into local ones (a difference of database times, so node clock skew does not matter).
     clock: Option<(Instant, i64)>,
+    /// When the guard was last extended and the backlog last read (by a round).
+    last_heartbeat: Option<Instant>,
+    last_backlog: Option<Instant>,
 }
 
 impl Supervisor {
@@ -163,6 +166,8 @@ impl Supervisor {
             failing_since: None,
             wake: None,
             clock: None,
+            last_heartbeat: None,
+            last_backlog: None,
         }
     }
 
@@ -281,6 +286,7 @@ impl Supervisor {
         let owner = self.settings.owner.clone();
         let lease_ms = self.settings.lease.as_millis() as i64;
         let bound = self.settings.claim_bound();
+        let extras = self.round_extras();
         let started = Instant::now();
         let fut = async move {
             let mut released = 0;
@@ -297,7 +303,7 @@ impl Supervisor {
             }
             let res = bounded("the claim statement", bound, async {
                 let (c, stmt) = session.prepared(variant).await?;
-                claim::claim_round(c, &stmt, &owner, lease_ms, id).await
+                claim::claim_round(c, &stmt, &owner, lease_ms, id, extras).await
             })
             .await;
             if res.as_ref().is_err_and(|e| e.is_connection_lost()) {
@@ -315,13 +321,64 @@ impl Supervisor {
                     for w in act.round_waiters.drain(..) {
                         let _ = w.send(());
                     }
-                    act.round_done(id, started, released, res, ctx);
+                    act.round_done(free, id, started, released, res, ctx);
                 }),
         );
     }
 
+    /// What this round also does: extend the guard every third of its TTL.
+    fn round_extras(&self) -> claim::Extras {
+        let every = self.settings.guard.map_or(Duration::MAX, |g| g.1 / 3);
+        let due = !self.last_heartbeat.is_some_and(|t| t.elapsed() < every);
+        claim::Extras {
+            guard: self
+                .settings
+                .guard
+                .filter(|_| due)
+                .map(|(incarnation, ttl)| (incarnation, ttl.as_millis() as i64)),
+        }
+    }
+
+    /// The due-backlog gauges. A round that leased less than its budget left nothing due
+    /// that it could take: the backlog is empty, known without a statement. After a full
+    /// round the backlog is read from the claim index, at most every `backlog_interval`.
+    fn update_backlog(&mut self, filled: bool, ctx: &mut Context<Self>) {
+        if !filled {
+            self.metrics.due_backlog.set(0);
+            self.metrics.oldest_due_age_seconds.set(0.0);
+            return;
+        }
+        if self
+            .last_backlog
+            .is_some_and(|t| t.elapsed() < self.settings.backlog_interval)
+        {
+            return;
+        }
+        self.last_backlog = Some(Instant::now());
+        let (connector, metrics) = (self.settings.connector.clone(), self.metrics.clone());
+        let bound = self.settings.claim_bound();
+        ctx.spawn(
+            async move {
+                let res = bounded("reading the due backlog", bound, async {
+                    let c = connector.connect().await?;
+                    crate::store::status::due_backlog(&c).await
+                })
+                .await;
+                if let Ok((n, oldest)) = res {
+                    metrics.due_backlog.set(n);
+                    metrics
+                        .oldest_due_age_seconds
+                        .set(oldest.unwrap_or(0).max(0) as f64 / 1000.0);
+                }
+            }
+            .into_actor(self),
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn round_done(
         &mut self,
+        round_limit: u32,
         id: Uuid,
         started: Instant,
         released: u64,
@@ -337,6 +394,15 @@ impl Supervisor {
                 self.failing_since = None;
                 self.health.set_db_failing(false);
                 self.clock = Some((started, round.now_ms));
+                match round.guard_extended {
+                    Some(true) => self.last_heartbeat = Some(started),
+                    Some(false) => {
+                        error!(self.log, "the replica-id guard is no longer ours (taken over after its heartbeat lapsed)");
+                        self.health.set_guard_lost();
+                    }
+                    None => {}
+                }
+                self.update_backlog(round.rows.len() as u32 >= round_limit, ctx);
                 if let Some(next) = round.next_due_ms {
                     let wait = Duration::from_millis((next - round.now_ms).max(0) as u64 + 1);
                     self.wake_at(started + wait, ctx);

@@ -65,10 +65,22 @@ pub async fn claim_due(
     limit: i64,
     round: Uuid,
 ) -> Result<Vec<ClaimedRow>, StoreError> {
+    let no_guard = (Uuid::nil(), 0i64);
     let rows = conn
-        .query(CLAIM_DUE_SQL, &[&owner, &lease_ms, &limit, &round])
+        .query(
+            CLAIM_DUE_SQL,
+            &[&owner, &lease_ms, &limit, &round, &no_guard.0, &no_guard.1],
+        )
         .await?;
     Ok(parse_round(&rows).rows)
+}
+
+/// What else a claim round does in the same statement, so that an idle replica issues one
+/// statement per round: extend the replica-id guard.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras {
+    /// Extend the guard of this incarnation by this TTL (ms).
+    pub guard: Option<(Uuid, i64)>,
 }
 
 /// The claim statement with its limit as a constant, for `limit` rounded down to a power of
@@ -84,7 +96,9 @@ pub fn claim_variant(limit: u32) -> (&'static str, u32) {
             .map(|e| {
                 let sql = CLAIM_DUE_SQL
                     .replace("LIMIT $3", &format!("LIMIT {}", 1u32 << e))
-                    .replace("$4", "$3");
+                    .replace("$4", "$3")
+                    .replace("$5", "$4")
+                    .replace("$6", "$5");
                 &*Box::leak(sql.into_boxed_str())
             })
             .collect()
@@ -101,6 +115,8 @@ pub struct ClaimRound {
     pub rows: Vec<ClaimedRow>,
     pub now_ms: i64,
     pub next_due_ms: Option<i64>,
+    /// Whether the guard was extended (`None`: not asked to).
+    pub guard_extended: Option<bool>,
 }
 
 /// [`claim_due`] with a [`claim_variant`] already prepared on this connection, returning the
@@ -111,9 +127,17 @@ pub async fn claim_round(
     owner: &str,
     lease_ms: i64,
     round: Uuid,
+    extras: Extras,
 ) -> Result<ClaimRound, StoreError> {
-    let rows = conn.query(variant, &[&owner, &lease_ms, &round]).await?;
-    Ok(parse_round(&rows))
+    let (incarnation, ttl) = extras.guard.unwrap_or((Uuid::nil(), 0));
+    let rows = conn
+        .query(variant, &[&owner, &lease_ms, &round, &incarnation, &ttl])
+        .await?;
+    let mut out = parse_round(&rows);
+    if extras.guard.is_none() {
+        out.guard_extended = None;
+    }
+    Ok(out)
 }
 
 fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
@@ -121,6 +145,7 @@ fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
         rows: Vec::with_capacity(rows.len()),
         now_ms: 0,
         next_due_ms: None,
+        guard_extended: None,
     };
     for r in rows {
         match r.get::<_, Option<String>>(0) {
@@ -128,6 +153,7 @@ fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
             None => {
                 out.now_ms = r.get(8);
                 out.next_due_ms = r.get(20);
+                out.guard_extended = Some(r.get::<_, i64>(21) > 0);
             }
         }
     }
@@ -167,6 +193,14 @@ WITH obs AS MATERIALIZED (
     SELECT ",
     db_now_ms!(),
     " AS now_ms
+), guard AS (
+    -- The replica-id guard's heartbeat, folded into the round ($6 = 0: not this round).
+    UPDATE qlsched.replicas r
+       SET heartbeat_at_ms = obs.now_ms, expires_at_ms = obs.now_ms + $6::bigint
+      FROM obs
+     WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
+       AND $6::bigint > 0
+    RETURNING 1
 ), picked AS (
     SELECT s.trigger_id
       FROM qlsched.trigger_schedules s
@@ -199,14 +233,15 @@ RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
           t.misfire_policy, t.misfire_grace_ms, t.task_id, k.revision, k.content_digest,
           k.execution_revision_id
 )
-SELECT claimed.*, NULL::bigint FROM claimed
+SELECT claimed.*, NULL::bigint, NULL::bigint FROM claimed
 UNION ALL
 -- The probe row: the clock and the next instant a row becomes claimable (index head).
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint,
        NULL::bigint, obs.now_ms, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text,
        NULL::text, NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::uuid,
        (SELECT n.claimable_at_ms FROM qlsched.trigger_schedules n
-         WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1)
+         WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1),
+       (SELECT count(*) FROM guard)
   FROM obs"
 );
 

@@ -18,16 +18,10 @@ const ONCE: &str = "0 0 0 1 1 *";
 
 fn settings(db: &TestDb, owner: &str, budget: u32, cadence_ms: u64, lease_ms: u64) -> Settings {
     Settings {
-        connector: db.connector(),
-        owner: owner.into(),
         claim_budget: budget,
         lease: Duration::from_millis(lease_ms),
         cadence: Duration::from_millis(cadence_ms),
-        drain: Duration::from_secs(2),
-        admit_timeout: Duration::from_secs(2),
-        max_serialization_retries: 5,
-        reject_backoff: Duration::from_secs(60),
-        listen: false,
+        ..db.actor_settings(owner)
     }
 }
 

@@ -17,16 +17,11 @@ use crate::helpers::{discard_log, wait_until, TestDb};
 
 fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Settings {
     Settings {
-        owner: owner.into(),
         claim_budget: 64,
         lease: Duration::from_millis(lease_ms),
         cadence: Duration::from_millis(cadence_ms),
-        drain: Duration::from_secs(2),
         admit_timeout: Duration::from_secs(1),
-        max_serialization_retries: 5,
-        reject_backoff: Duration::from_secs(60),
-        listen: false,
-        connector: db.connector(),
+        ..db.actor_settings(owner)
     }
 }
 

@@ -15,16 +15,10 @@ use crate::helpers::{discard_log, wait_until, TestDb};
 
 fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
     Settings {
-        owner: "a".into(),
-        claim_budget: 16,
         lease: Duration::from_secs(cadence_s * 3),
         cadence: Duration::from_secs(cadence_s),
-        drain: Duration::from_secs(2),
-        admit_timeout: Duration::from_secs(2),
-        max_serialization_retries: 5,
-        reject_backoff: Duration::from_secs(60),
         listen,
-        connector: db.connector(),
+        ..db.actor_settings("a")
     }
 }
 

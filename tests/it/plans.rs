@@ -40,20 +40,24 @@ async fn populated() -> (TestDb, tokio_postgres::Client) {
 async fn the_claim_keeps_its_index_range_scan_after_six_executions_and_as_a_generic_plan() {
     let (_db, su) = populated().await;
     let (variant, _) = claim_variant(16);
-    su.batch_execute(&format!("PREPARE claim(text, bigint, uuid) AS {variant}"))
-        .await
-        .unwrap();
+    su.batch_execute(&format!(
+        "PREPARE claim(text, bigint, uuid, uuid, bigint) AS {variant}"
+    ))
+    .await
+    .unwrap();
     // Six executions with the default plan cache mode (in a transaction rolled back, so the
     // rows stay due), then the plan PostgreSQL now uses.
     su.batch_execute("BEGIN").await.unwrap();
     for _ in 0..6 {
-        su.batch_execute("EXECUTE claim('probe', 30000, gen_random_uuid())")
-            .await
-            .unwrap();
+        su.batch_execute(
+            "EXECUTE claim('probe', 30000, gen_random_uuid(), gen_random_uuid(), 30000)",
+        )
+        .await
+        .unwrap();
     }
     let after_six = plan(
         &su,
-        "EXPLAIN (COSTS OFF) EXECUTE claim('probe', 30000, gen_random_uuid())",
+        "EXPLAIN (COSTS OFF) EXECUTE claim('probe', 30000, gen_random_uuid(), gen_random_uuid(), 30000)",
     )
     .await;
     su.batch_execute("ROLLBACK").await.unwrap();
@@ -62,7 +66,7 @@ async fn the_claim_keeps_its_index_range_scan_after_six_executions_and_as_a_gene
         .unwrap();
     let generic = plan(
         &su,
-        "EXPLAIN (COSTS OFF) EXECUTE claim('probe', 30000, gen_random_uuid())",
+        "EXPLAIN (COSTS OFF) EXECUTE claim('probe', 30000, gen_random_uuid(), gen_random_uuid(), 30000)",
     )
     .await;
     for (what, p) in [("after six executions", &after_six), ("generic", &generic)] {

@@ -164,7 +164,9 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
         .replace("$1", "'probe'")
         .replace("$2", "30000")
         .replace("$3", "16")
-        .replace("$4", "gen_random_uuid()");
+        .replace("$4", "gen_random_uuid()")
+        .replace("$5", "gen_random_uuid()")
+        .replace("$6", "0");
     let plan: Vec<String> = su
         .query(
             &format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}"),

@@ -164,6 +164,25 @@ impl TestDb {
         }
     }
 
+    /// Actor settings for driving a supervisor in-process against this database: budget 16,
+    /// lease 30 s, cadence 1 s, no guard, no listener. Tests change what they need.
+    pub fn actor_settings(&self, owner: &str) -> qlsched::actors::Settings {
+        qlsched::actors::Settings {
+            owner: owner.into(),
+            claim_budget: 16,
+            lease: Duration::from_secs(30),
+            cadence: Duration::from_secs(1),
+            drain: Duration::from_secs(2),
+            admit_timeout: Duration::from_secs(2),
+            max_serialization_retries: 5,
+            reject_backoff: Duration::from_secs(60),
+            listen: false,
+            guard: None,
+            backlog_interval: Duration::from_secs(10),
+            connector: self.connector(),
+        }
+    }
+
     pub fn runtime_pool(&self, size: u32) -> Pool {
         store::build_pool(
             self.config("qlsched_runtime"),

@@ -34,6 +34,9 @@ impl ReplicaProc {
         if !scheduler.contains("lease") {
             scheduler.push_str("\nlease = \"5s\"");
         }
+        if !scheduler.contains("cadence") {
+            scheduler.push_str("\ncadence = \"1s\"");
+        }
         if !scheduler.contains("admit_timeout") {
             scheduler.push_str("\nadmit_timeout = \"2s\"");
         }

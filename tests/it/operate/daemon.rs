@@ -23,7 +23,7 @@ pub fn write_config(dir: &Path, id: &str, dsn: &str, http: SocketAddr) -> PathBu
         &path,
         format!(
             "[replica]\nid = \"{id}\"\n\n[database]\ndsn = \"{dsn}\"\n\n[scheduler]\n\
-             lease = \"5s\"\nadmit_timeout = \"2s\"\n\n[http]\nbind = \"{http}\"\n\n\
+             lease = \"5s\"\ncadence = \"1s\"\nadmit_timeout = \"2s\"\n\n[http]\nbind = \"{http}\"\n\n\
              [log]\nformat = \"json\"\nlevel = \"debug\"\n"
         ),
     )
