@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod claimed;
 pub mod pg;
 pub mod proxy;
 pub mod replica;
