@@ -101,6 +101,7 @@ async fn make_template(port: u16) {
 }
 
 /// A fresh database made from the migrated template.
+#[derive(Clone)]
 pub struct TestDb {
     pub name: String,
     pub port: u16,
