@@ -17,9 +17,7 @@ async fn written(db: &TestDb) -> (i64, i64, i64) {
 
 #[tokio::test]
 async fn one_admission_writes_one_run_one_attempt_two_events_and_advances_the_cursor() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let c = Claimed::new(&db, "a", 30_000).await;
     let a = c.admission();
     let out = c.admit(&a).await;
@@ -67,9 +65,7 @@ async fn one_admission_writes_one_run_one_attempt_two_events_and_advances_the_cu
 
 #[tokio::test]
 async fn a_stale_owner_token_or_version_each_cannot_commit() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let c = Claimed::new(&db, "a", 30_000).await;
     let mut wrong_owner = c.admission();
     wrong_owner.claim.fence.owner = "b".into();
@@ -106,9 +102,7 @@ async fn a_stale_owner_token_or_version_each_cannot_commit() {
 
 #[tokio::test]
 async fn a_stale_holder_cannot_commit_after_a_takeover() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let old = Claimed::new(&db, &unique_owner("a"), 300).await;
     let b = unique_owner("b");
     let new = poll_until("takeover after expiry", Duration::from_secs(10), || async {
@@ -131,9 +125,7 @@ async fn a_stale_holder_cannot_commit_after_a_takeover() {
 
 #[tokio::test]
 async fn an_expired_lease_cannot_commit_even_if_nobody_took_it() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let c = Claimed::new(&db, "a", 200).await;
     wait_until(
         "the database clock to pass the expiry",
@@ -185,9 +177,7 @@ async fn advancing_without_admission_moves_only_the_cursor() {
 /// installs; every time, nothing at all is written and the claim is untouched.
 #[tokio::test]
 async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let su = db.superuser().await;
     su.batch_execute(
         "CREATE TABLE public.fail_at (what text);
@@ -248,9 +238,7 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
 
 #[tokio::test]
 async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_back_off() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     db.superuser()
         .await
         .batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || ' '")
@@ -282,9 +270,7 @@ async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_bac
 
 #[tokio::test]
 async fn a_republished_trigger_fences_out_an_old_claim() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let c = Claimed::new(&db, "a", 30_000).await;
     let mut admin = db.admin().await;
     let published = manage::publish_trigger(
@@ -318,9 +304,7 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
 
 #[tokio::test]
 async fn an_existing_idempotency_key_writes_no_run_and_advances_the_cursor_under_the_fence() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let c = Claimed::new(&db, "a", 30_000).await;
     let a = c.admission();
     db.superuser()
@@ -349,9 +333,7 @@ async fn an_existing_idempotency_key_writes_no_run_and_advances_the_cursor_under
 
 #[tokio::test]
 async fn an_unknown_outcome_is_resolved_by_key_and_fence() {
-    let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(2).await;
     let c = Claimed::new(&db, "a", 30_000).await;
     let a = c.admission();
     assert_eq!(resolve(&c, &a).await, Resolution::NotCommittedClaimHeld);
@@ -378,9 +360,7 @@ async fn resolve(c: &Claimed, a: &Admission) -> Resolution {
 
 #[tokio::test]
 async fn the_runtime_role_admits_without_insert_on_schedules() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let rt = db.client("qlsched_runtime").await;
     let has_insert: bool = rt
         .query_one(
@@ -403,9 +383,7 @@ async fn the_runtime_role_admits_without_insert_on_schedules() {
 /// TID scan (tuple-level predicate locks), not a primary-key probe.
 #[tokio::test]
 async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
-    let db = TestDb::new().await;
-    db.seed(5, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(5).await;
     let claims = Claimed::up_to(&db, "a", 30_000, 5).await;
     let mut batch = claims.admissions();
     batch[2].claim.fence.token = Uuid::new_v4();
@@ -496,9 +474,7 @@ fn run_ids_of_one_replica_share_a_prefix_and_increase() {
 /// SERIALIZABLE transaction with the transaction-local planner setting applied.
 #[tokio::test]
 async fn the_admission_statement_runs_inside_its_serializable_transaction() {
-    let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(2).await;
     db.superuser()
         .await
         .batch_execute(

@@ -193,6 +193,15 @@ impl TestDb {
         ids
     }
 
+    /// A fresh database with `n` every-second triggers (see [`TestDb::seed`]), all
+    /// initialised and due 100 ms ago.
+    pub async fn with_due(n: usize) -> TestDb {
+        let db = TestDb::new().await;
+        db.seed(n, "* * * * * *").await;
+        db.make_due(-100).await;
+        db
+    }
+
     /// Sets every schedule's cursor to `offset_ms` relative to the database clock (negative
     /// = due in the past), as an initialised-and-due state, without waiting for a claim.
     pub async fn make_due(&self, offset_ms: i64) {
