@@ -11,6 +11,7 @@ use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
 use qlsched::store::{self, claim, release};
 
+use crate::helpers::claimed::Claimed;
 use crate::helpers::{discard_log, wait_until, TestDb};
 
 /// A yearly expression: each seeded row fires exactly once during a test.
@@ -374,21 +375,19 @@ async fn a_corrupt_definition_at_admit_time_is_released_with_back_off() {
 async fn suspending_a_project_fences_out_its_live_claims() {
     let db = TestDb::new().await;
     db.seed_bulk(3, ONCE, -1000).await;
-    let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
-    let held = claim::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
-    assert_eq!(held.len(), 3);
+    let held = Claimed::up_to(&db, "a", 30_000, 3).await;
+    assert_eq!(held.rows.len(), 3);
     let mut admin = db.admin().await;
     store::manage::set_project(&mut admin, "proj", "suspended")
         .await
         .unwrap();
     assert_eq!(db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL OR claimable_at_ms IS NOT NULL").await, 0);
     let batch: Vec<_> = held
+        .rows
         .iter()
         .map(|c| (c.clone(), c.observed_at_ms + 1))
         .collect();
+    let conn = held.conn().await;
     assert_eq!(
         store::admit::advance_batch(&conn, &batch).await.unwrap(),
         vec![false; 3]
@@ -396,11 +395,5 @@ async fn suspending_a_project_fences_out_its_live_claims() {
     store::manage::set_project(&mut admin, "proj", "active")
         .await
         .unwrap();
-    assert_eq!(
-        claim::claim_due(&conn, "b", 30_000, 10, uuid::Uuid::new_v4())
-            .await
-            .unwrap()
-            .len(),
-        3
-    );
+    assert_eq!(held.claim_more("b", 30_000, 10).await.len(), 3);
 }

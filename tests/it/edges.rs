@@ -9,10 +9,10 @@ use qlsched::actors::health::Health;
 use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
 use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
-use qlsched::store::admit::{self, Admission, Refusal};
-use qlsched::store::claim::{self, ClaimedRow};
+use qlsched::store::admit::{self, Refusal};
 use qlsched::store::{self, manage, recovery};
 
+use crate::helpers::claimed::{admission, Claimed};
 use crate::helpers::{discard_log, wait_until, TestDb};
 
 fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Settings {
@@ -285,36 +285,14 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
     );
 }
 
-async fn claim_one(db: &TestDb) -> ClaimedRow {
-    let pool = db.runtime_pool(1);
-    let conn = store::conn(&pool).await.unwrap();
-    claim::claim_due(&conn, "a", 30_000, 1, uuid::Uuid::new_v4())
-        .await
-        .unwrap()
-        .remove(0)
-}
-
-fn admission(c: &ClaimedRow) -> Admission {
-    Admission {
-        claim: c.clone(),
-        scheduled_for_ms: c.next_fire_at_ms.unwrap(),
-        next_fire_at_ms: c.next_fire_at_ms.unwrap() + 1000,
-        run_id: admit::mint_run_id("a"),
-        attempt_id: uuid::Uuid::new_v4(),
-        admitted_by: "a".into(),
-    }
-}
-
 async fn refusal_after(db: &TestDb, change: &str) -> Refusal {
     db.seed(1, "* * * * * *").await;
     db.make_due(-100).await;
-    let c = claim_one(db).await;
+    let c = Claimed::new(db, "a", 30_000).await;
     if !change.is_empty() {
         db.superuser().await.batch_execute(change).await.unwrap();
     }
-    let pool = db.runtime_pool(1);
-    let conn = store::conn(&pool).await.unwrap();
-    match admit::admit_once(&conn, &admission(&c)).await.unwrap() {
+    match c.admit(&c.admission()).await {
         admit::AdmitOutcome::Refused { why } => why,
         other => panic!("expected a refusal, got {other:?}"),
     }
@@ -411,7 +389,7 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
         let db = TestDb::new().await;
         db.seed(1, "* * * * * *").await;
         db.make_due(-100).await;
-        let c = claim_one(&db).await;
+        let c = Claimed::new(&db, "a", 30_000).await;
         db.superuser().await.batch_execute(change).await.unwrap();
         let mut engine = Engine {
             session: Session::new(db.connector()),
@@ -422,8 +400,8 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
             reject_backoff: Duration::from_secs(60),
         };
         let job = Job {
-            action: Action::Admit(Box::new(admission(&c))),
-            claim: c,
+            action: Action::Admit(Box::new(c.admission())),
+            claim: c.row().clone(),
             lease_deadline: Instant::now() + Duration::from_secs(20),
             error_backoff: Duration::from_secs(1),
         };
@@ -466,12 +444,8 @@ async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     use qlsched::store::session::{Connector, Session};
     let db = TestDb::new().await;
     db.seed_bulk(50, "* * * * * *", -100).await;
-    let pool = db.runtime_pool(1);
-    let conn = store::conn(&pool).await.unwrap();
-    let claims = claim::claim_due(&conn, "a", 30_000, 50, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
-    assert_eq!(claims.len(), 50);
+    let claims = Claimed::up_to(&db, "a", 30_000, 50).await;
+    assert_eq!(claims.rows.len(), 50);
     let proxy = Proxy::start(db.port).await;
     let mut pg = db.config("qlsched_runtime");
     pg.port(proxy.port);
@@ -489,6 +463,7 @@ async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     proxy.arm(Fault::Partition, 1, 1);
     let deadline = Instant::now() + Duration::from_secs(4);
     let jobs: Vec<Job> = claims
+        .rows
         .into_iter()
         .map(|c| Job {
             action: Action::Admit(Box::new(admission(&c))),

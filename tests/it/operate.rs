@@ -1,7 +1,6 @@
 //! Operating the real binary as a systemd service: the unit file, sd_notify messages on a fake
 //! notify socket, readiness transitions over HTTP, and lease hand-over on SIGTERM vs SIGKILL.
 
-mod daemon;
 mod handover;
 mod notify;
 mod readiness;

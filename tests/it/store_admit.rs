@@ -1,37 +1,11 @@
 use std::time::Duration;
 
 use qlsched::store::admit::{self, Admission, AdmitOutcome, Refusal, Resolution};
-use qlsched::store::claim::{self, ClaimedRow};
-use qlsched::store::{self, manage, release, Pool};
+use qlsched::store::{manage, release};
 use uuid::Uuid;
 
+use crate::helpers::claimed::{admission, Claimed};
 use crate::helpers::{poll_until, unique_owner, wait_until, TestDb};
-
-async fn claim_one(pool: &Pool, owner: &str, lease_ms: i64) -> ClaimedRow {
-    let conn = store::conn(pool).await.unwrap();
-    let mut rows = claim::claim_due(&conn, owner, lease_ms, 1, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
-    assert_eq!(rows.len(), 1, "expected one due row");
-    rows.remove(0)
-}
-
-fn admission(c: &ClaimedRow) -> Admission {
-    let sf = c.next_fire_at_ms.expect("initialised row");
-    Admission {
-        claim: c.clone(),
-        scheduled_for_ms: sf,
-        next_fire_at_ms: sf + 1000,
-        run_id: Uuid::new_v4(),
-        attempt_id: Uuid::new_v4(),
-        admitted_by: c.fence.owner.clone(),
-    }
-}
-
-async fn admit(pool: &Pool, a: &Admission) -> AdmitOutcome {
-    let conn = store::conn(pool).await.unwrap();
-    admit::admit_once(&conn, a).await.unwrap()
-}
 
 async fn written(db: &TestDb) -> (i64, i64, i64) {
     (
@@ -43,13 +17,10 @@ async fn written(db: &TestDb) -> (i64, i64, i64) {
 
 #[tokio::test]
 async fn one_admission_writes_one_run_one_attempt_two_events_and_advances_the_cursor() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
-    let a = admission(&c);
-    let out = admit(&pool, &a).await;
+    let db = TestDb::with_due(1).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let a = c.admission();
+    let out = c.admit(&a).await;
     assert!(matches!(out, AdmitOutcome::Admitted { .. }), "{out:?}");
     assert_eq!(written(&db).await, (1, 1, 2));
     let su = db.superuser().await;
@@ -94,18 +65,15 @@ async fn one_admission_writes_one_run_one_attempt_two_events_and_advances_the_cu
 
 #[tokio::test]
 async fn a_stale_owner_token_or_version_each_cannot_commit() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
-    let mut wrong_owner = admission(&c);
+    let db = TestDb::with_due(1).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let mut wrong_owner = c.admission();
     wrong_owner.claim.fence.owner = "b".into();
-    let mut wrong_token = admission(&c);
+    let mut wrong_token = c.admission();
     wrong_token.claim.fence.token = Uuid::new_v4();
-    let mut wrong_version = admission(&c);
+    let mut wrong_version = c.admission();
     wrong_version.claim.fence.version -= 1;
-    let mut wrong_state = admission(&c);
+    let mut wrong_state = c.admission();
     wrong_state.claim.state_version -= 1;
     for (what, a) in [
         ("owner", wrong_owner),
@@ -114,7 +82,7 @@ async fn a_stale_owner_token_or_version_each_cannot_commit() {
         ("state_version", wrong_state),
     ] {
         assert_eq!(
-            admit(&pool, &a).await,
+            c.admit(&a).await,
             AdmitOutcome::Refused {
                 why: Refusal::FenceLost
             },
@@ -127,38 +95,29 @@ async fn a_stale_owner_token_or_version_each_cannot_commit() {
         );
     }
     assert!(matches!(
-        admit(&pool, &admission(&c)).await,
+        c.admit(&c.admission()).await,
         AdmitOutcome::Admitted { .. }
     ));
 }
 
 #[tokio::test]
 async fn a_stale_holder_cannot_commit_after_a_takeover() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let old = claim_one(&pool, &unique_owner("a"), 300).await;
+    let db = TestDb::with_due(1).await;
+    let old = Claimed::new(&db, &unique_owner("a"), 300).await;
     let b = unique_owner("b");
-    let new = poll_until("takeover after expiry", Duration::from_secs(10), || {
-        let (pool, b) = (pool.clone(), b.clone());
-        async move {
-            let conn = store::conn(&pool).await.unwrap();
-            let rows = claim::claim_due(&conn, &b, 30_000, 1, uuid::Uuid::new_v4())
-                .await
-                .unwrap();
-            (!rows.is_empty()).then_some(rows)
-        }
+    let new = poll_until("takeover after expiry", Duration::from_secs(10), || async {
+        let rows = old.claim_more(&b, 30_000, 1).await;
+        (!rows.is_empty()).then_some(rows)
     })
     .await;
     assert_eq!(
-        admit(&pool, &admission(&old)).await,
+        old.admit(&old.admission()).await,
         AdmitOutcome::Refused {
             why: Refusal::FenceLost
         }
     );
     assert!(matches!(
-        admit(&pool, &admission(&new[0])).await,
+        old.admit(&admission(&new[0])).await,
         AdmitOutcome::Admitted { .. }
     ));
     assert_eq!(written(&db).await, (1, 1, 2));
@@ -166,17 +125,14 @@ async fn a_stale_holder_cannot_commit_after_a_takeover() {
 
 #[tokio::test]
 async fn an_expired_lease_cannot_commit_even_if_nobody_took_it() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 200).await;
+    let db = TestDb::with_due(1).await;
+    let c = Claimed::new(&db, "a", 200).await;
     wait_until(
         "the database clock to pass the expiry",
         Duration::from_secs(5),
         || {
             let db = &db;
-            let exp = c.fence.expires_at_ms;
+            let exp = c.row().fence.expires_at_ms;
             async move {
                 db.count("SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint")
                     .await
@@ -186,7 +142,7 @@ async fn an_expired_lease_cannot_commit_even_if_nobody_took_it() {
     )
     .await;
     assert_eq!(
-        admit(&pool, &admission(&c)).await,
+        c.admit(&c.admission()).await,
         AdmitOutcome::Refused {
             why: Refusal::FenceLost
         }
@@ -199,11 +155,10 @@ async fn advancing_without_admission_moves_only_the_cursor() {
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     db.make_due(-100_000).await;
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
-    let conn = store::conn(&pool).await.unwrap();
-    let next = c.observed_at_ms + 1000;
-    assert!(admit::advance_cursor(&conn, &c, next).await.unwrap());
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let conn = c.conn().await;
+    let next = c.row().observed_at_ms + 1000;
+    assert!(admit::advance_cursor(&conn, c.row(), next).await.unwrap());
     assert_eq!(written(&db).await, (0, 0, 0));
     assert_eq!(
         db.count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules WHERE claim_owner IS NULL")
@@ -211,7 +166,9 @@ async fn advancing_without_admission_moves_only_the_cursor() {
         next
     );
     assert!(
-        !admit::advance_cursor(&conn, &c, next + 1000).await.unwrap(),
+        !admit::advance_cursor(&conn, c.row(), next + 1000)
+            .await
+            .unwrap(),
         "a used claim advances nothing"
     );
 }
@@ -220,9 +177,7 @@ async fn advancing_without_admission_moves_only_the_cursor() {
 /// installs; every time, nothing at all is written and the claim is untouched.
 #[tokio::test]
 async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let su = db.superuser().await;
     su.batch_execute(
         "CREATE TABLE public.fail_at (what text);
@@ -245,8 +200,7 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
     )
     .await
     .unwrap();
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 60_000).await;
+    let c = Claimed::new(&db, "a", 60_000).await;
     let before = db
         .count("SELECT state_version FROM qlsched.trigger_schedules")
         .await;
@@ -255,8 +209,8 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
         su.execute("INSERT INTO public.fail_at VALUES ($1)", &[&what])
             .await
             .unwrap();
-        let conn = store::conn(&pool).await.unwrap();
-        let err = admit::admit_once(&conn, &admission(&c)).await.unwrap_err();
+        let conn = c.conn().await;
+        let err = admit::admit_once(&conn, &c.admission()).await.unwrap_err();
         assert!(
             err.to_string().contains("injected failure"),
             "{what}: {err}"
@@ -276,7 +230,7 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
     }
     su.execute("TRUNCATE public.fail_at", &[]).await.unwrap();
     assert!(matches!(
-        admit(&pool, &admission(&c)).await,
+        c.admit(&c.admission()).await,
         AdmitOutcome::Admitted { .. }
     ));
     db.assert_invariants().await;
@@ -284,26 +238,23 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
 
 #[tokio::test]
 async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_back_off() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     db.superuser()
         .await
         .batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || ' '")
         .await
         .unwrap();
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
     assert_eq!(
-        admit(&pool, &admission(&c)).await,
+        c.admit(&c.admission()).await,
         AdmitOutcome::Refused {
             why: Refusal::ExecutionRevisionInvalid
         }
     );
     assert_eq!(written(&db).await, (0, 0, 0));
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = c.conn().await;
     assert!(
-        release::release_claim(&conn, &c.trigger_id, &c.fence, 60_000)
+        release::release_claim(&conn, &c.row().trigger_id, &c.row().fence, 60_000)
             .await
             .unwrap()
     );
@@ -312,21 +263,15 @@ async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_bac
         .await;
     assert!((55_000..=60_000).contains(&wait), "back-off {wait} ms");
     assert!(
-        claim::claim_due(&conn, "b", 30_000, 10, uuid::Uuid::new_v4())
-            .await
-            .unwrap()
-            .is_empty(),
+        c.claim_more("b", 30_000, 10).await.is_empty(),
         "backed-off row not claimable"
     );
 }
 
 #[tokio::test]
 async fn a_republished_trigger_fences_out_an_old_claim() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
+    let db = TestDb::with_due(1).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
     let mut admin = db.admin().await;
     let published = manage::publish_trigger(
         &mut admin,
@@ -336,7 +281,7 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
     .unwrap();
     assert_eq!(published.revision, 2);
     assert_eq!(
-        admit(&pool, &admission(&c)).await,
+        c.admit(&c.admission()).await,
         AdmitOutcome::Refused {
             why: Refusal::FenceLost
         }
@@ -347,7 +292,7 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
     assert_eq!(row.get::<_, Option<String>>(1), None, "claim cleared");
     assert_eq!(
         row.get::<_, i64>(2),
-        c.fence.version + 1,
+        c.row().fence.version + 1,
         "claim_version bumped"
     );
     assert_eq!(
@@ -359,12 +304,9 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
 
 #[tokio::test]
 async fn an_existing_idempotency_key_writes_no_run_and_advances_the_cursor_under_the_fence() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
-    let a = admission(&c);
+    let db = TestDb::with_due(1).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let a = c.admission();
     db.superuser()
         .await
         .execute(
@@ -374,7 +316,7 @@ async fn an_existing_idempotency_key_writes_no_run_and_advances_the_cursor_under
         )
         .await
         .unwrap();
-    assert_eq!(admit(&pool, &a).await, AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(c.admit(&a).await, AdmitOutcome::AlreadyAdmitted);
     assert_eq!(written(&db).await, (1, 0, 0));
     let (cursor, owner) = (
         db.count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
@@ -391,34 +333,25 @@ async fn an_existing_idempotency_key_writes_no_run_and_advances_the_cursor_under
 
 #[tokio::test]
 async fn an_unknown_outcome_is_resolved_by_key_and_fence() {
-    let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
-    let a = admission(&c);
-    assert_eq!(resolve(&pool, &a).await, Resolution::NotCommittedClaimHeld);
+    let db = TestDb::with_due(2).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let a = c.admission();
+    assert_eq!(resolve(&c, &a).await, Resolution::NotCommittedClaimHeld);
+    assert!(matches!(c.admit(&a).await, AdmitOutcome::Admitted { .. }));
     assert!(matches!(
-        admit(&pool, &a).await,
-        AdmitOutcome::Admitted { .. }
-    ));
-    assert!(matches!(
-        resolve(&pool, &a).await,
+        resolve(&c, &a).await,
         Resolution::Committed { .. }
     ));
-    let other = claim_one(&pool, "a", 30_000).await;
-    let conn = store::conn(&pool).await.unwrap();
+    let other = c.another("a", 30_000).await;
+    let conn = c.conn().await;
     release::release_claim(&conn, &other.trigger_id, &other.fence, 0)
         .await
         .unwrap();
-    assert_eq!(
-        resolve(&pool, &admission(&other)).await,
-        Resolution::NotOurs
-    );
+    assert_eq!(resolve(&c, &admission(&other)).await, Resolution::NotOurs);
 }
 
-async fn resolve(pool: &Pool, a: &Admission) -> Resolution {
-    let conn = store::conn(pool).await.unwrap();
+async fn resolve(c: &Claimed, a: &Admission) -> Resolution {
+    let conn = c.conn().await;
     admit::resolve_batch(&conn, std::slice::from_ref(a))
         .await
         .unwrap()
@@ -427,9 +360,7 @@ async fn resolve(pool: &Pool, a: &Admission) -> Resolution {
 
 #[tokio::test]
 async fn the_runtime_role_admits_without_insert_on_schedules() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(1).await;
     let rt = db.client("qlsched_runtime").await;
     let has_insert: bool = rt
         .query_one(
@@ -440,10 +371,9 @@ async fn the_runtime_role_admits_without_insert_on_schedules() {
         .unwrap()
         .get(0);
     assert!(!has_insert);
-    let pool = db.runtime_pool(2);
-    let c = claim_one(&pool, "a", 30_000).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
     assert!(matches!(
-        admit(&pool, &admission(&c)).await,
+        c.admit(&c.admission()).await,
         AdmitOutcome::Admitted { .. }
     ));
 }
@@ -453,18 +383,11 @@ async fn the_runtime_role_admits_without_insert_on_schedules() {
 /// TID scan (tuple-level predicate locks), not a primary-key probe.
 #[tokio::test]
 async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
-    let db = TestDb::new().await;
-    db.seed(5, "* * * * * *").await;
-    db.make_due(-100).await;
-    let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
-    let claims = claim::claim_due(&conn, "a", 30_000, 5, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
-    drop(conn);
-    let mut batch: Vec<Admission> = claims.iter().map(admission).collect();
+    let db = TestDb::with_due(5).await;
+    let claims = Claimed::up_to(&db, "a", 30_000, 5).await;
+    let mut batch = claims.admissions();
     batch[2].claim.fence.token = Uuid::new_v4();
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = claims.conn().await;
     let out = admit::admit_batch(&conn, &batch).await.unwrap();
     assert_eq!(
         out.iter()
@@ -520,12 +443,10 @@ async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
 async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
     let db = TestDb::new().await;
     db.seed(3, "* * * * * *").await;
-    let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
-    let claims = claim::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
+    let claims = Claimed::up_to(&db, "a", 30_000, 3).await;
+    let conn = claims.conn().await;
     let mut batch: Vec<_> = claims
+        .rows
         .iter()
         .map(|c| (c.clone(), c.observed_at_ms + 1000))
         .collect();
@@ -553,9 +474,7 @@ fn run_ids_of_one_replica_share_a_prefix_and_increase() {
 /// SERIALIZABLE transaction with the transaction-local planner setting applied.
 #[tokio::test]
 async fn the_admission_statement_runs_inside_its_serializable_transaction() {
-    let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = TestDb::with_due(2).await;
     db.superuser()
         .await
         .batch_execute(
@@ -574,15 +493,11 @@ async fn the_admission_statement_runs_inside_its_serializable_transaction() {
         )
         .await
         .unwrap();
-    let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
-    let claims = claim::claim_due(&conn, "a", 30_000, 2, uuid::Uuid::new_v4())
+    let claims = Claimed::up_to(&db, "a", 30_000, 2).await;
+    let conn = claims.conn().await;
+    let out = admit::admit_batch(&conn, &claims.admissions())
         .await
         .unwrap();
-    drop(conn);
-    let batch: Vec<Admission> = claims.iter().map(admission).collect();
-    let conn = store::conn(&pool).await.unwrap();
-    let out = admit::admit_batch(&conn, &batch).await.unwrap();
     assert!(
         out.iter()
             .all(|o| matches!(o, AdmitOutcome::Admitted { .. })),

@@ -5,22 +5,15 @@
 //! supervisor respawns it from its claim). The supervisor restarts both; 0 duplicates,
 //! 0 lost. In the long form a fault-free replica runs beside it.
 
-use std::time::Duration;
-
 use super::check::Expect;
-use super::{exclusive, metric, wait_all_admitting, Fleet, Params, Report, EVERY_SECOND};
-use crate::helpers::TestDb;
+use super::{metric, Drill, Stage};
 
 const TRIGGERS: usize = 30;
 const FAULTS: &str = "admit_stop_every=7,claim_stop_every=5";
 
 #[tokio::test]
 async fn supervisor_restarts_crashing_admit_and_claim_actors_without_dup_or_loss() {
-    let _one = exclusive().await;
-    let p = Params::from_env((0, 12), (0, 120));
-    let mut report = Report::new(
-        "actor_crash",
-        &p,
+    let mut drill = Drill::begin("actor_crash", (0, 12), (0, 120), |p, _| {
         format!(
             "{} s, replica a with QLSCHED_FAULTS={FAULTS}{}, {TRIGGERS} every-second triggers",
             p.duration.as_secs(),
@@ -29,20 +22,18 @@ async fn supervisor_restarts_crashing_admit_and_claim_actors_without_dup_or_loss
             } else {
                 ""
             }
-        ),
-    );
-    let db = TestDb::new().await;
-    db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    let mut fleet = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
-    fleet.spawn("a", &[("QLSCHED_FAULTS", FAULTS)]);
-    fleet.wait_ready("a").await;
-    if p.long {
-        fleet.start(&["b"]).await;
+        )
+    })
+    .await;
+    let mut stage = Stage::new(TRIGGERS, "").await;
+    stage.fleet.spawn("a", &[("QLSCHED_FAULTS", FAULTS)]);
+    stage.fleet.wait_ready("a").await;
+    if drill.p.long {
+        stage.fleet.start(&["b"]).await;
     }
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
-    tokio::time::sleep(p.duration).await;
-    let a = fleet.get("a");
+    stage.wait_all_admitting().await;
+    tokio::time::sleep(drill.p.duration).await;
+    let a = stage.fleet.get("a");
     let restarts = metric(a, "qlsched_actor_restarts_total").unwrap_or(0.0);
     let admits = metric(a, "qlsched_admits_total").unwrap_or(0.0);
     let log = a.log();
@@ -50,12 +41,15 @@ async fn supervisor_restarts_crashing_admit_and_claim_actors_without_dup_or_loss
     let claim_restarts = log
         .matches("claim actor stopped before reporting; restarting it")
         .count();
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
 
-    report.note(format!(
+    drill.report.note(format!(
         "replica a: admits {admits} · actor restarts {restarts} (admit actor {admit_restarts}, claim actors {claim_restarts})"
     ));
-    report.finish(&sql, &Expect::every_second(), &fleet).await;
+    drill
+        .report
+        .finish(&stage.sql, &Expect::every_second(), &stage.fleet)
+        .await;
     assert!(restarts > 0.0, "qlsched_actor_restarts_total is {restarts}");
     assert!(
         admit_restarts > 0 && claim_restarts > 0,

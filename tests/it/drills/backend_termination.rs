@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use super::check::Expect;
-use super::{db_now, exclusive, wait_all_admitting, Fleet, Params, Report, Rng, EVERY_SECOND};
-use crate::helpers::{poll_until, TestDb};
+use super::{db_now, Drill, Stage};
+use crate::helpers::poll_until;
 
 const TRIGGERS: usize = 30;
 const IDS: [&str; 2] = ["a", "b"];
@@ -19,43 +19,37 @@ const CADENCE_MS: i64 = 1000;
 
 #[tokio::test]
 async fn replicas_recover_from_terminated_backends_within_two_cadences_without_restarting() {
-    let _one = exclusive().await;
-    let p = Params::from_env((5, 0), (30, 0));
-    let mut rng = Rng::from_env();
-    let mut report = Report::new(
-        "backend_termination",
-        &p,
+    let mut drill = Drill::begin("backend_termination", (5, 0), (30, 0), |p, seed| {
         format!(
-            "{} rounds of pg_terminate_backend, replicas a and b each on its own database with {TRIGGERS} every-second triggers, cadence 1 s, seed {}",
-            p.cycles, rng.0
-        ),
-    );
-    let dbs = [TestDb::new().await, TestDb::new().await];
-    let mut sqls = Vec::new();
-    let mut fleets = Vec::new();
-    for (db, id) in dbs.iter().zip(IDS) {
-        db.seed(TRIGGERS, EVERY_SECOND).await;
-        let mut fleet = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
-        fleet.start(&[id]).await;
-        sqls.push(db.superuser().await);
-        fleets.push(fleet);
+            "{} rounds of pg_terminate_backend, replicas a and b each on its own database with {TRIGGERS} every-second triggers, cadence 1 s, seed {seed}",
+            p.cycles
+        )
+    })
+    .await;
+    let mut stages = [
+        Stage::new(TRIGGERS, "").await,
+        Stage::new(TRIGGERS, "").await,
+    ];
+    for (stage, id) in stages.iter_mut().zip(IDS) {
+        stage.fleet.start(&[id]).await;
     }
     let pids: Vec<u32> = IDS
         .iter()
-        .zip(&fleets)
-        .map(|(id, f)| f.get(id).pid())
+        .zip(&stages)
+        .map(|(id, s)| s.fleet.get(id).pid())
         .collect();
-    for sql in &sqls {
-        wait_all_admitting(sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+    for stage in &stages {
+        stage.wait_all_admitting().await;
     }
-    let names: Vec<&str> = dbs.iter().map(|d| d.name.as_str()).collect();
+    let names: Vec<&str> = stages.iter().map(|s| s.db.name.as_str()).collect();
 
     let mut recoveries = Vec::new();
     let mut terminated_total = 0;
-    for _ in 0..p.cycles {
-        tokio::time::sleep(rng.millis(1000, 3000)).await;
-        let at = db_now(&sqls[0]).await;
-        let n: i64 = sqls[0]
+    for _ in 0..drill.p.cycles {
+        tokio::time::sleep(drill.rng.millis(1000, 3000)).await;
+        let at = db_now(&stages[0].sql).await;
+        let n: i64 = stages[0]
+            .sql
             .query_one(
                 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
                    FROM pg_stat_activity
@@ -69,7 +63,7 @@ async fn replicas_recover_from_terminated_backends_within_two_cadences_without_r
         assert!(n >= IDS.len() as i64, "only {n} backends to terminate");
         terminated_total += n;
         // Recovery: the first admission by each replica after the termination.
-        for (id, sql) in IDS.iter().zip(&sqls) {
+        for (id, sql) in IDS.iter().zip(stages.iter().map(|s| &s.sql)) {
             let first: i64 = poll_until(
                 &format!("replica {id} admitting again"),
                 Duration::from_secs(20),
@@ -88,32 +82,33 @@ async fn replicas_recover_from_terminated_backends_within_two_cadences_without_r
         }
     }
     let mut errors = 0.0;
-    for ((id, pid), fleet) in IDS.iter().zip(&pids).zip(&fleets) {
-        let r = fleet.get(id);
+    for ((id, pid), stage) in IDS.iter().zip(&pids).zip(&stages) {
+        let r = stage.fleet.get(id);
         assert_eq!(r.pid(), *pid, "replica {id} was restarted");
         assert_eq!(
             r.get("/readyz").map(|s| s.0),
             Some(200),
             "replica {id} not ready"
         );
-        errors += fleet.metric_sum("qlsched_errors_total");
+        errors += stage.fleet.metric_sum("qlsched_errors_total");
     }
-    for fleet in &mut fleets {
-        fleet.stop_all().await;
+    for stage in &mut stages {
+        stage.fleet.stop_all().await;
     }
 
     recoveries.sort();
     let worst_ms = *recoveries.last().unwrap();
-    report.note(format!(
+    drill.report.note(format!(
         "backends terminated {terminated_total} · recovery = termination → first admission by each replica, \
          bound 2 cadences = {} ms · worst {worst_ms} ms · all (ms) {recoveries:?} · errors logged {errors}",
         2 * CADENCE_MS
     ));
     let expect = Expect::every_second();
-    report
+    drill
+        .report
         .finish_all(
-            &[(&sqls[0], &expect), (&sqls[1], &expect)],
-            &[&fleets[0], &fleets[1]],
+            &[(&stages[0].sql, &expect), (&stages[1].sql, &expect)],
+            &[&stages[0].fleet, &stages[1].fleet],
         )
         .await;
     assert!(

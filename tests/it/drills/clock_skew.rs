@@ -14,11 +14,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::check::Expect;
-use super::{
-    db_now, exclusive, kill_holding_leases, wait_all_admitting, Fleet, Params, Report, Rng,
-    EVERY_SECOND,
-};
-use crate::helpers::{wait_until, TestDb};
+use super::{db_now, kill_holding_leases, Drill, Stage};
+use crate::helpers::wait_until;
 
 const TRIGGERS: usize = 100;
 const SKEWS: [(&str, &str, i64); 3] = [("a", "", 0), ("b", "+1h", 3600), ("c", "-10m", -600)];
@@ -50,26 +47,15 @@ fn libfaketime() -> PathBuf {
 #[tokio::test]
 async fn replicas_with_skewed_node_clocks_behave_like_the_others() {
     let lib = libfaketime();
-    let _one = exclusive().await;
-    let p = Params::from_env((2, 0), (16, 0));
-    let mut rng = Rng::from_env();
-    let mut report = Report::new(
-        "clock_skew",
-        &p,
+    let mut drill = Drill::begin("clock_skew", (2, 0), (16, 0), |p, seed| {
         format!(
             "replica a on time, b +1 h, c -10 min (libfaketime); {} SIGKILLs of a or c while b judges their leases; \
-             claim budget 2, cadence 100 ms, {TRIGGERS} every-second triggers, seed {}",
-            p.cycles, rng.0
-        ),
-    );
-    let db = TestDb::new().await;
-    db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    let mut fleet = Fleet::new(
-        &db.dsn("qlsched_runtime"),
-        "claim_budget = 2\ncadence = \"100ms\"",
-        &[],
-    );
+             claim budget 2, cadence 100 ms, {TRIGGERS} every-second triggers, seed {seed}",
+            p.cycles
+        )
+    })
+    .await;
+    let mut stage = Stage::new(TRIGGERS, "claim_budget = 2\ncadence = \"100ms\"").await;
     let lib = lib.to_string_lossy().into_owned();
     let env = |skew: &'static str| -> Vec<(&str, &str)> {
         match skew {
@@ -82,55 +68,57 @@ async fn replicas_with_skewed_node_clocks_behave_like_the_others() {
         }
     };
     for (id, skew, _) in SKEWS {
-        fleet.spawn(id, &env(skew));
+        stage.fleet.spawn(id, &env(skew));
     }
     for (id, _, _) in SKEWS {
-        fleet.wait_ready(id).await;
+        stage.fleet.wait_ready(id).await;
     }
     // The skew is real: each replica's log stamps say its own time.
     let mut seen = Vec::new();
     for (id, skew, secs) in SKEWS {
-        let stamp = log_skew_secs(&fleet.get(id).log());
+        let stamp = log_skew_secs(&stage.fleet.get(id).log());
         assert!(
             (stamp - secs).abs() < 60,
             "replica {id} (FAKETIME {skew:?}) logs {stamp} s from real time, expected {secs}"
         );
         seen.push(format!("{id} {stamp:+} s"));
     }
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+    stage.wait_all_admitting().await;
 
     // Kill the on-time replica and the one behind while the one ahead (b) judges their
     // leases: were node clocks used, b would take them over an hour early.
     let mut expect = Expect::every_second();
-    for cycle in 0..p.cycles {
-        tokio::time::sleep(rng.millis(2000, 4000)).await;
+    for cycle in 0..drill.p.cycles {
+        tokio::time::sleep(drill.rng.millis(2000, 4000)).await;
         let (victim, skew, _) = SKEWS[if cycle % 2 == 0 { 0 } else { 2 }];
-        let mut held = kill_holding_leases(&mut fleet, &sql, victim, Duration::from_secs(3)).await;
+        let mut held =
+            kill_holding_leases(&mut stage.fleet, &stage.sql, victim, Duration::from_secs(3)).await;
         let expiry = held.iter().map(|h| h.expires_at_ms).max().unwrap_or(0);
         wait_until(
             "the killed replica's leases expired",
             Duration::from_secs(10),
             || {
-                let sql = &sql;
+                let sql = &stage.sql;
                 async move { db_now(sql).await > expiry + 1000 }
             },
         )
         .await;
-        let respawn_at = db_now(&sql).await;
+        let respawn_at = db_now(&stage.sql).await;
         for h in &mut held {
             h.freed_at_ms = respawn_at;
         }
         expect.held.extend(held);
-        fleet.spawn(victim, &env(skew));
-        fleet.wait_ready(victim).await;
+        stage.fleet.spawn(victim, &env(skew));
+        stage.fleet.wait_ready(victim).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
 
     // Per replica: admissions and their lag, by the database clock.
     let mut per = Vec::new();
     for (id, _, _) in SKEWS {
-        let r = sql
+        let r = stage
+            .sql
             .query_one(
                 "SELECT count(*), coalesce(max(queued_at_ms - scheduled_for_ms), 0)
                    FROM qlsched.runs WHERE admitted_by = $1",
@@ -141,7 +129,7 @@ async fn replicas_with_skewed_node_clocks_behave_like_the_others() {
         let (n, lag): (i64, i64) = (r.get(0), r.get(1));
         per.push((id, n, lag));
     }
-    report.note(format!(
+    drill.report.note(format!(
         "node clocks (from log stamps) {} · per replica admitted / max lag: {} · leases held by killed replicas {}",
         seen.join(", "),
         per.iter()
@@ -150,7 +138,7 @@ async fn replicas_with_skewed_node_clocks_behave_like_the_others() {
             .join(", "),
         expect.held.len()
     ));
-    let f = report.finish(&sql, &expect, &fleet).await;
+    let f = drill.report.finish(&stage.sql, &expect, &stage.fleet).await;
     for (id, n, _) in per {
         assert!(n > 0, "replica {id} admitted nothing");
     }

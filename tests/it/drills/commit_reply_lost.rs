@@ -12,39 +12,30 @@
 use std::time::Duration;
 
 use super::check::Expect;
-use super::{
-    db_now, exclusive, metric, scalar, wait_all_admitting, Fleet, Params, Report, EVERY_SECOND,
-};
-use crate::helpers::proxy::{Fault, Proxy};
-use crate::helpers::{wait_until, TestDb};
+use super::{db_now, metric, scalar, Drill, Stage};
+use crate::helpers::proxy::Fault;
+use crate::helpers::wait_until;
 
 const TRIGGERS: usize = 10;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost() {
-    let _one = exclusive().await;
-    let p = Params::from_env((3, 0), (25, 0));
-    let mut report = Report::new(
-        "commit_reply_lost",
-        &p,
+    let mut drill = Drill::begin("commit_reply_lost", (3, 0), (25, 0), |p, _| {
         format!(
             "{} faults per variant (every 2nd admission), replica a through the fault proxy, {TRIGGERS} every-second triggers",
             p.cycles
-        ),
-    );
-    let db = TestDb::new().await;
-    db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    let proxy = Proxy::start(db.port).await;
-    let mut fleet = Fleet::new(&proxy.dsn("qlsched_runtime", &db.name), "", &[]);
-    fleet.start(&["a"]).await;
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+        )
+    })
+    .await;
+    let mut stage = Stage::through_proxy(TRIGGERS, "").await;
+    stage.start(&["a"]).await;
+    let proxy = stage.proxy.as_ref().unwrap();
 
     for fault in [Fault::LoseCommitReply, Fault::LoseCommit] {
-        proxy.arm(fault, 2, p.cycles);
+        proxy.arm(fault, 2, drill.p.cycles);
         wait_until(
-            &format!("{} {fault:?} faults injected", p.cycles),
-            Duration::from_secs(30 + 5 * p.cycles as u64),
+            &format!("{} {fault:?} faults injected", drill.p.cycles),
+            Duration::from_secs(30 + 5 * drill.p.cycles as u64),
             || async {
                 let n = proxy
                     .stats()
@@ -52,19 +43,19 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
                     .iter()
                     .filter(|f| f.fault == fault)
                     .count();
-                n >= p.cycles as usize
+                n >= drill.p.cycles as usize
             },
         )
         .await;
     }
     // The replica admits through the proxy again after the last fault.
-    let last = db_now(&sql).await;
+    let last = db_now(&stage.sql).await;
     wait_until(
         "an admission after the last fault",
         Duration::from_secs(30),
         || async {
             scalar(
-                &sql,
+                &stage.sql,
                 &format!("SELECT count(*) FROM qlsched.runs WHERE queued_at_ms > {last}"),
             )
             .await
@@ -72,13 +63,13 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
         },
     )
     .await;
-    let unknown = metric(fleet.get("a"), "qlsched_unknown_outcomes_total").unwrap_or(0.0);
-    fleet.stop_all().await;
+    let unknown = metric(stage.fleet.get("a"), "qlsched_unknown_outcomes_total").unwrap_or(0.0);
+    stage.fleet.stop_all().await;
     // Each outcome is counted exactly once: the replica's admissions counter at its clean
     // stop equals the runs it committed, lost replies included.
-    let counted = admitted_at_stop(&fleet.stopped("a").log());
+    let counted = admitted_at_stop(&stage.fleet.stopped("a").log());
     let committed = scalar(
-        &sql,
+        &stage.sql,
         "SELECT count(*) FROM qlsched.runs WHERE admitted_by = 'a'",
     )
     .await;
@@ -100,7 +91,8 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
         .collect();
     // Each run the server committed behind the client's back is its occurrence's only run.
     for (trigger, queued_at) in &behind_back {
-        let n: i64 = sql
+        let n: i64 = stage
+            .sql
             .query_one(
                 "SELECT count(*) FROM qlsched.runs r
                   WHERE r.trigger_id = $1
@@ -119,7 +111,7 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
         .filter(|f| f.fault == Fault::LoseCommit)
         .map(|f| f.replies.join("+"))
         .collect();
-    report.note(format!(
+    drill.report.note(format!(
         "reply lost: {} faults, {} of them committed by the server ({} runs written behind the client's back, each its occurrence's only run) · \
          commit lost: {} faults, server replies the client never saw {commit_lost:?} · qlsched_unknown_outcomes_total {unknown}",
         lost_replies.len(),
@@ -127,7 +119,10 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
         behind_back.len(),
         commit_lost.len(),
     ));
-    report.finish(&sql, &Expect::every_second(), &fleet).await;
+    drill
+        .report
+        .finish(&stage.sql, &Expect::every_second(), &stage.fleet)
+        .await;
     assert!(unknown > 0.0, "qlsched_unknown_outcomes_total is {unknown}");
     assert!(
         !behind_back.is_empty(),

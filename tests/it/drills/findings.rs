@@ -24,26 +24,23 @@ use std::time::Duration;
 
 use qlsched::store;
 
-use super::{scalar, wait_runtime_backends_gone, Fleet, EVERY_SECOND};
-use crate::helpers::proxy::Proxy;
+use super::{scalar, wait_runtime_backends_gone, Stage};
 use crate::helpers::{wait_until, TestDb};
 
 /// Every admission must execute inside an explicit transaction block: the server's
 /// ReadyForQuery before the admission's sync point must say `T`, not `I`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_statement_executes_inside_its_serializable_transaction() {
-    let db = TestDb::new().await;
-    db.seed(3, EVERY_SECOND).await;
-    let proxy = Proxy::start(db.port).await;
-    let mut fleet = Fleet::new(&proxy.dsn("qlsched_runtime", &db.name), "", &[]);
-    fleet.start(&["a"]).await;
+    let mut stage = Stage::through_proxy(3, "").await;
+    stage.fleet.start(&["a"]).await;
+    let proxy = stage.proxy.as_ref().unwrap();
     wait_until(
         "10 admissions through the proxy",
         Duration::from_secs(30),
         || async { proxy.stats().admissions >= 10 },
     )
     .await;
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
     let s = proxy.stats();
     assert_eq!(
         s.outside_transaction_block, 0,
@@ -110,11 +107,11 @@ async fn pooled_connections_whose_backend_was_terminated_are_not_handed_out() {
 /// holds every claim statement for 600 ms per row.
 #[tokio::test]
 async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
-    let db = TestDb::new().await;
-    db.seed(3, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    sql.batch_execute(
-        "CREATE FUNCTION qlsched.test_slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+    let mut stage = Stage::new(3, "").await;
+    stage
+        .sql
+        .batch_execute(
+            "CREATE FUNCTION qlsched.test_slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
            IF NEW.claim_owner IS NOT NULL AND OLD.claim_owner IS DISTINCT FROM NEW.claim_owner THEN
              PERFORM pg_sleep(0.6);
@@ -123,17 +120,16 @@ async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
          END $$;
          CREATE TRIGGER test_slow_claim BEFORE UPDATE ON qlsched.trigger_schedules
            FOR EACH ROW EXECUTE FUNCTION qlsched.test_slow_claim();",
-    )
-    .await
-    .unwrap();
-    let mut fleet = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
-    fleet.start(&["a"]).await;
+        )
+        .await
+        .unwrap();
+    stage.fleet.start(&["a"]).await;
     wait_until(
         "a claim statement of replica a in flight",
         Duration::from_secs(30),
         || async {
             scalar(
-                &sql,
+                &stage.sql,
                 "SELECT count(*) FROM pg_stat_activity
                   WHERE datname = current_database() AND usename = 'qlsched_runtime'
                     AND wait_event = 'PgSleep'",
@@ -143,11 +139,16 @@ async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
         },
     )
     .await;
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
     // The claim statement the replica left running finishes (or is rolled back) by itself.
-    wait_runtime_backends_gone(&sql, "replica a's backends gone", Duration::from_secs(30)).await;
+    wait_runtime_backends_gone(
+        &stage.sql,
+        "replica a's backends gone",
+        Duration::from_secs(30),
+    )
+    .await;
     let left = scalar(
-        &sql,
+        &stage.sql,
         "SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL",
     )
     .await;
@@ -155,7 +156,7 @@ async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
         left,
         0,
         "replica a exited cleanly (\"leases handed over\") but {left} leases are still its own; log:\n{}",
-        fleet.logs()
+        stage.fleet.logs()
     );
 }
 
@@ -164,10 +165,8 @@ async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
 /// few seconds, not stay 20 s behind.
 #[tokio::test]
 async fn a_trigger_behind_its_schedule_catches_up_at_admission_speed() {
-    let db = TestDb::new().await;
-    db.seed(1, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    sql.batch_execute(
+    let mut stage = Stage::new(1, "").await;
+    stage.sql.batch_execute(
         "UPDATE qlsched.trigger_schedules
             SET next_fire_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - 20) * 1000,
                 state_version = state_version + 1;
@@ -175,17 +174,16 @@ async fn a_trigger_behind_its_schedule_catches_up_at_admission_speed() {
     )
     .await
     .unwrap();
-    let mut fleet = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
-    fleet.start(&["a"]).await;
+    stage.fleet.start(&["a"]).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let behind_ms = scalar(
-        &sql,
+        &stage.sql,
         "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - next_fire_at_ms
            FROM qlsched.trigger_schedules",
     )
     .await;
-    let runs = scalar(&sql, "SELECT count(*) FROM qlsched.runs").await;
-    fleet.stop_all().await;
+    let runs = scalar(&stage.sql, "SELECT count(*) FROM qlsched.runs").await;
+    stage.fleet.stop_all().await;
     assert!(
         behind_ms < 3000,
         "after 6 s the trigger is still {behind_ms} ms behind its schedule ({runs} occurrences \

@@ -7,41 +7,31 @@
 use std::time::Duration;
 
 use super::check::Expect;
-use super::{
-    db_now, exclusive, kill_holding_leases, wait_all_admitting, Fleet, Params, Report, Rng,
-    EVERY_SECOND,
-};
-use crate::helpers::{wait_until, TestDb};
+use super::{db_now, kill_holding_leases, Drill, Stage};
+use crate::helpers::wait_until;
 
 const TRIGGERS: usize = 200;
 const IDS: [&str; 3] = ["a", "b", "c"];
 
 #[tokio::test]
 async fn replicas_sigkilled_and_restarted_admit_every_occurrence_exactly_once() {
-    let _one = exclusive().await;
-    let p = Params::from_env((4, 0), (20, 0));
-    let mut rng = Rng::from_env();
-    let mut report = Report::new(
-        "kill_restart",
-        &p,
+    let mut drill = Drill::begin("kill_restart", (4, 0), (20, 0), |p, seed| {
         format!(
-            "{} cycles, 3 replicas, {TRIGGERS} every-second triggers, lease 5 s, seed {}",
-            p.cycles, rng.0
-        ),
-    );
-    let db = TestDb::new().await;
-    db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    let mut fleet = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
-    fleet.start(&IDS).await;
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+            "{} cycles, 3 replicas, {TRIGGERS} every-second triggers, lease 5 s, seed {seed}",
+            p.cycles
+        )
+    })
+    .await;
+    let mut stage = Stage::new(TRIGGERS, "").await;
+    stage.start(&IDS).await;
 
     let mut expect = Expect::every_second();
     let (mut quick, mut slow) = (0, 0);
-    for cycle in 0..p.cycles {
-        tokio::time::sleep(rng.millis(1000, 3000)).await;
-        let victim = IDS[rng.below(3) as usize];
-        let mut held = kill_holding_leases(&mut fleet, &sql, victim, Duration::from_secs(3)).await;
+    for cycle in 0..drill.p.cycles {
+        tokio::time::sleep(drill.rng.millis(1000, 3000)).await;
+        let victim = IDS[drill.rng.below(3) as usize];
+        let mut held =
+            kill_holding_leases(&mut stage.fleet, &stage.sql, victim, Duration::from_secs(3)).await;
         // Every other cycle the victim stays down until its leases have expired on the
         // database clock, so the others may take them over; otherwise it comes back at once
         // and releases them itself (same id, same host, dead pid).
@@ -52,31 +42,31 @@ async fn replicas_sigkilled_and_restarted_admit_every_occurrence_exactly_once() 
                 "the killed replica's leases expired",
                 Duration::from_secs(10),
                 || {
-                    let sql = &sql;
+                    let sql = &stage.sql;
                     async move { db_now(sql).await > expiry }
                 },
             )
             .await;
-            tokio::time::sleep(rng.millis(0, 1500)).await;
+            tokio::time::sleep(drill.rng.millis(0, 1500)).await;
         } else {
             quick += 1;
-            tokio::time::sleep(rng.millis(300, 2500)).await;
+            tokio::time::sleep(drill.rng.millis(300, 2500)).await;
         }
-        let respawn_at = db_now(&sql).await;
+        let respawn_at = db_now(&stage.sql).await;
         for h in &mut held {
             h.freed_at_ms = respawn_at;
         }
         expect.held.extend(held);
-        fleet.spawn(victim, &[]);
-        fleet.wait_ready(victim).await;
+        stage.fleet.spawn(victim, &[]);
+        stage.fleet.wait_ready(victim).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
 
-    report.note(format!(
+    drill.report.note(format!(
         "kills {} ({quick} restarted at once, {slow} after their leases expired) · leases held by the killed replicas {}",
-        p.cycles,
+        drill.p.cycles,
         expect.held.len()
     ));
-    report.finish(&sql, &expect, &fleet).await;
+    drill.report.finish(&stage.sql, &expect, &stage.fleet).await;
 }

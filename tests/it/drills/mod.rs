@@ -30,6 +30,7 @@ use tokio_postgres::Client;
 use qlsched::store::migrate::{self, Roles};
 
 use crate::helpers::pg::Server;
+use crate::helpers::proxy::Proxy;
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{pg_config, TestDb, PREFIX};
 use check::{Expect, Figures};
@@ -40,8 +41,102 @@ pub const EVERY_SECOND: &str = "* * * * * *";
 /// Only one drill at a time: they are timing-sensitive and CPU-hungry.
 static DRILL_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The drills' turn, for any test that must not share the cores with a drill.
 pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     DRILL_LOCK.lock().await
+}
+
+/// A drill under way: its turn (the drill lock), its form, its seeded generator and its
+/// report. Held for the whole drill.
+pub struct Drill {
+    pub p: Params,
+    pub rng: Rng,
+    pub report: Report,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Drill {
+    /// Waits for the drill's turn, reads its form from the environment ([`Params::from_env`]
+    /// with the `short` and `long` figures) and starts its report, whose set-up line
+    /// `describe` writes from the form and the random seed.
+    pub async fn begin(
+        name: &'static str,
+        short: (u32, u64),
+        long: (u32, u64),
+        describe: impl FnOnce(&Params, u64) -> String,
+    ) -> Drill {
+        let turn = exclusive().await;
+        let p = Params::from_env(short, long);
+        let rng = Rng::from_env();
+        let report = Report::new(name, &p, describe(&p, rng.0));
+        Drill {
+            p,
+            rng,
+            report,
+            _turn: turn,
+        }
+    }
+}
+
+/// Where most drills play out: a database with `triggers` every-second triggers, a
+/// superuser connection for the checks, and the fleet of replicas (none started yet) on the
+/// runtime role, connected directly or through the fault proxy.
+pub struct Stage {
+    // Dropped in this order: the replicas first, then what they talk to.
+    pub fleet: Fleet,
+    /// Made by [`Stage::through_proxy`].
+    pub proxy: Option<Proxy>,
+    pub sql: Client,
+    pub db: TestDb,
+    triggers: usize,
+}
+
+impl Stage {
+    /// A fresh database, replicas connected directly.
+    pub async fn new(triggers: usize, extra_toml: &str) -> Stage {
+        Stage::on(TestDb::new().await, triggers, extra_toml).await
+    }
+
+    /// The same on a given database (e.g. on a server of the drill's own).
+    pub async fn on(db: TestDb, triggers: usize, extra_toml: &str) -> Stage {
+        db.seed(triggers, EVERY_SECOND).await;
+        let sql = db.superuser().await;
+        let fleet = Fleet::new(&db.dsn("qlsched_runtime"), extra_toml, &[]);
+        Stage {
+            fleet,
+            proxy: None,
+            sql,
+            db,
+            triggers,
+        }
+    }
+
+    /// A fresh database that the replicas reach only through the fault proxy.
+    pub async fn through_proxy(triggers: usize, extra_toml: &str) -> Stage {
+        let db = TestDb::new().await;
+        db.seed(triggers, EVERY_SECOND).await;
+        let sql = db.superuser().await;
+        let proxy = Proxy::start(db.port).await;
+        let fleet = Fleet::new(&proxy.dsn("qlsched_runtime", &db.name), extra_toml, &[]);
+        Stage {
+            fleet,
+            proxy: Some(proxy),
+            sql,
+            db,
+            triggers,
+        }
+    }
+
+    /// Starts replicas `ids`, waits until each is ready and the fleet is admitting.
+    pub async fn start(&mut self, ids: &[&str]) {
+        self.fleet.start(ids).await;
+        self.wait_all_admitting().await;
+    }
+
+    /// Waits until every seeded trigger has at least one run.
+    pub async fn wait_all_admitting(&self) {
+        wait_all_admitting(&self.sql, self.triggers as i64, Duration::from_secs(30)).await;
+    }
 }
 
 /// Short or long form, from the environment.

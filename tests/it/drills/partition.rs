@@ -9,38 +9,32 @@
 use std::time::Duration;
 
 use super::check::{self, Expect, Held};
-use super::{db_now, exclusive, scalar, wait_all_admitting, Fleet, Params, Report, EVERY_SECOND};
-use crate::helpers::proxy::{Fault, Proxy};
-use crate::helpers::{wait_until, TestDb};
+use super::{db_now, scalar, Drill, Fleet, Stage};
+use crate::helpers::proxy::Fault;
+use crate::helpers::wait_until;
 
 const TRIGGERS: usize = 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_replica_is_taken_over_after_expiry_and_its_stale_admission_is_fenced_out() {
-    let _one = exclusive().await;
-    let p = Params::from_env((1, 0), (6, 0));
-    let mut report = Report::new(
-        "partition",
-        &p,
+    let mut drill = Drill::begin("partition", (1, 0), (6, 0), |p, _| {
         format!(
             "{} partitions of replica a (through the proxy) while it admits, replica b direct, lease 5 s, {TRIGGERS} every-second triggers",
             p.cycles
-        ),
-    );
-    let db = TestDb::new().await;
-    db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    let proxy = Proxy::start(db.port).await;
-    let mut fleet = Fleet::new(&proxy.dsn("qlsched_runtime", &db.name), "", &[]);
-    fleet.start(&["a"]).await;
-    let mut direct = Fleet::new(&db.dsn("qlsched_runtime"), "", &[]);
+        )
+    })
+    .await;
+    let mut stage = Stage::through_proxy(TRIGGERS, "").await;
+    stage.fleet.start(&["a"]).await;
+    let mut direct = Fleet::new(&stage.db.dsn("qlsched_runtime"), "", &[]);
     direct.start(&["b"]).await;
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+    stage.wait_all_admitting().await;
+    let proxy = stage.proxy.as_ref().unwrap();
 
     let mut expect = Expect::every_second();
     let mut stale = Vec::new();
     let mut cut_ms = Vec::new();
-    for cycle in 0..p.cycles {
+    for cycle in 0..drill.p.cycles {
         proxy.arm(Fault::Partition, 1, 1);
         wait_until(
             "replica a partitioned mid-admission",
@@ -48,11 +42,11 @@ async fn a_cut_off_replica_is_taken_over_after_expiry_and_its_stale_admission_is
             || async { proxy.partitioned() },
         )
         .await;
-        let cut_at = db_now(&sql).await;
-        let held = check::held_by(&sql, "a").await;
+        let cut_at = db_now(&stage.sql).await;
+        let held = check::held_by(&stage.sql, "a").await;
         assert!(!held.is_empty(), "a held no lease when it was cut off");
-        wait_taken_over_by(&sql, &held, "b", Duration::from_secs(30)).await;
-        let healed_at = db_now(&sql).await;
+        wait_taken_over_by(&stage.sql, &held, "b", Duration::from_secs(30)).await;
+        let healed_at = db_now(&stage.sql).await;
         cut_ms.push(healed_at - cut_at);
         proxy.heal();
         wait_until(
@@ -64,7 +58,7 @@ async fn a_cut_off_replica_is_taken_over_after_expiry_and_its_stale_admission_is
         stale = proxy.stats().after_heal;
         wait_until("a admitting again", Duration::from_secs(30), || async {
             scalar(
-                &sql,
+                &stage.sql,
                 &format!(
                     "SELECT count(*) FROM qlsched.runs WHERE admitted_by = 'a' AND queued_at_ms > {healed_at}"
                 ),
@@ -74,18 +68,18 @@ async fn a_cut_off_replica_is_taken_over_after_expiry_and_its_stale_admission_is
         })
         .await;
         expect.held.extend(held);
-        if cycle + 1 < p.cycles {
+        if cycle + 1 < drill.p.cycles {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
     direct.stop_all().await;
 
-    report.note(format!(
+    drill.report.note(format!(
         "leases a held when cut off {} · partitions lasted (ms) {cut_ms:?} · the stale admission's replies after the heal {stale:?}",
         expect.held.len()
     ));
-    let f = report.finish(&sql, &expect, &direct).await;
+    let f = drill.report.finish(&stage.sql, &expect, &direct).await;
     assert_eq!(
         f.takeovers,
         expect.held.len() as i64,

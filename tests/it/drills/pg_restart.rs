@@ -7,9 +7,7 @@
 use std::time::Duration;
 
 use super::check::Expect;
-use super::{
-    db_now, exclusive, wait_all_admitting, Fleet, OwnPg, Params, Report, Rng, EVERY_SECOND,
-};
+use super::{db_now, Drill, OwnPg, Stage};
 use crate::helpers::poll_until;
 
 const TRIGGERS: usize = 50;
@@ -17,45 +15,37 @@ const IDS: [&str; 2] = ["a", "b"];
 
 #[tokio::test]
 async fn replicas_reconnect_by_themselves_after_fast_and_immediate_postgres_restarts() {
-    let _one = exclusive().await;
-    let p = Params::from_env((2, 0), (10, 0));
-    let mut rng = Rng::from_env();
-    let mut report = Report::new(
-        "pg_restart",
-        &p,
+    let mut drill = Drill::begin("pg_restart", (2, 0), (10, 0), |p, seed| {
         format!(
-            "{} restarts (fast, immediate, …), 2 replicas, {TRIGGERS} every-second triggers, seed {}",
-            p.cycles, rng.0
-        ),
-    );
+            "{} restarts (fast, immediate, …), 2 replicas, {TRIGGERS} every-second triggers, seed {seed}",
+            p.cycles
+        )
+    })
+    .await;
     let mut pg = OwnPg::start("restart", "fsync = off").await;
-    pg.db.seed(TRIGGERS, EVERY_SECOND).await;
-    let mut fleet = Fleet::new(&pg.db.dsn("qlsched_runtime"), "", &[]);
-    fleet.start(&IDS).await;
-    let pids: Vec<u32> = IDS.iter().map(|id| fleet.get(id).pid()).collect();
-    {
-        let sql = pg.db.superuser().await;
-        wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
-    }
+    let mut stage = Stage::on(pg.db.clone(), TRIGGERS, "").await;
+    stage.start(&IDS).await;
+    let pids: Vec<u32> = IDS.iter().map(|id| stage.fleet.get(id).pid()).collect();
 
     let mut recoveries = Vec::new();
     let mut downs = Vec::new();
-    for cycle in 0..p.cycles {
-        tokio::time::sleep(rng.millis(1000, 3000)).await;
+    for cycle in 0..drill.p.cycles {
+        tokio::time::sleep(drill.rng.millis(1000, 3000)).await;
         let mode = if cycle % 2 == 0 { "fast" } else { "immediate" };
         pg.server.stop(mode);
-        let down = rng.millis(1000, 4000);
+        let down = drill.rng.millis(1000, 4000);
         tokio::time::sleep(down).await;
         pg.server.start();
         downs.push(format!("{mode} {:.1} s", down.as_secs_f64()));
-        let sql = pg.db.superuser().await;
-        let up = db_now(&sql).await;
+        // The superuser connection died with the server: a new one.
+        stage.sql = pg.db.superuser().await;
+        let up = db_now(&stage.sql).await;
         for id in IDS {
             let first: i64 = poll_until(
                 &format!("replica {id} admitting after the {mode} restart"),
                 Duration::from_secs(30),
                 || {
-                    let sql = &sql;
+                    let sql = &stage.sql;
                     async move {
                         sql.query_one(
                             "SELECT min(queued_at_ms) FROM qlsched.runs
@@ -73,16 +63,22 @@ async fn replicas_reconnect_by_themselves_after_fast_and_immediate_postgres_rest
         }
     }
     for (id, pid) in IDS.iter().zip(&pids) {
-        assert_eq!(fleet.get(id).pid(), *pid, "replica {id} was restarted");
+        assert_eq!(
+            stage.fleet.get(id).pid(),
+            *pid,
+            "replica {id} was restarted"
+        );
     }
-    let unknown = fleet.metric_sum("qlsched_unknown_outcomes_total");
+    let unknown = stage.fleet.metric_sum("qlsched_unknown_outcomes_total");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let sql = pg.db.superuser().await;
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
 
-    report.note(format!(
+    drill.report.note(format!(
         "restarts: {} · first admission by each replica after the server accepted again (ms): {recoveries:?} · unknown outcomes resolved {unknown}",
         downs.join(", ")
     ));
-    report.finish(&sql, &Expect::every_second(), &fleet).await;
+    drill
+        .report
+        .finish(&stage.sql, &Expect::every_second(), &stage.fleet)
+        .await;
 }

@@ -9,34 +9,26 @@
 use std::time::Duration;
 
 use super::check::Expect;
-use super::{exclusive, wait_all_admitting, Fleet, Params, Report, EVERY_SECOND};
+use super::{Drill, Stage};
 use crate::helpers::replica::ReplicaProc;
-use crate::helpers::TestDb;
 
 const TRIGGERS: usize = 20;
 
 #[tokio::test]
 async fn a_second_process_with_a_live_replica_id_refuses_and_the_first_is_undisturbed() {
-    let _one = exclusive().await;
-    let p = Params::from_env((3, 0), (20, 0));
-    let mut report = Report::new(
-        "same_replica_id",
-        &p,
+    let mut drill = Drill::begin("same_replica_id", (3, 0), (20, 0), |p, _| {
         format!(
             "{} attempts to start a second `a`, {TRIGGERS} every-second triggers",
             p.cycles
-        ),
-    );
-    let db = TestDb::new().await;
-    db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = db.superuser().await;
-    let dsn = db.dsn("qlsched_runtime");
-    let mut fleet = Fleet::new(&dsn, "", &[]);
-    fleet.start(&["a"]).await;
-    let pid = fleet.get("a").pid();
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+        )
+    })
+    .await;
+    let mut stage = Stage::new(TRIGGERS, "").await;
+    stage.start(&["a"]).await;
+    let pid = stage.fleet.get("a").pid();
+    let dsn = stage.db.dsn("qlsched_runtime");
 
-    for _ in 0..p.cycles {
+    for _ in 0..drill.p.cycles {
         let mut twin = ReplicaProc::spawn(&dsn, "a", "", &[("QLSCHED__LOG__LEVEL", "info")]);
         let status = twin.wait_exit(Duration::from_secs(30)).await;
         let log = twin.log();
@@ -46,15 +38,18 @@ async fn a_second_process_with_a_live_replica_id_refuses_and_the_first_is_undist
                 && log.contains(&format!("pid {pid}")),
             "{log}"
         );
-        assert_eq!(fleet.get("a").get("/readyz").map(|r| r.0), Some(200));
-        assert_eq!(fleet.get("a").pid(), pid);
+        assert_eq!(stage.fleet.get("a").get("/readyz").map(|r| r.0), Some(200));
+        assert_eq!(stage.fleet.get("a").pid(), pid);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    fleet.stop_all().await;
+    stage.fleet.stop_all().await;
 
-    report.note(format!(
+    drill.report.note(format!(
         "twins refused {} of {} · the first replica kept its pid and readiness",
-        p.cycles, p.cycles
+        drill.p.cycles, drill.p.cycles
     ));
-    report.finish(&sql, &Expect::every_second(), &fleet).await;
+    drill
+        .report
+        .finish(&stage.sql, &Expect::every_second(), &stage.fleet)
+        .await;
 }

@@ -10,12 +10,11 @@
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use qlsched::store::{self, claim};
-
 use super::check::{Expect, Held};
-use super::{db_now, exclusive, own_root, scalar, Fleet, OwnPg, Params, Report, EVERY_SECOND};
+use super::{db_now, own_root, scalar, Drill, Fleet, OwnPg, EVERY_SECOND};
+use crate::helpers::claimed::Claimed;
 use crate::helpers::pg::{free_port, run_as, server_command, Server};
-use crate::helpers::{discard_log, wait_until, TestDb};
+use crate::helpers::{wait_until, TestDb};
 
 const TRIGGERS: usize = 5;
 const LEASE_MS: i64 = 15_000;
@@ -24,17 +23,14 @@ const HOLDER: &str = "holder-on-old-primary";
 
 #[tokio::test]
 async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_database_expiry() {
-    let _one = exclusive().await;
-    let p = Params::from_env((1, 0), (3, 0));
-    let mut report = Report::new(
-        "standby_promotion",
-        &p,
+    let mut drill = Drill::begin("standby_promotion", (1, 0), (3, 0), |p, _| {
         format!(
             "{} promotions, claim lease {} s, 2 fresh replicas per promotion, {TRIGGERS} every-second triggers",
             p.cycles,
             LEASE_MS / 1000
-        ),
-    );
+        )
+    })
+    .await;
     let mut primary = OwnPg::start("primary", "fsync = off").await;
     primary.db.seed(TRIGGERS, EVERY_SECOND).await;
     // Initialised and due: every cursor on the last whole second.
@@ -55,25 +51,14 @@ async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_da
     let mut timeline = timeline_of(&primary.db).await;
     let mut fleet = Fleet::new("", "", &[]);
     let mut notes = Vec::new();
-    for _ in 0..p.cycles {
+    for _ in 0..drill.p.cycles {
         let standby = make_standby(&primary).await;
 
         // A claim on the primary, with a known lease, as a replica takes it.
-        let pool = store::build_pool(
-            primary.db.config("qlsched_runtime"),
-            2,
-            Duration::from_secs(10),
-            &discard_log(),
-        );
-        let row = {
-            let conn = store::conn(&pool).await.unwrap();
-            let mut rows = claim::claim_due(&conn, HOLDER, LEASE_MS, 1, uuid::Uuid::new_v4())
-                .await
-                .unwrap();
-            assert_eq!(rows.len(), 1, "nothing due to claim on the primary");
-            rows.remove(0)
-        };
-        drop(pool);
+        let row = Claimed::new(&primary.db, HOLDER, LEASE_MS)
+            .await
+            .row()
+            .clone();
         let scheduled_for = row.next_fire_at_ms.expect("an initialised row");
         let expires = row.fence.expires_at_ms;
         // Lag carried over from the previous promotions (finding 4: a trigger behind its
@@ -213,14 +198,14 @@ async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_da
 
     let sql = primary.db.superuser().await;
     for n in notes {
-        report.note(n);
+        drill.report.note(n);
     }
-    report.note(format!(
+    drill.report.note(format!(
         "runs on the final primary {}",
         scalar(&sql, "SELECT count(*) FROM qlsched.runs").await
     ));
-    let f = report.finish(&sql, &expect, &fleet).await;
-    assert_eq!(f.takeovers, p.cycles as i64);
+    let f = drill.report.finish(&sql, &expect, &fleet).await;
+    assert_eq!(f.takeovers, drill.p.cycles as i64);
 }
 
 /// The current WAL timeline of a primary.

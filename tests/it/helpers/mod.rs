@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod claimed;
 pub mod pg;
 pub mod proxy;
 pub mod replica;
@@ -100,6 +101,7 @@ async fn make_template(port: u16) {
 }
 
 /// A fresh database made from the migrated template.
+#[derive(Clone)]
 pub struct TestDb {
     pub name: String,
     pub port: u16,
@@ -208,6 +210,15 @@ impl TestDb {
             ids.push(id);
         }
         ids
+    }
+
+    /// A fresh database with `n` every-second triggers (see [`TestDb::seed`]), all
+    /// initialised and due 100 ms ago.
+    pub async fn with_due(n: usize) -> TestDb {
+        let db = TestDb::new().await;
+        db.seed(n, "* * * * * *").await;
+        db.make_due(-100).await;
+        db
     }
 
     /// Sets every schedule's cursor to `offset_ms` relative to the database clock (negative

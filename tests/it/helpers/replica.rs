@@ -1,9 +1,10 @@
 //! Drives the real `qlsched` binary as a replica process: a real config file, environment
-//! overrides, readiness over HTTP, SIGKILL / SIGTERM.
+//! overrides, optionally started the way systemd starts it (notify socket, watchdog),
+//! readiness over HTTP, SIGKILL / SIGTERM.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,16 +22,52 @@ pub struct ReplicaProc {
     _dir: tempfile::TempDir,
 }
 
+/// How a replica process is started, beyond its database and id.
+#[derive(Clone, Copy, Default)]
+pub struct Options<'a> {
+    /// TOML appended to the config file; lines before any `[section]` header belong to
+    /// `[scheduler]` (e.g. `"lease = \"5s\""`).
+    pub extra_toml: &'a str,
+    /// Extra environment variables.
+    pub env: &'a [(&'a str, &'a str)],
+    /// Started the way systemd starts a `Type=notify` service with a watchdog.
+    pub systemd: Option<Systemd<'a>>,
+}
+
+/// What systemd hands a `Type=notify` service: the notify socket, the watchdog interval,
+/// and `WATCHDOG_PID`, which must be the daemon's own pid (the sd-notify crate, unlike
+/// libsystemd, requires it), so a shell sets it and `exec`s the daemon (same pid).
+#[derive(Clone, Copy)]
+pub struct Systemd<'a> {
+    pub notify_socket: &'a Path,
+    pub watchdog_usec: u64,
+}
+
 impl ReplicaProc {
     /// Starts `qlsched run` as replica `id` against `dsn` (runtime role), with the given extra
     /// TOML lines appended to the config file (e.g. `"[scheduler]\nlease = \"5s\""`) and
     /// extra environment variables.
     pub fn spawn(dsn: &str, id: &str, extra_toml: &str, env: &[(&str, &str)]) -> ReplicaProc {
+        ReplicaProc::start(
+            dsn,
+            id,
+            Options {
+                extra_toml,
+                env,
+                systemd: None,
+            },
+        )
+    }
+
+    /// Starts `qlsched run` as replica `id` against `dsn` (runtime role). Without
+    /// `opts.systemd` the process is not under systemd: no notify socket, no watchdog, even
+    /// if the test runner has them.
+    pub fn start(dsn: &str, id: &str, opts: Options) -> ReplicaProc {
         let dir = tempfile::tempdir().unwrap();
         let port = super::pg::free_port();
         let http: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let config_path = dir.path().join(format!("{id}.toml"));
-        let (mut scheduler, rest) = split_scheduler(extra_toml);
+        let (mut scheduler, rest) = split_scheduler(opts.extra_toml);
         if !scheduler.contains("lease") {
             scheduler.push_str("\nlease = \"5s\"");
         }
@@ -50,14 +87,30 @@ impl ReplicaProc {
         .unwrap();
         let log_path = dir.path().join(format!("{id}.log"));
         let log = std::fs::File::create(&log_path).unwrap();
-        let mut cmd = Command::new(binary());
+        let mut cmd = match opts.systemd {
+            None => Command::new(binary()),
+            Some(sd) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg("WATCHDOG_PID=$$; export WATCHDOG_PID; exec \"$0\" \"$@\"")
+                    .arg(binary())
+                    .env("NOTIFY_SOCKET", sd.notify_socket)
+                    .env("WATCHDOG_USEC", sd.watchdog_usec.to_string());
+                sh
+            }
+        };
+        if opts.systemd.is_none() {
+            cmd.env_remove("NOTIFY_SOCKET")
+                .env_remove("WATCHDOG_USEC")
+                .env_remove("WATCHDOG_PID");
+        }
         cmd.arg("run")
             .arg("--config")
             .arg(&config_path)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null());
-        for (k, v) in env {
+        for (k, v) in opts.env {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn qlsched");

@@ -1,15 +1,13 @@
 //! sd_notify on a fake socket: READY=1 once /readyz answers 200, WATCHDOG=1 on every tick,
 //! STOPPING=1 at SIGTERM, and nothing needed without systemd.
 
-use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use super::daemon::{write_config, Daemon};
-use crate::helpers::pg::free_port;
+use crate::helpers::replica::{Options, ReplicaProc, Systemd};
 use crate::helpers::TestDb;
 
 const WATCHDOG_USEC: u64 = 2_000_000;
@@ -20,15 +18,8 @@ async fn under_a_notify_socket_the_daemon_reports_ready_pings_the_watchdog_and_r
     db.seed(2, "* * * * * *").await;
     let dir = tempfile::tempdir().unwrap();
     let mut sock = NotifySocket::bind(&dir.path().join("notify.sock"));
-    let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let config = write_config(dir.path(), "n", &db.dsn("qlsched_runtime"), http);
 
-    let mut d = Daemon::spawn(
-        &config,
-        &dir.path().join("n.log"),
-        http,
-        Some((&sock.path, WATCHDOG_USEC)),
-    );
+    let mut d = under_systemd(&db, "n", &sock, WATCHDOG_USEC);
     let before_ready = sock.until("READY=1", Duration::from_secs(30), &d);
     assert_eq!(
         d.get("/readyz").map(|r| r.0),
@@ -70,10 +61,7 @@ async fn under_a_notify_socket_the_daemon_reports_ready_pings_the_watchdog_and_r
     );
 
     // Without NOTIFY_SOCKET (not under systemd) notification is a no-op.
-    let http2: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let plain_dir = tempfile::tempdir().unwrap();
-    let config2 = write_config(plain_dir.path(), "n", &db.dsn("qlsched_runtime"), http2);
-    let mut plain = Daemon::spawn(&config2, &dir.path().join("plain.log"), http2, None);
+    let mut plain = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "n", "", &[]);
     plain.wait_ready(Duration::from_secs(30)).await;
     plain.signal(libc::SIGTERM);
     assert!(plain.wait_exit(Duration::from_secs(30)).await.success());
@@ -86,14 +74,7 @@ async fn a_watchdog_interval_shorter_than_two_scheduler_ticks_is_refused_at_star
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let mut sock = NotifySocket::bind(&dir.path().join("notify.sock"));
-    let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let config = write_config(dir.path(), "w", &db.dsn("qlsched_runtime"), http);
-    let mut d = Daemon::spawn(
-        &config,
-        &dir.path().join("w.log"),
-        http,
-        Some((&sock.path, 1_000_000)),
-    );
+    let mut d = under_systemd(&db, "w", &sock, 1_000_000);
     let status = d.wait_exit(Duration::from_secs(15)).await;
     assert!(!status.success(), "log:\n{}", d.log());
     assert!(
@@ -112,6 +93,22 @@ async fn a_watchdog_interval_shorter_than_two_scheduler_ticks_is_refused_at_star
         0,
         "refused before it took the replica id"
     );
+}
+
+/// Replica `id` started the way systemd starts it, with `sock` as its notify socket.
+fn under_systemd(db: &TestDb, id: &str, sock: &NotifySocket, watchdog_usec: u64) -> ReplicaProc {
+    let systemd = Systemd {
+        notify_socket: &sock.path,
+        watchdog_usec,
+    };
+    ReplicaProc::start(
+        &db.dsn("qlsched_runtime"),
+        id,
+        Options {
+            systemd: Some(systemd),
+            ..Options::default()
+        },
+    )
 }
 
 /// A datagram socket standing in for systemd's: every line received, with when it arrived.
@@ -150,7 +147,7 @@ impl NotifySocket {
     }
 
     /// Receives until `state` arrives (bounded); returns the messages received before it.
-    fn until(&mut self, state: &str, within: Duration, d: &Daemon) -> Vec<(Instant, String)> {
+    fn until(&mut self, state: &str, within: Duration, d: &ReplicaProc) -> Vec<(Instant, String)> {
         let deadline = Instant::now() + within;
         let mut before = Vec::new();
         loop {
