@@ -40,6 +40,28 @@ fn names_exported(body: &str) -> BTreeSet<String> {
         .collect()
 }
 
+#[test]
+fn the_dashboard_is_grafana_json_with_a_query_in_every_panel() {
+    let (file, text) = FILES[2];
+    let dashboard: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 6, "{file}: {} panels", panels.len());
+    for panel in panels {
+        let exprs: Vec<&str> = panel["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["expr"].as_str())
+            .collect();
+        assert!(
+            !exprs.is_empty() && exprs.iter().all(|e| e.contains("qlsched_")),
+            "{file}: panel {} has queries {exprs:?}",
+            panel["title"]
+        );
+    }
+}
+
 #[tokio::test]
 async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_exports() {
     let db = TestDb::new().await;
