@@ -7,7 +7,6 @@
 # Prints one line per check and ends with "package tests: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. scripts/pg.sh
 
 profile=dev
 while [ $# -gt 0 ]; do
@@ -49,18 +48,26 @@ if [ "$(id -u)" -ne 0 ]; then
   failed=1; failures+=("running as root"); finish
 fi
 
-# need COMMAND PACKAGE: installs the Debian package when the command is missing.
-need() {
-  command -v "$1" >/dev/null 2>&1 || apt_install "$2" "$1 (Debian package $2) is" || true
-  command -v "$1" >/dev/null 2>&1 || { echo "$1 missing: install the Debian package $2" >&2; return 1; }
-}
-tools_ok=true
-for t in "lintian lintian" "promtool prometheus" "man man-db" "groff groff-base" \
-  "systemd-analyze systemd" "dpkg-shlibdeps dpkg-dev" "zsh zsh" "fish fish" "git git"; do
-  # shellcheck disable=SC2086
-  need $t || tools_ok=false
+# The tools, and the Debian packages that bring them: missing ones are installed in one go.
+tools="lintian:lintian promtool:prometheus man:man-db groff:groff-base systemd-analyze:systemd
+  dpkg-shlibdeps:dpkg-dev zsh:zsh fish:fish git:git"
+missing=""
+for t in $tools; do
+  command -v "${t%%:*}" >/dev/null 2>&1 || missing+=" ${t#*:}"
 done
-if ! $tools_ok; then failed=1; failures+=("tools installed"); finish; fi
+if [ -n "$missing" ]; then
+  echo "installing$missing (apt-get install -y --no-install-recommends$missing)…"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+for t in $tools; do
+  if ! command -v "${t%%:*}" >/dev/null 2>&1; then
+    echo "${t%%:*} missing: install the Debian package ${t#*:}" >&2
+    failed=$((failed + 1)); failures+=("${t%%:*} installed")
+  fi
+done
+[ "$failed" -eq 0 ] || finish
 
 work=$(mktemp -d)
 user_existed=$(getent passwd qlsched >/dev/null && echo yes || echo no)
