@@ -21,6 +21,26 @@ use clap_mangen::Man;
 
 const BIN: &str = "qlsched";
 
+/// Where the Debian package puts things: the one part of the pages that is not about the
+/// command line.
+const INSTALLATION: &str = r#".SH FILES
+.TP
+\fI/etc/qlsched/NAME.toml\fR
+the replica file of the unit instance \fBqlsched@NAME\fR (an example:
+\fI/etc/qlsched/replica.toml.example\fR)
+.TP
+\fI/etc/qlsched/NAME.password\fR
+its database password, handed to the instance as a systemd credential
+.TP
+\fI/lib/systemd/system/qlsched@.service\fR
+the template unit
+.TP
+\fI/usr/share/qlsched/\fR
+Prometheus alert rules and a Grafana dashboard
+.SH "SEE ALSO"
+\fBsystemctl\fR(1), \fI/usr/share/doc/qlsched/operations.md\fR
+"#;
+
 fn main() -> ExitCode {
     let mut args = std::env::args_os().skip(1);
     let (Some(out), None) = (args.next(), args.next()) else {
@@ -49,7 +69,8 @@ fn generate(out: &Path) -> io::Result<Vec<PathBuf>> {
     let man_dir = out.join("man");
     fs::create_dir_all(&man_dir)?;
     written.push(write(&man_dir.join(format!("{BIN}.1")), |w| {
-        page(&cmd).render(w)
+        page(&cmd).render(w)?;
+        w.write_all(INSTALLATION.as_bytes())
     })?);
     for group in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
         let page = man_dir.join(format!("{BIN}-{}.1", group.get_name()));
