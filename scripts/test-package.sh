@@ -252,14 +252,19 @@ check "dpkg -i: qlsched system user, /etc/qlsched 0750 root:qlsched, the package
 upgrade_keeps_configs() {
   printf '[replica]\nid = "a"\n' | install -m 0640 -o root -g qlsched /dev/stdin /etc/qlsched/a.toml
   echo "# edited by the admin" >>/etc/qlsched/replica.toml.example
-  echo "# dpkg -i $deb   (again: the upgrade path)"
-  dpkg -i "$deb"
+  # The same package with a higher version: dpkg runs the real upgrade path.
+  dpkg-deb -R "$deb" "$work/next"
+  sed -i 's/^Version: .*/&+upgrade1/' "$work/next/DEBIAN/control"
+  dpkg-deb --build --root-owner-group "$work/next" "$work/qlsched_next.deb" >/dev/null
+  echo "# dpkg -i qlsched_next.deb   (version $(dpkg-deb -f "$work/qlsched_next.deb" Version))"
+  dpkg -i "$work/qlsched_next.deb"
+  [ "$(dpkg-query -W -f='${Version}' qlsched)" = "$(dpkg-deb -f "$work/qlsched_next.deb" Version)" ]
   grep -qx 'id = "a"' /etc/qlsched/a.toml
   grep -qx '# edited by the admin' /etc/qlsched/replica.toml.example
   [ "$(stat -c '%a %U:%G' /etc/qlsched)" = "750 root:qlsched" ]
   echo "a.toml and the edited conffile kept; /etc/qlsched $(stat -c '%a %U:%G' /etc/qlsched)"
 }
-check "upgrade keeps replica files and an edited conffile" upgrade_keeps_configs
+check "upgrade to a newer version keeps replica files and an edited conffile" upgrade_keeps_configs
 
 remove_keeps_purge_deletes() {
   echo "# dpkg -r qlsched"
