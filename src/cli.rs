@@ -12,7 +12,7 @@ use crate::store::{self, manage, migrate};
 #[derive(Parser, Debug)]
 #[command(
     name = "qlsched",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("QLSCHED_GIT_COMMIT"), ")"),
     about = "Leaderless cluster cron scheduler on PostgreSQL"
 )]
 pub struct Cli {

@@ -55,13 +55,10 @@ impl Default for Metrics {
             orphan_releases: Counter::default(),
             wakeups: Counter::default(),
             notifications: Counter::default(),
-            lag_seconds: Histogram::new(
-                [
-                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0,
-                    300.0,
-                ]
-                .into_iter(),
-            ),
+            lag_seconds: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0,
+                300.0,
+            ]),
             live_claims: Gauge::default(),
             due_backlog: Gauge::default(),
             oldest_due_age_seconds: Gauge::default(),

@@ -49,18 +49,16 @@ pub fn run(cfg: Config, format: LogFormat) -> anyhow::Result<()> {
 
 fn notify(state: &[sd_notify::NotifyState]) {
     // No NOTIFY_SOCKET (not under systemd): a no-op.
-    let _ = sd_notify::notify(false, state);
+    let _ = sd_notify::notify(state);
 }
 
 /// The systemd watchdog ping, when systemd asks for one (`WatchdogSec=`). The supervisor pings
 /// once per tick, so an interval under two ticks would get a healthy replica killed after one
 /// late tick: refused before the database is touched.
 fn watchdog_heartbeat(cadence: Duration) -> anyhow::Result<Option<Heartbeat>> {
-    let mut usec = 0;
-    if !sd_notify::watchdog_enabled(false, &mut usec) {
+    let Some(interval) = sd_notify::watchdog_enabled() else {
         return Ok(None);
-    }
-    let interval = Duration::from_micros(usec);
+    };
     anyhow::ensure!(
         interval >= cadence * 2,
         "systemd watchdog interval (WatchdogSec) is {interval:?}; it must be at least twice \

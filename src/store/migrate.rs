@@ -259,7 +259,7 @@ impl fmt::Display for Drift {
     }
 }
 
-fn file_name(version: u32, name: &str) -> String {
+fn file_name(version: i32, name: &str) -> String {
     format!("V{version}__{name}.sql")
 }
 
@@ -269,7 +269,7 @@ pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>,
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE])
         .await?
         .get(0);
-    let applied: Vec<(u32, String, String)> = if exists {
+    let applied: Vec<(i32, String, String)> = if exists {
         client
             .query(
                 &format!("SELECT version, name, checksum FROM {HISTORY_TABLE} ORDER BY version"),
@@ -279,7 +279,7 @@ pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>,
             .iter()
             .map(|r| {
                 (
-                    r.get::<_, i32>(0) as u32,
+                    r.get::<_, i32>(0),
                     r.get::<_, String>(1),
                     r.get::<_, String>(2),
                 )
@@ -418,4 +418,36 @@ pub fn quote_ident(s: &str) -> String {
 }
 pub fn quote_literal(s: &str) -> String {
     literal(s)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The checksums databases already hold for V1–V4 (written by refinery 0.8). `db check`
+    /// compares them with the binary's, so a refinery upgrade that changed its checksum
+    /// format would make every existing install look drifted.
+    const RELEASED: [(i32, &str, u64); 4] = [
+        (1, "definitions", 14791040587439287459),
+        (2, "trigger_schedules", 9068370986614859968),
+        (3, "admitted_work", 14139397345312043001),
+        (4, "capability", 1188957103559766989),
+    ];
+
+    #[test]
+    fn released_migrations_keep_the_checksums_existing_databases_recorded() {
+        let runner = super::embedded::migrations::runner();
+        for (version, name, checksum) in RELEASED {
+            let m = runner
+                .get_migrations()
+                .iter()
+                .find(|m| m.version() == version)
+                .unwrap_or_else(|| panic!("migration V{version} is missing"));
+            assert_eq!(m.name(), name, "name of V{version}");
+            assert_eq!(
+                m.checksum(),
+                checksum,
+                "checksum of V{version}__{name}.sql changed: a migration file was edited, or \
+                 refinery changed its checksum format (existing databases would fail db check)"
+            );
+        }
+    }
 }

@@ -5,7 +5,7 @@ use std::process::Command;
 use crate::helpers::replica::binary;
 
 const UNIT: &str = include_str!("../../../config/systemd/qlsched@.service");
-const INSTALLED_BINARY: &str = "/usr/local/bin/qlsched";
+const INSTALLED_BINARY: &str = "/usr/bin/qlsched";
 /// The config bound on `scheduler.drain` (config/validate.rs): TimeoutStopSec must exceed it.
 const MAX_DRAIN_SECS: u64 = 60;
 
@@ -24,12 +24,12 @@ fn the_systemd_unit_has_the_required_keys_and_passes_systemd_analyze_verify() {
         (
             "Service",
             "ExecStartPre",
-            "/usr/local/bin/qlsched check-config --config /etc/qlsched/%i.toml",
+            "/usr/bin/qlsched check-config --config /etc/qlsched/%i.toml",
         ),
         (
             "Service",
             "ExecStart",
-            "/usr/local/bin/qlsched run --config /etc/qlsched/%i.toml",
+            "/usr/bin/qlsched run --config /etc/qlsched/%i.toml",
         ),
         (
             "Service",

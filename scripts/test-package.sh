@@ -1,0 +1,303 @@
+#!/usr/bin/env bash
+# Tests of what operators install: the Debian package (lintian, contents, the unpacked binary
+# and unit, a real install, upgrade, removal and purge), its man pages and shell completions,
+# and the Prometheus alert rules (promtool). Run by scripts/test.sh after the cargo tests;
+# alone: scripts/test-package.sh [--profile PROFILE] (default: dev, see docs/packaging.md).
+# Needs root (apt installs of missing tools, dpkg -i); refuses clearly otherwise.
+# Prints one line per check and ends with "package tests: N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+profile=dev
+while [ $# -gt 0 ]; do
+  case $1 in
+    --profile) profile=${2:?--profile needs a value}; shift 2 ;;
+    *) echo "usage: scripts/test-package.sh [--profile PROFILE]" >&2; exit 2 ;;
+  esac
+done
+
+passed=0
+failed=0
+failures=()
+# check NAME COMMAND...: runs one check in a subshell with `set -e` (any failing command
+# fails the check), its output indented; counts it.
+check() {
+  local name=$1; shift
+  echo "--- $name"
+  (set -e; "$@") 2>&1 | sed 's/^/    /'
+  if [ "${PIPESTATUS[0]}" -eq 0 ]; then
+    echo "ok   $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"
+    failed=$((failed + 1))
+    failures+=("$name")
+  fi
+}
+finish() {
+  echo
+  for f in "${failures[@]}"; do echo "failed: $f"; done
+  echo "package tests: $passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit
+}
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/test-package.sh must run as root: it installs the tools it needs with apt and" >&2
+  echo "installs and purges the package with dpkg (run it in a throwaway VM or container)." >&2
+  failed=1; failures+=("running as root"); finish
+fi
+
+# The tools, and the Debian packages that bring them: missing ones are installed in one go.
+tools="lintian:lintian promtool:prometheus man:man-db groff:groff-base systemd-analyze:systemd
+  dpkg-shlibdeps:dpkg-dev zsh:zsh fish:fish git:git"
+missing=""
+for t in $tools; do
+  command -v "${t%%:*}" >/dev/null 2>&1 || missing+=" ${t#*:}"
+done
+if [ -n "$missing" ]; then
+  echo "installing$missing (apt-get install -y --no-install-recommends$missing)…"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+for t in $tools; do
+  if ! command -v "${t%%:*}" >/dev/null 2>&1; then
+    echo "${t%%:*} missing: install the Debian package ${t#*:}" >&2
+    failed=$((failed + 1)); failures+=("${t%%:*} installed")
+  fi
+done
+[ "$failed" -eq 0 ] || finish
+
+work=$(mktemp -d)
+user_existed=$(getent passwd qlsched >/dev/null && echo yes || echo no)
+cleanup() {
+  dpkg --purge qlsched >/dev/null 2>&1 || true
+  if dpkg-divert --list /bin/systemd-sysusers | grep -q qlsched-test; then
+    dpkg-divert --quiet --local --rename --remove /bin/systemd-sysusers
+  fi
+  if [ "$user_existed" = no ] && getent passwd qlsched >/dev/null; then userdel qlsched; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------- build
+build() {
+  local start=$SECONDS
+  scripts/package.sh --profile "$profile" >"$work/deb-path" || return 1
+  echo "built $(tail -n1 "$work/deb-path") (profile $profile) in $((SECONDS - start)) s"
+}
+check "scripts/package.sh builds the .deb" build
+deb=$(tail -n1 "$work/deb-path" 2>/dev/null)
+[ -f "${deb:-}" ] || finish
+
+# ---------------------------------------------------------------- static checks of the .deb
+lintian_clean() {
+  local out tag status=0
+  lintian --pedantic --fail-on error "$deb" >"$work/lintian" 2>&1 || status=$?
+  out=$(grep -v '^running with root privileges' "$work/lintian" || true)
+  echo "${out:-(no tags)}"
+  [ "$status" -eq 0 ] || { echo "lintian reports errors (exit $status)"; return 1; }
+  # Every warning left must be explained in docs/packaging.md.
+  for tag in $(echo "$out" | sed -n 's/^[WIP]: qlsched[^:]*: \([a-z0-9-]*\).*/\1/p' | sort -u); do
+    grep -q -- "\`$tag\`" docs/packaging.md || { echo "lintian tag $tag is not explained in docs/packaging.md"; return 1; }
+  done
+}
+check "lintian: no errors, every warning explained in docs/packaging.md" lintian_clean
+
+contents_match() {
+  dpkg-deb -c "$deb" | awk '{print $1, $2, $6}' | sort >"$work/contents"
+  diff -u debian/contents.expected "$work/contents" || {
+    echo "the .deb's contents differ from debian/contents.expected (- expected, + built)"
+    return 1
+  }
+  dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles >"$work/conffiles"
+  diff -u <(echo /etc/qlsched/replica.toml.example) "$work/conffiles"
+}
+check ".deb contents equal debian/contents.expected; the example is a conffile" contents_match
+
+root=$work/root
+dpkg-deb -x "$deb" "$root"
+
+version_names_commit() {
+  local want got commit
+  commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+  want="qlsched $(dpkg-deb -f "$deb" Version | sed 's/-[^-]*$//') (commit $commit)"
+  got=$("$root/usr/bin/qlsched" --version) || return 1
+  echo "$got"
+  [ "$got" = "$want" ] || { echo "expected: $want"; return 1; }
+}
+check "the unpacked binary answers --version with the version and the git commit" version_names_commit
+
+example_config_checks() {
+  echo secret >"$work/password"
+  QLSCHED__DATABASE__PASSWORD_FILE=$work/password \
+    "$root/usr/bin/qlsched" check-config --config "$root/etc/qlsched/replica.toml.example"
+}
+check "the example replica file passes check-config" example_config_checks
+
+unit_verifies() {
+  local dir=$work/unit
+  mkdir -p "$dir"
+  grep -qx 'ExecStart=/usr/bin/qlsched run --config /etc/qlsched/%i.toml' \
+    "$root/lib/systemd/system/qlsched@.service" || { echo "ExecStart is not /usr/bin/qlsched"; return 1; }
+  # verify checks that ExecStart is executable: point it at the unpacked binary.
+  sed "s#/usr/bin/qlsched#$root/usr/bin/qlsched#g" "$root/lib/systemd/system/qlsched@.service" \
+    >"$dir/qlsched@.service"
+  local out status=0
+  out=$(systemd-analyze verify "$dir/qlsched@a.service" 2>&1) || status=$?
+  echo "${out:-systemd-analyze verify: clean}"
+  [ "$status" -eq 0 ] || return 1
+  if echo "$out" | grep -q "qlsched@"; then return 1; fi
+}
+check "systemd-analyze verify passes on the unpacked unit" unit_verifies
+
+# ---------------------------------------------------------------- man pages and completions
+man_pages_render_cleanly() {
+  local page err bad=0
+  for page in "$root"/usr/share/man/man1/*.1.gz; do
+    err=$(LC_ALL=C.UTF-8 MANROFFSEQ='' MANWIDTH=80 man --warnings -E UTF-8 -l -Tutf8 -Z "$page" 2>&1 >/dev/null)
+    err+=$(zcat "$page" | groff -man -Tutf8 -ww -z 2>&1)
+    if [ -n "$err" ]; then echo "$(basename "$page"): $err"; bad=1; else echo "$(basename "$page"): clean"; fi
+  done
+  return $bad
+}
+check "man -l and groff -man -Tutf8 -ww render every page without warnings" man_pages_render_cleanly
+
+# The subcommands the binary lists in its help (clap's "Commands:" block).
+commands_of() {
+  "$root/usr/bin/qlsched" "$@" --help | sed -n '/^Commands:/,/^$/p' | awk 'NR > 1 && NF {print $1}' | grep -vx help
+}
+man_pages_cover_every_command() {
+  local group member page bad=0
+  [ -n "$(commands_of)" ] || { echo "no commands found in qlsched --help"; return 1; }
+  for group in $(commands_of); do
+    page=$root/usr/share/man/man1/qlsched-$group.1.gz
+    [ -f "$page" ] || { echo "no page for qlsched $group"; bad=1; continue; }
+    for member in $(commands_of "$group"); do
+      zgrep -qi "^\.SH \"$group $member\"" "$page" || { echo "qlsched-$group.1 lacks $group $member"; bad=1; }
+    done
+    echo "qlsched-$group.1: $(commands_of "$group" | tr '\n' ' ')"
+  done
+  return $bad
+}
+check "one man page per command group, covering every member command" man_pages_cover_every_command
+
+bash_completion_completes() {
+  local comp=$root/usr/share/bash-completion/completions/qlsched
+  complete_words() {
+    bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1));
+             _qlsched qlsched "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}";
+             echo "${COMPREPLY[*]}"' _ "$comp" "$@"
+  }
+  local top db misfire
+  top=$(complete_words qlsched d); db=$(complete_words qlsched db "")
+  misfire=$(complete_words qlsched trigger publish --misf)
+  echo "qlsched d<TAB> -> $top"; echo "qlsched db <TAB> -> $db"; echo "qlsched trigger publish --misf<TAB> -> $misfire"
+  [ "$top" = db ] && [ "$misfire" = --misfire ] &&
+    [[ " $db " == *" bootstrap "* && " $db " == *" migrate "* && " $db " == *" check "* ]]
+}
+check "bash completion completes commands and options" bash_completion_completes
+
+zsh_fish_completions_parse() {
+  zsh -n "$root/usr/share/zsh/vendor-completions/_qlsched" &&
+    fish --no-execute "$root/usr/share/fish/vendor_completions.d/qlsched.fish" &&
+    fish -c "source $root/usr/share/fish/vendor_completions.d/qlsched.fish; complete -C 'qlsched trigger '" \
+      | tee "$work/fish" | grep -q '^publish' && echo "fish: qlsched trigger <TAB> -> $(cut -f1 "$work/fish" | tr '\n' ' ')"
+}
+check "zsh and fish completions parse; fish completes subcommands" zsh_fish_completions_parse
+
+# ---------------------------------------------------------------- alert rules
+check "promtool check rules (repository and packaged copy)" \
+  promtool check rules contrib/prometheus/qlsched-alerts.yml "$root/usr/share/qlsched/prometheus/qlsched-alerts.yml"
+check "promtool test rules: every alert fires on one series and not on another" \
+  promtool test rules contrib/prometheus/qlsched-alerts.test.yml
+every_alert_is_tested() {
+  local alert bad=0
+  for alert in $(sed -n 's/^ *- alert: *//p' contrib/prometheus/qlsched-alerts.yml); do
+    grep -q "alertname: $alert\$" contrib/prometheus/qlsched-alerts.test.yml || { echo "$alert has no test"; bad=1; }
+  done
+  return $bad
+}
+check "every alert has a promtool test" every_alert_is_tested
+
+# ---------------------------------------------------------------- real install, upgrade, purge
+install_and_check() {
+  dpkg --purge qlsched >/dev/null 2>&1 || true
+  echo "# dpkg -i $deb"
+  dpkg -i "$deb"
+  local pw
+  pw=$(getent passwd qlsched) || { echo "no qlsched user"; return 1; }
+  echo "user: $pw"
+  IFS=: read -r _ _ uid gid _ home shell <<<"$pw"
+  [ "$uid" -lt 1000 ]
+  [ "$home" = /nonexistent ]
+  [ "$shell" = /usr/sbin/nologin ]
+  [ "$(getent group "$gid" | cut -d: -f1)" = qlsched ]
+  echo "/etc/qlsched: $(stat -c '%a %U:%G' /etc/qlsched)"
+  [ "$(stat -c '%a %U:%G' /etc/qlsched)" = "750 root:qlsched" ]
+  [ -f /etc/qlsched/replica.toml.example ]
+  cmp "$root/lib/systemd/system/qlsched@.service" /lib/systemd/system/qlsched@.service
+  if [ -d /run/systemd/system ]; then
+    systemctl cat qlsched@a | grep -x 'ExecStart=/usr/bin/qlsched run --config /etc/qlsched/%i.toml'
+  else
+    echo "systemd is not PID 1 here ($(ps -o comm= -p 1)): checked the unit file on disk"
+    grep -x 'ExecStart=/usr/bin/qlsched run --config /etc/qlsched/%i.toml' /lib/systemd/system/qlsched@.service
+  fi
+  /usr/bin/qlsched --version
+  man -w qlsched-trigger
+}
+check "dpkg -i: qlsched system user, /etc/qlsched 0750 root:qlsched, the packaged unit" install_and_check
+
+upgrade_keeps_configs() {
+  printf '[replica]\nid = "a"\n' | install -m 0640 -o root -g qlsched /dev/stdin /etc/qlsched/a.toml
+  echo "# edited by the admin" >>/etc/qlsched/replica.toml.example
+  # The same package with a higher version: dpkg runs the real upgrade path.
+  dpkg-deb -R "$deb" "$work/next"
+  sed -i 's/^Version: .*/&+upgrade1/' "$work/next/DEBIAN/control"
+  dpkg-deb --build --root-owner-group "$work/next" "$work/qlsched_next.deb" >/dev/null
+  echo "# dpkg -i qlsched_next.deb   (version $(dpkg-deb -f "$work/qlsched_next.deb" Version))"
+  dpkg -i "$work/qlsched_next.deb"
+  [ "$(dpkg-query -W -f='${Version}' qlsched)" = "$(dpkg-deb -f "$work/qlsched_next.deb" Version)" ]
+  grep -qx 'id = "a"' /etc/qlsched/a.toml
+  grep -qx '# edited by the admin' /etc/qlsched/replica.toml.example
+  [ "$(stat -c '%a %U:%G' /etc/qlsched)" = "750 root:qlsched" ]
+  echo "a.toml and the edited conffile kept; /etc/qlsched $(stat -c '%a %U:%G' /etc/qlsched)"
+}
+check "upgrade to a newer version keeps replica files and an edited conffile" upgrade_keeps_configs
+
+remove_keeps_purge_deletes() {
+  echo "# dpkg -r qlsched"
+  dpkg -r qlsched
+  [ ! -e /usr/bin/qlsched ]
+  [ ! -e /lib/systemd/system/qlsched@.service ]
+  [ -f /etc/qlsched/a.toml ]
+  [ -f /etc/qlsched/replica.toml.example ]
+  echo "after remove: binary and unit gone, /etc/qlsched kept: $(ls /etc/qlsched | tr '\n' ' ')"
+  echo "# dpkg --purge qlsched"
+  dpkg --purge qlsched
+  [ ! -e /etc/qlsched ]
+  if dpkg -s qlsched >/dev/null 2>&1; then echo "still installed"; return 1; fi
+  echo "after purge: /etc/qlsched gone; the qlsched user stays: $(getent passwd qlsched)"
+}
+check "remove keeps /etc/qlsched; purge deletes it" remove_keeps_purge_deletes
+
+# Where systemd-sysusers is absent (a container without systemd), postinst creates the user.
+sysusers_fallback() {
+  getent passwd qlsched >/dev/null && userdel qlsched
+  dpkg-divert --quiet --local --rename --divert /bin/systemd-sysusers.qlsched-test --add /bin/systemd-sysusers
+  if command -v systemd-sysusers; then echo "systemd-sysusers still found"; return 1; fi
+  echo "# dpkg -i $deb   (systemd-sysusers diverted away)"
+  dpkg -i "$deb"
+  getent passwd qlsched
+  [ "$(getent passwd qlsched | cut -d: -f6,7)" = /nonexistent:/usr/sbin/nologin ]
+  [ "$(stat -c '%a %U:%G' /etc/qlsched)" = "750 root:qlsched" ]
+  dpkg --purge qlsched
+  dpkg-divert --quiet --local --rename --remove /bin/systemd-sysusers
+  command -v systemd-sysusers >/dev/null
+}
+if command -v systemd-sysusers >/dev/null; then
+  check "without systemd-sysusers, postinst creates the user with useradd" sysusers_fallback
+fi
+
+finish

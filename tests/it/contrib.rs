@@ -1,0 +1,89 @@
+//! The shipped Prometheus alert rules (and their unit tests) and the Grafana dashboard name
+//! only metrics that a live replica exports on `/metrics`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::helpers::replica::ReplicaProc;
+use crate::helpers::TestDb;
+
+const FILES: [(&str, &str); 3] = [
+    (
+        "contrib/prometheus/qlsched-alerts.yml",
+        include_str!("../../contrib/prometheus/qlsched-alerts.yml"),
+    ),
+    (
+        "contrib/prometheus/qlsched-alerts.test.yml",
+        include_str!("../../contrib/prometheus/qlsched-alerts.test.yml"),
+    ),
+    (
+        "contrib/grafana/qlsched.json",
+        include_str!("../../contrib/grafana/qlsched.json"),
+    ),
+];
+
+/// Every `qlsched_…` metric name a rules or dashboard file mentions.
+fn names_used(text: &str) -> BTreeSet<String> {
+    let name = regex::Regex::new(r"\bqlsched_[a-z0-9_]+\b").unwrap();
+    name.find_iter(text)
+        .map(|m| m.as_str().to_string())
+        .collect()
+}
+
+/// The sample names of a Prometheus/OpenMetrics text exposition (`qlsched_admits_total`,
+/// `qlsched_lag_seconds_bucket`, …).
+fn names_exported(body: &str) -> BTreeSet<String> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_dashboard_is_grafana_json_with_a_query_in_every_panel() {
+    let (file, text) = FILES[2];
+    let dashboard: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 6, "{file}: {} panels", panels.len());
+    for panel in panels {
+        let exprs: Vec<&str> = panel["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["expr"].as_str())
+            .collect();
+        assert!(
+            !exprs.is_empty() && exprs.iter().all(|e| e.contains("qlsched_")),
+            "{file}: panel {} has queries {exprs:?}",
+            panel["title"]
+        );
+    }
+}
+
+#[tokio::test]
+async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_exports() {
+    let db = TestDb::new().await;
+    let mut r = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "metrics", "", &[]);
+    r.wait_ready(Duration::from_secs(30)).await;
+    let (status, body) = r.get("/metrics").expect("/metrics answers");
+    assert_eq!(status, 200, "{body}");
+    let exported = names_exported(&body);
+    assert!(
+        exported.contains("qlsched_admits_total")
+            && exported.contains("qlsched_lag_seconds_bucket"),
+        "the exposition parsed into {exported:?}:\n{body}"
+    );
+
+    for (file, text) in FILES {
+        let used = names_used(text);
+        assert!(used.len() >= 5, "{file}: found only {used:?}");
+        let missing: Vec<&String> = used.difference(&exported).collect();
+        assert!(
+            missing.is_empty(),
+            "{file} uses {missing:?}, which a live replica does not export; it exports {exported:?}"
+        );
+    }
+    assert!(r.terminate(Duration::from_secs(30)).await.success());
+}
