@@ -8,6 +8,7 @@ mod daemon;
 mod drills;
 mod edges;
 mod lifecycle;
+mod manage_projects;
 mod migrations;
 mod on_time;
 mod operate;
