@@ -9,6 +9,7 @@ mod drills;
 mod edges;
 mod lifecycle;
 mod manage_projects;
+mod manage_triggers;
 mod migrations;
 mod on_time;
 mod operate;
