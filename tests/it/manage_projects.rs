@@ -87,7 +87,9 @@ async fn a_trigger_published_while_its_project_is_resumed_becomes_claimable() {
     );
     let pool = db.runtime_pool(1);
     let conn = store::conn(&pool).await.unwrap();
-    let rows = claim::claim_due(&conn, "a", 30_000, 10).await.unwrap();
+    let rows = claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 1, "the trigger is claimable");
 }
 
@@ -98,7 +100,9 @@ async fn setting_an_active_project_active_again_keeps_live_claims() {
     db.seed(2, "* * * * * *").await;
     let pool = db.runtime_pool(1);
     let conn = store::conn(&pool).await.unwrap();
-    let claimed = claim::claim_due(&conn, "a", 30_000, 10).await.unwrap();
+    let claimed = claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 2);
     let mut admin = db.admin().await;
     manage::set_project(&mut admin, "proj", "active")
