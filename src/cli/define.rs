@@ -1,5 +1,7 @@
 //! Definitions: `project set`, `task publish`, `trigger publish`, `trigger explain`.
 
+use clap::Args;
+
 use super::connect::{self, Target};
 use super::error::CliError;
 use crate::schedule::{MisfirePolicy, Schedule};
@@ -24,19 +26,30 @@ pub async fn task_publish(
     Ok(())
 }
 
-/// What `trigger publish` was given.
+/// What `trigger publish` takes.
+#[derive(Args, Debug)]
 pub struct PublishArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[arg(long)]
     pub id: String,
+    #[arg(long)]
     pub project: String,
+    #[arg(long)]
     pub task: String,
+    #[arg(long)]
     pub cron: String,
+    #[arg(long, default_value = "UTC")]
     pub tz: String,
+    #[arg(long, default_value = "skip", value_parser = ["skip", "fire_once"])]
     pub misfire: String,
+    #[arg(long, default_value_t = crate::schedule::DEFAULT_MISFIRE_GRACE_MS)]
     pub grace_ms: i64,
+    #[arg(long)]
     pub disabled: bool,
 }
 
-pub async fn trigger_publish(target: &Target, a: PublishArgs) -> Result<(), CliError> {
+pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
     let misfire_policy =
         a.misfire
             .parse::<MisfirePolicy>()
@@ -61,7 +74,7 @@ pub async fn trigger_publish(target: &Target, a: PublishArgs) -> Result<(), CliE
             source,
         }
     })?;
-    let mut c = connect::connect_target(target).await?;
+    let mut c = connect::connect_target(&a.target).await?;
     let p = manage::publish_trigger(&mut c, &spec).await?;
     println!(
         "trigger {} revision {}{}",

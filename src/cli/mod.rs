@@ -108,26 +108,7 @@ pub enum TaskCommand {
 #[derive(Subcommand, Debug)]
 pub enum TriggerCommand {
     /// Validate and publish a cron trigger (a changed definition is a new revision).
-    Publish {
-        #[command(flatten)]
-        target: Target,
-        #[arg(long)]
-        id: String,
-        #[arg(long)]
-        project: String,
-        #[arg(long)]
-        task: String,
-        #[arg(long)]
-        cron: String,
-        #[arg(long, default_value = "UTC")]
-        tz: String,
-        #[arg(long, default_value = "skip", value_parser = ["skip", "fire_once"])]
-        misfire: String,
-        #[arg(long, default_value_t = crate::schedule::DEFAULT_MISFIRE_GRACE_MS)]
-        grace_ms: i64,
-        #[arg(long)]
-        disabled: bool,
-    },
+    Publish(define::PublishArgs),
     /// Show the next occurrences of an expression in a zone (no database).
     Explain {
         #[arg(long)]
@@ -213,27 +194,7 @@ pub enum TriggerCommand {
         json: bool,
     },
     /// Admit every occurrence in [--from, --to) that has no run yet (cron keys).
-    Backfill {
-        #[command(flatten)]
-        target: Target,
-        id: String,
-        /// Window start, inclusive (RFC 3339).
-        #[arg(long)]
-        from: String,
-        /// Window end, exclusive (RFC 3339, not in the future).
-        #[arg(long)]
-        to: String,
-        /// Refuse a window with more occurrences than this (at most 100000).
-        #[arg(long, default_value_t = BACKFILL_DEFAULT_MAX)]
-        max: usize,
-        /// Occurrences per committed transaction.
-        #[arg(long, default_value_t = triggers::BACKFILL_DEFAULT_CHUNK)]
-        chunk: usize,
-        #[arg(long)]
-        actor: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Backfill(triggers::BackfillArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -310,29 +271,7 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
 
 async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
     match cmd {
-        TriggerCommand::Publish {
-            target,
-            id,
-            project,
-            task,
-            cron,
-            tz,
-            misfire,
-            grace_ms,
-            disabled,
-        } => {
-            let args = define::PublishArgs {
-                id,
-                project,
-                task,
-                cron,
-                tz,
-                misfire,
-                grace_ms,
-                disabled,
-            };
-            define::trigger_publish(&target, args).await
-        }
+        TriggerCommand::Publish(args) => define::trigger_publish(args).await,
         TriggerCommand::Explain {
             cron,
             tz,
@@ -388,26 +327,6 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             actor,
             json,
         } => triggers::fire(&target, &id, request_id.as_deref(), actor.as_deref(), json).await,
-        TriggerCommand::Backfill {
-            target,
-            id,
-            from,
-            to,
-            max,
-            chunk,
-            actor,
-            json,
-        } => {
-            let args = triggers::BackfillArgs {
-                id: &id,
-                from: &from,
-                to: &to,
-                max,
-                chunk,
-                actor: actor.as_deref(),
-                json,
-            };
-            triggers::backfill(&target, args).await
-        }
+        TriggerCommand::Backfill(args) => triggers::backfill(args).await,
     }
 }

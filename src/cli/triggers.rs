@@ -1,6 +1,7 @@
 //! Operator trigger management: `trigger list | show | disable | enable | delete | fire |
 //! backfill`. All through the admin role; a human table by default, `--json` for scripts.
 
+use clap::Args;
 use serde_json::{json, Value};
 
 use super::connect::{self, Target};
@@ -54,7 +55,7 @@ pub fn occurrences_in(
 /// Who an operator action is recorded as: `--actor`, else the login user, plus the
 /// database role it ran as (`alice via qlsched_admin`).
 async fn actor(client: &tokio_postgres::Client, given: Option<&str>) -> Result<String, CliError> {
-    let role = manage::current_user(client).await?;
+    let role = crate::store::migrate::current_role(client).await?;
     let person = given
         .map(str::to_string)
         .or_else(|| std::env::var("USER").ok())
@@ -361,26 +362,39 @@ pub async fn fire(
     Ok(())
 }
 
-/// What `trigger backfill` was given.
-pub struct BackfillArgs<'a> {
-    pub id: &'a str,
-    pub from: &'a str,
-    pub to: &'a str,
+/// What `trigger backfill` takes.
+#[derive(Args, Debug)]
+pub struct BackfillArgs {
+    #[command(flatten)]
+    pub target: Target,
+    pub id: String,
+    /// Window start, inclusive (RFC 3339).
+    #[arg(long)]
+    pub from: String,
+    /// Window end, exclusive (RFC 3339, not in the future).
+    #[arg(long)]
+    pub to: String,
+    /// Refuse a window with more occurrences than this (at most 100000).
+    #[arg(long, default_value_t = BACKFILL_DEFAULT_MAX)]
     pub max: usize,
+    /// Occurrences per committed transaction.
+    #[arg(long, default_value_t = BACKFILL_DEFAULT_CHUNK)]
     pub chunk: usize,
-    pub actor: Option<&'a str>,
+    #[arg(long)]
+    pub actor: Option<String>,
+    #[arg(long)]
     pub json: bool,
 }
 
 /// `trigger backfill`: every check happens before the first write; then chunks commit in
 /// order, each on its own, so an interrupted run leaves a prefix and a re-run completes it.
-pub async fn backfill(target: &Target, a: BackfillArgs<'_>) -> Result<(), CliError> {
-    let from = parse_time("--from", a.from)?;
-    let to = parse_time("--to", a.to)?;
+pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
+    let from = parse_time("--from", &a.from)?;
+    let to = parse_time("--to", &a.to)?;
     if from >= to {
         return Err(CliError::WindowOrder {
-            from: a.from.into(),
-            to: a.to.into(),
+            from: a.from.clone(),
+            to: a.to.clone(),
         });
     }
     if !(1..=BACKFILL_HARD_CAP).contains(&a.max) {
@@ -392,23 +406,23 @@ pub async fn backfill(target: &Target, a: BackfillArgs<'_>) -> Result<(), CliErr
     if !(1..=10_000).contains(&a.chunk) {
         return Err(CliError::ChunkOutOfRange { chunk: a.chunk });
     }
-    let mut client = connect::connect_target(target).await?;
+    let mut client = connect::connect_target(&a.target).await?;
     let now = manage::db_now(&client).await?;
     if to > now {
         return Err(CliError::WindowInFuture {
-            to: a.to.into(),
+            to: a.to.clone(),
             now: render::utc(Some(now)),
         });
     }
-    let v = triggers::show(&client, a.id).await?;
-    let revision = triggers::admittable_revision(&mut client, a.id).await?;
+    let v = triggers::show(&client, &a.id).await?;
+    let revision = triggers::admittable_revision(&mut client, &a.id).await?;
     let schedule = Schedule::parse(&v.cron_expr, &v.timezone)?;
     let occurrences =
         occurrences_in(&schedule, from, to, a.max).ok_or(CliError::WindowOverCap { max: a.max })?;
-    let by = format!("backfill:{}", actor(&client, a.actor).await?);
+    let by = format!("backfill:{}", actor(&client, a.actor.as_deref()).await?);
     let mut total = triggers::BackfillCount::default();
     for chunk in occurrences.chunks(a.chunk) {
-        let c = triggers::backfill_chunk(&mut client, a.id, revision, chunk, &by).await?;
+        let c = triggers::backfill_chunk(&mut client, &a.id, revision, chunk, &by).await?;
         total.admitted += c.admitted;
         total.already_existed += c.already_existed;
     }

@@ -83,15 +83,6 @@ pub async fn set_project(
     Ok(())
 }
 
-/// The database role this session runs as (who an operator action is recorded as, when no
-/// actor is named).
-pub async fn current_user(client: &tokio_postgres::Client) -> Result<String, StoreError> {
-    Ok(client
-        .query_one("SELECT current_user::text", &[])
-        .await?
-        .get(0))
-}
-
 /// The database clock in Unix milliseconds.
 pub async fn db_now(client: &tokio_postgres::Client) -> Result<i64, StoreError> {
     Ok(client
@@ -274,18 +265,7 @@ pub async fn publish_trigger(
     spec: &TriggerSpec,
 ) -> Result<Published, ManageError> {
     let id = &spec.trigger_id;
-    let schedule = Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {
-        ManageError::Definition {
-            id: id.clone(),
-            source,
-        }
-    })?;
-    if !(0..=86_400_000).contains(&spec.misfire_grace_ms) {
-        return Err(ManageError::MisfireGrace {
-            id: id.clone(),
-            grace_ms: spec.misfire_grace_ms,
-        });
-    }
+    let schedule = validate(spec)?;
     let digest = spec.content_digest();
     let tx = client.transaction().await?;
     let current = tx
@@ -354,6 +334,45 @@ pub async fn publish_trigger(
         .await?;
     let revision: i64 = row.get(0);
     let claimable = row.get::<_, bool>(1) && project_active;
+    upsert_schedule(&tx, spec, revision, claimable).await?;
+    if claimable {
+        // The new revision needs its first cursor now: wake the replicas.
+        super::wake::notify(&tx, None).await?;
+    }
+    tx.commit().await?;
+    Ok(Published {
+        revision,
+        changed: true,
+    })
+}
+
+/// The expression and zone parse, and the misfire grace is in bounds.
+fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
+    let id = &spec.trigger_id;
+    let schedule = Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {
+        ManageError::Definition {
+            id: id.clone(),
+            source,
+        }
+    })?;
+    if !(0..=86_400_000).contains(&spec.misfire_grace_ms) {
+        return Err(ManageError::MisfireGrace {
+            id: id.clone(),
+            grace_ms: spec.misfire_grace_ms,
+        });
+    }
+    Ok(schedule)
+}
+
+/// Creates the schedule row of a new revision, or resets an existing one to it (cursor and
+/// claim cleared, versions bumped).
+async fn upsert_schedule(
+    tx: &tokio_postgres::Transaction<'_>,
+    spec: &TriggerSpec,
+    revision: i64,
+    claimable: bool,
+) -> Result<(), ManageError> {
+    let id = &spec.trigger_id;
     tx.execute(
         concat!(
             "INSERT INTO qlsched.trigger_schedules AS s (trigger_id, project_id, trigger_revision, claimable_at_ms, updated_at_ms)
@@ -370,15 +389,7 @@ pub async fn publish_trigger(
         &[id, &spec.project_id, &revision, &claimable],
     )
     .await?;
-    if spec.enabled {
-        // The new revision needs its first cursor now: wake the replicas.
-        super::wake::notify(&tx, None).await?;
-    }
-    tx.commit().await?;
-    Ok(Published {
-        revision,
-        changed: true,
-    })
+    Ok(())
 }
 
 /// The project's status, with its row held `FOR SHARE` until the transaction ends (a
