@@ -156,30 +156,14 @@ pub enum TriggerCommand {
     /// Stop a trigger now (a live claim is fenced out); the note, who and when are kept.
     Disable {
         #[command(flatten)]
-        target: Target,
-        id: String,
+        change: triggers::ChangeArgs,
         #[arg(long)]
         note: Option<String>,
-        /// Who to record (default: $USER), with the database role.
-        #[arg(long)]
-        actor: Option<String>,
     },
     /// Start a disabled trigger again from the first occurrence after now (no replay).
-    Enable {
-        #[command(flatten)]
-        target: Target,
-        id: String,
-        #[arg(long)]
-        actor: Option<String>,
-    },
+    Enable(triggers::ChangeArgs),
     /// Stop a trigger for good and drop it from `list`; its runs stay.
-    Delete {
-        #[command(flatten)]
-        target: Target,
-        id: String,
-        #[arg(long)]
-        actor: Option<String>,
-    },
+    Delete(triggers::ChangeArgs),
     /// Admit one occurrence now; the same --request-id twice admits one run.
     Fire {
         #[command(flatten)]
@@ -308,18 +292,11 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             runs,
             json,
         } => triggers::show(&target, &id, count, runs, json).await,
-        TriggerCommand::Disable {
-            target,
-            id,
-            note,
-            actor,
-        } => triggers::disable(&target, &id, note.as_deref(), actor.as_deref()).await,
-        TriggerCommand::Enable { target, id, actor } => {
-            triggers::enable(&target, &id, actor.as_deref()).await
+        TriggerCommand::Disable { change, note } => {
+            triggers::disable(&change, note.as_deref()).await
         }
-        TriggerCommand::Delete { target, id, actor } => {
-            triggers::delete(&target, &id, actor.as_deref()).await
-        }
+        TriggerCommand::Enable(change) => triggers::enable(&change).await,
+        TriggerCommand::Delete(change) => triggers::delete(&change).await,
         TriggerCommand::Fire {
             target,
             id,

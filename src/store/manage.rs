@@ -394,7 +394,7 @@ async fn upsert_schedule(
 
 /// The project's status, with its row held `FOR SHARE` until the transaction ends (a
 /// status change waits for us; see [`set_project`]).
-pub(super) async fn lock_project_status(
+pub(crate) async fn lock_project_status(
     tx: &tokio_postgres::Transaction<'_>,
     project_id: &str,
 ) -> Result<String, ManageError> {

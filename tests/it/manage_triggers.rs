@@ -134,6 +134,10 @@ async fn list_pages_by_id_shows_state_with_the_note_and_hides_deleted_triggers()
         &["trigger", "disable", "trg-00002", "--note", "incident 42"],
     ));
     ok(ql(&db, &["trigger", "delete", "trg-00004"]));
+    let again: serde_json::Value =
+        serde_json::from_str(&ok(ql(&db, &["trigger", "disable", "trg-00002", "--json"]))).unwrap();
+    assert_eq!(again["changed"], false, "{again}");
+    assert_eq!(again["state"], "disabled", "{again}");
 
     let page1: serde_json::Value =
         serde_json::from_str(&ok(ql(&db, &["trigger", "list", "--json", "--limit", "2"]))).unwrap();
