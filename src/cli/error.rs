@@ -58,6 +58,12 @@ pub enum CliError {
     ChunkOutOfRange { chunk: usize },
     #[error("--request-id `{value}`: must match [A-Za-z0-9._:-]{{1,128}}")]
     BadRequestId { value: String },
+    #[error("{arg}: {len} characters; at most {max}")]
+    TooLong {
+        arg: &'static str,
+        len: usize,
+        max: usize,
+    },
     #[error("--limit {limit}: must be within 1..=10000")]
     LimitOutOfRange { limit: i64 },
     #[error("--misfire `{value}`: {source}")]

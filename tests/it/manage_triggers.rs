@@ -826,6 +826,24 @@ async fn every_refusal_exits_with_its_code_names_the_culprit_and_writes_nothing(
         2,
         "--limit 0",
     );
+    let long = "n".repeat(1001);
+    refused(
+        ql(&db, &["trigger", "disable", id, "--note", &long]),
+        2,
+        "--note: 1001 characters",
+    );
+    let who = "w".repeat(101);
+    refused(
+        ql(&db, &["trigger", "disable", id, "--actor", &who]),
+        2,
+        "--actor: 101 characters",
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.triggers WHERE enabled")
+            .await,
+        1,
+        "still enabled"
+    );
     refused(
         ql(
             &db,

@@ -35,10 +35,19 @@ pub fn parse_time(arg: &'static str, value: &str) -> Result<i64, CliError> {
 
 /// Who an operator action is recorded as: `--actor`, else the login user, plus the
 /// database role it ran as (`alice via qlsched_admin`).
+/// Refuses an argument longer than `max` characters (before anything is written).
+pub(super) fn at_most(arg: &'static str, value: Option<&str>, max: usize) -> Result<(), CliError> {
+    match value.map(|v| v.chars().count()) {
+        Some(len) if len > max => Err(CliError::TooLong { arg, len, max }),
+        _ => Ok(()),
+    }
+}
+
 pub(super) async fn actor(
     client: &tokio_postgres::Client,
     given: Option<&str>,
 ) -> Result<String, CliError> {
+    at_most("--actor", given, 100)?;
     let role = crate::store::migrate::current_role(client).await?;
     let person = given
         .map(str::to_string)

@@ -3,7 +3,7 @@
 use clap::Args;
 use serde_json::json;
 
-use super::actor;
+use super::{actor, at_most};
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::store::triggers::{self, Changed};
@@ -37,6 +37,7 @@ fn say_changed(a: &ChangeArgs, what: &str, c: Changed) -> Result<(), CliError> {
 
 /// `trigger disable`.
 pub async fn disable(a: &ChangeArgs, note: Option<&str>) -> Result<(), CliError> {
+    at_most("--note", note, 1000)?;
     let mut client = connect::connect_target(&a.target).await?;
     let by = actor(&client, a.actor.as_deref()).await?;
     let c = triggers::disable(&mut client, &a.id, note, &by).await?;

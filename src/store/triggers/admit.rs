@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::lock_trigger;
 use crate::db_now_ms;
-use crate::store::admit::idempotency_key;
+use crate::store::admit::{idempotency_key, mint_run_id};
 use crate::store::manage::{lock_project_status, ManageError};
 
 /// The key of a run fired by hand.
@@ -104,7 +104,8 @@ pub async fn fire(
     let tx = client.transaction().await?;
     let revision = lock_admittable(&tx, id).await?;
     let key = manual_key(id, revision, request_id);
-    let (run_id, attempt_id) = (Uuid::new_v4(), Uuid::new_v4());
+    // Run ids laid out like a replica's (see `mint_run_id`), in the operator's own key range.
+    let (run_id, attempt_id) = (mint_run_id(by), Uuid::new_v4());
     let rows = tx
         .query(
             ADMIT_MANUAL_SQL,
@@ -175,7 +176,7 @@ pub async fn backfill_chunk(
         });
     }
     let sfs: Vec<Option<i64>> = occurrences.iter().map(|&t| Some(t)).collect();
-    let runs: Vec<Uuid> = occurrences.iter().map(|_| Uuid::new_v4()).collect();
+    let runs: Vec<Uuid> = occurrences.iter().map(|_| mint_run_id(by)).collect();
     let atts: Vec<Uuid> = occurrences.iter().map(|_| Uuid::new_v4()).collect();
     let keys: Vec<String> = occurrences
         .iter()
