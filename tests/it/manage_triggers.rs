@@ -1007,3 +1007,44 @@ fn refused_ref(o: &Output, code: i32, needle: &str) {
     assert_eq!(o.status.code(), Some(code), "stderr: {err}");
     assert!(err.contains(needle), "stderr lacks `{needle}`: {err}");
 }
+
+/// An operator's disable stays in force when the trigger is republished with a changed
+/// definition (a deployment during an incident does not re-enable it); `enable` ends it.
+#[tokio::test]
+async fn a_republish_keeps_an_operator_disable_until_enable() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    let id = "trg-00000";
+    let mut admin = db.admin().await;
+    triggers::disable(&mut admin, id, Some("incident"), "ops")
+        .await
+        .unwrap();
+    let p = manage::publish_trigger(
+        &mut admin,
+        &TriggerSpec::new(id, "proj", "task", "*/2 * * * * *", "UTC"),
+    )
+    .await
+    .unwrap();
+    assert_eq!((p.revision, p.changed), (2, true));
+    let v = triggers::show(&admin, id).await.unwrap();
+    assert!(!v.enabled && v.operator_disabled, "{v:?}");
+    assert_eq!(v.disabled_note.as_deref(), Some("incident"));
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claimable_at_ms IS NULL")
+            .await,
+        1,
+        "not claimable"
+    );
+    assert_eq!(
+        triggers::enable(&mut admin, id, "ops").await.unwrap(),
+        triggers::Changed::Yes
+    );
+    let v = triggers::show(&admin, id).await.unwrap();
+    assert!(v.enabled && !v.operator_disabled, "{v:?}");
+    assert_eq!(
+        v.disabled_note.as_deref(),
+        Some("incident"),
+        "kept on record"
+    );
+    assert_eq!(v.enabled_by.as_deref(), Some("ops"));
+}
