@@ -14,7 +14,6 @@ mod view;
 
 pub use admit::{admittable_revision, backfill_chunk, fire, manual_key, BackfillCount, Fired};
 pub use state::{delete, disable, enable};
-
 pub use view::{list, show, ListQuery, StateFilter, TriggerView, LIST_SQL};
 
 use super::manage::ManageError;
