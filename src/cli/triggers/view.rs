@@ -92,8 +92,13 @@ pub async fn show(
 ) -> Result<(), CliError> {
     let client = connect::connect_target(target).await?;
     let v = triggers::show(&client, id).await?;
+    // From the cursor when it is set (a due occurrence not yet admitted is still upcoming),
+    // else from now.
     let upcoming = if v.enabled {
-        Schedule::parse(&v.cron_expr, &v.timezone)?.explain(v.now_ms, count)
+        let from = v
+            .next_fire_at_ms
+            .map_or(v.now_ms, |c| (c - 1).min(v.now_ms));
+        Schedule::parse(&v.cron_expr, &v.timezone)?.explain(from, count)
     } else {
         Vec::new()
     };
