@@ -211,6 +211,8 @@ async fn list_pages_by_id_shows_state_with_the_note_and_hides_deleted_triggers()
 /// stops at the page size; nothing scans or sorts the trigger or schedule table.
 #[tokio::test]
 async fn listing_100000_triggers_is_an_index_scan_that_stops_at_the_page() {
+    // Seeding 100,000 rows loads both cores: not alongside the timing-sensitive drills.
+    let _one = crate::drills::exclusive().await;
     let db = TestDb::new().await;
     db.seed_bulk(100_000, "* * * * *", 60_000).await;
     let su = db.superuser().await;
