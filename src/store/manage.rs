@@ -79,6 +79,10 @@ pub async fn set_project(
         &[&project_id, &status],
     )
     .await?;
+    if status == "active" {
+        // Resumed rows are claimable at their cursors (or pending): wake the replicas.
+        super::wake::notify(&tx, None).await?;
+    }
     tx.commit().await?;
     Ok(())
 }

@@ -10,6 +10,7 @@ mod edges;
 mod lifecycle;
 mod manage_projects;
 mod manage_triggers;
+mod manage_wake;
 mod migrations;
 mod on_time;
 mod operate;

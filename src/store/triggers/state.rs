@@ -97,6 +97,10 @@ pub async fn enable(
         &[&id, &active],
     )
     .await?;
+    if active {
+        // The row needs its first cursor now: wake the replicas (delivered at commit).
+        crate::store::wake::notify(&tx, None).await?;
+    }
     tx.commit().await?;
     Ok(Changed::Yes)
 }
