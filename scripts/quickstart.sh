@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # qlsched end to end on a throwaway PostgreSQL: start a private cluster, bootstrap roles and
-# database, migrate, publish sample triggers, run three replicas, SIGKILL one half-way and
-# watch the others take over, stop the rest with SIGTERM, check the invariants, clean up.
+# database, migrate, publish sample triggers, run three replicas, manage triggers as an
+# operator (list, show, disable/enable, fire, backfill), SIGKILL the replica holding the most
+# leases and watch its rows taken over after the lease expiry, stop the rest with SIGTERM,
+# check the invariants, clean up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
@@ -67,14 +69,56 @@ done
 status() { $QL status --dsn "$RUNTIME" | sed 's/^/   /'; }
 for round in 1 2 3; do sleep 4; say "status after $((round * 4)) s"; status; done
 
-say "SIGKILL replica b (pid ${PIDS[b]}) while it holds leases"
-sql "select 'b holds ' || count(*) || ' leases' from qlsched.trigger_schedules where claim_owner = 'b'"
-kill -KILL "${PIDS[b]}"; unset 'PIDS[b]'
-KILLED_AT=$(sql "select (extract(epoch from clock_timestamp())*1000)::bigint")
-for round in 1 2 3; do sleep 4; say "status $((round * 4)) s after the kill"; status; done
-sql "select 'first run admitted after the kill: ' || coalesce(min(queued_at_ms) - $KILLED_AT, -1) || ' ms later, by ' || string_agg(distinct admitted_by, ',') from qlsched.runs where queued_at_ms > $KILLED_AT"
+say "operator: managing triggers (admin role; the DSN comes from QLSCHED_DSN)"
+export QLSCHED_DSN="$ADMIN"
+op() { echo "\$ qlsched $(printf '%q ' "$@")"; $QL "$@" | sed 's/^/   /'; }
+op trigger list --limit 4
+op trigger show every-5s --count 3 --runs 3
+op trigger disable every-5s --note "demo: paused during an incident" --actor demo
+op trigger list --state disabled
+sleep 6
+op trigger enable every-5s --actor demo
+sql "select 'every-5s runs scheduled while disabled: ' || count(*) from qlsched.runs r join qlsched.triggers t using (trigger_id) where trigger_id = 'every-5s' and r.scheduled_for_ms > t.disabled_at_ms and r.scheduled_for_ms <= t.enabled_at_ms"
+op trigger fire nightly-berlin --request-id demo-1
+op trigger fire nightly-berlin --request-id demo-1
+FROM=$(date -u -d '3 days ago' +%Y-%m-%dT00:00:00Z); TO=$(date -u +%Y-%m-%dT00:00:00Z)
+op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
+op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
+op runs list --trigger nightly-berlin --limit 5
 
-say "SIGTERM replicas a and c (graceful: drain, hand leases back)"
+say "SIGKILL the replica that holds the most leases right now"
+# Admissions are held for 2 s by a table lock so that leases are held at the moment of the
+# kill (without it an every-second lease lives for milliseconds); claims go on meanwhile.
+# The victim's database sessions are cut with it, as when its VM dies: an admission it had
+# already sent would otherwise still commit inside the lease once the lock is released.
+"$BIN_DIR/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d qlsched \
+  -c "BEGIN; LOCK TABLE qlsched.runs IN EXCLUSIVE MODE; SELECT pg_sleep(2); COMMIT;" >/dev/null &
+LOCKER=$!
+VICTIM=""
+for _ in $(seq 1 40); do
+  sleep 0.05
+  VICTIM=$(sql "select claim_owner from qlsched.trigger_schedules where claim_owner is not null and claim_expires_at_ms > (extract(epoch from clock_timestamp())*1000)::bigint group by 1 order by count(*) desc, 1 limit 1")
+  [ -n "$VICTIM" ] && [ -n "${PIDS[$VICTIM]:-}" ] && break
+done
+[ -n "$VICTIM" ] || { echo "no replica holds a lease" >&2; exit 1; }
+HELD=$(sql "select string_agg(format('(%L,%s)', trigger_id, claim_expires_at_ms), ',') from qlsched.trigger_schedules where claim_owner = '$VICTIM' and claim_expires_at_ms > (extract(epoch from clock_timestamp())*1000)::bigint")
+kill -KILL "${PIDS[$VICTIM]}"
+sql "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = 'qlsched-$VICTIM'" >/dev/null
+KILLED_AT=$(sql "select (extract(epoch from clock_timestamp())*1000)::bigint")
+echo "killed replica $VICTIM (pid ${PIDS[$VICTIM]}) holding $(sql "select count(*) from (values $HELD) h(t, e)") leases"
+unset "PIDS[$VICTIM]"
+wait "$LOCKER"
+for round in 1 2; do sleep 4; say "status $((round * 4)) s after the kill"; status; done
+echo "the killed replica's rows: lease expiry, first run after the kill, and who took it over"
+sql "select format('   %-16s expired %s ms after the kill; next run %s ms after the expiry, by %s', h.t,
+               h.e - $KILLED_AT, r.queued_at_ms - h.e, r.admitted_by)
+       from (values $HELD) h(t, e)
+       left join lateral (select queued_at_ms, admitted_by from qlsched.runs
+                           where trigger_id = h.t and queued_at_ms > $KILLED_AT
+                           order by queued_at_ms limit 1) r on true
+      order by h.t"
+
+say "SIGTERM the other replicas (graceful: drain, hand leases back)"
 for r in "${!PIDS[@]}"; do kill -TERM "${PIDS[$r]}"; done
 for r in "${!PIDS[@]}"; do wait "${PIDS[$r]}" && echo "replica $r exited 0"; done
 PIDS=()

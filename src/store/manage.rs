@@ -5,16 +5,22 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::StoreError;
-use crate::schedule::{MisfirePolicy, Schedule, DEFAULT_MISFIRE_GRACE_MS};
+use crate::db_now_ms;
+use crate::schedule::{MisfirePolicy, Schedule, ScheduleError, DEFAULT_MISFIRE_GRACE_MS};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-const NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
 /// Creates the project or changes its status. Schedules of a project that is not active
 /// leave the claim index (claimable_at_ms NULL) and come back at their cursor when it is.
+///
+/// Locking: the project row is taken `FOR UPDATE` before its status is compared. A trigger
+/// publish (or enable) holds the same row `FOR SHARE` from the moment it reads the status
+/// until it commits its schedule row, so a status change either waits for that publish and
+/// then sees (and fixes) its row, or makes the publish wait and read the new status. Only a
+/// real change touches schedules: setting the status a project already has is a no-op and
+/// never fences a live claim.
 pub async fn set_project(
     client: &mut tokio_postgres::Client,
     project_id: &str,
@@ -22,10 +28,33 @@ pub async fn set_project(
 ) -> Result<(), StoreError> {
     let tx = client.transaction().await?;
     tx.execute(
-        &format!(
+        concat!(
             "INSERT INTO qlsched.projects (project_id, status, created_at_ms, updated_at_ms)
-             VALUES ($1, $2, {NOW}, {NOW})
-             ON CONFLICT (project_id) DO UPDATE SET status = EXCLUDED.status, updated_at_ms = EXCLUDED.updated_at_ms"
+             VALUES ($1, $2, ",
+            db_now_ms!(),
+            ", ",
+            db_now_ms!(),
+            ") ON CONFLICT (project_id) DO NOTHING"
+        ),
+        &[&project_id, &status],
+    )
+    .await?;
+    let current: String = tx
+        .query_one(
+            "SELECT status FROM qlsched.projects WHERE project_id = $1 FOR UPDATE",
+            &[&project_id],
+        )
+        .await?
+        .get(0);
+    if current == status {
+        tx.commit().await?;
+        return Ok(());
+    }
+    tx.execute(
+        concat!(
+            "UPDATE qlsched.projects SET status = $2, updated_at_ms = ",
+            db_now_ms!(),
+            " WHERE project_id = $1"
         ),
         &[&project_id, &status],
     )
@@ -34,12 +63,14 @@ pub async fn set_project(
     // commit) and takes its rows out of the claim index; resuming puts them back at their
     // cursors.
     tx.execute(
-        &format!(
+        concat!(
             "UPDATE qlsched.trigger_schedules s
                 SET claimable_at_ms = CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.next_fire_at_ms, 0) END,
                     claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
                     claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
-                    state_version = s.state_version + 1, updated_at_ms = {NOW}
+                    state_version = s.state_version + 1, updated_at_ms = ",
+            db_now_ms!(),
+            "
                FROM qlsched.triggers t
               WHERE s.project_id = $1 AND t.trigger_id = s.trigger_id
                 AND (s.claim_owner IS NOT NULL OR s.claimable_at_ms IS DISTINCT FROM
@@ -48,8 +79,20 @@ pub async fn set_project(
         &[&project_id, &status],
     )
     .await?;
+    if status == "active" {
+        // Resumed rows are claimable at their cursors (or pending): wake the replicas.
+        super::wake::notify(&tx, None).await?;
+    }
     tx.commit().await?;
     Ok(())
+}
+
+/// The database clock in Unix milliseconds.
+pub async fn db_now(client: &tokio_postgres::Client) -> Result<i64, StoreError> {
+    Ok(client
+        .query_one(concat!("SELECT ", db_now_ms!()), &[])
+        .await?
+        .get(0))
 }
 
 /// Creates or updates a task; a changed spec pins a new immutable execution revision and
@@ -80,7 +123,8 @@ pub async fn publish_task(
     tx.execute(
         &format!(
             "INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
-             VALUES ($1, $2, 'remote_worker', $3, $4, {NOW})"
+             VALUES ($1, $2, 'remote_worker', $3, $4, {})",
+            db_now_ms!()
         ),
         &[&exec_id, &project_id, &spec, &spec_digest],
     )
@@ -89,11 +133,12 @@ pub async fn publish_task(
         .query_one(
             &format!(
                 "INSERT INTO qlsched.tasks (task_id, project_id, revision, content_digest, execution_revision_id, updated_at_ms)
-                 VALUES ($1, $2, 1, $3, $4, {NOW})
+                 VALUES ($1, $2, 1, $3, $4, {})
                  ON CONFLICT (task_id) DO UPDATE
                    SET revision = qlsched.tasks.revision + 1, content_digest = EXCLUDED.content_digest,
                        execution_revision_id = EXCLUDED.execution_revision_id, updated_at_ms = EXCLUDED.updated_at_ms
-                 RETURNING revision"
+                 RETURNING revision",
+                db_now_ms!()
             ),
             &[&task_id, &project_id, &content_digest, &exec_id],
         )
@@ -160,27 +205,97 @@ pub struct Published {
     pub changed: bool,
 }
 
+/// Why a management command refused, or failed. Each variant names the object at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ManageError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The expression or zone does not parse.
+    #[error("trigger {id}: {source}")]
+    Definition { id: String, source: ScheduleError },
+    /// The expression's last occurrence is already past (e.g. a 7-field year gone by).
+    #[error("trigger {id}: the expression `{expr}` has no occurrence after now in {zone}; it would never fire")]
+    NeverFiresAgain {
+        id: String,
+        expr: String,
+        zone: String,
+    },
+    #[error("trigger {id}: misfire grace {grace_ms} ms must be within 0..=86400000")]
+    MisfireGrace { id: String, grace_ms: i64 },
+    #[error("unknown project `{id}`")]
+    UnknownProject { id: String },
+    #[error("unknown trigger `{id}`")]
+    UnknownTrigger { id: String },
+    /// A deleted trigger id stays taken: its runs still reference it.
+    #[error("trigger {id} was deleted; a deleted trigger id is never reused")]
+    Deleted { id: String },
+    #[error("trigger {id} is disabled; enable it first (`qlsched trigger enable {id}`)")]
+    Disabled { id: String },
+    #[error("trigger {id}: project {project} is {status}, not active")]
+    ProjectInactive {
+        id: String,
+        project: String,
+        status: String,
+    },
+    /// The trigger was republished while a multi-transaction command was running.
+    #[error("trigger {id} changed to revision {now} while the command ran (started at revision {was}); nothing more was written")]
+    RevisionChanged { id: String, was: i64, now: i64 },
+    /// The task's pinned execution revision is missing or its digest does not match.
+    #[error(
+        "trigger {id}: the task's execution revision is missing or corrupt; nothing was written"
+    )]
+    CorruptExecutionRevision { id: String },
+}
+
+impl From<tokio_postgres::Error> for ManageError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        ManageError::Store(StoreError::Db(e))
+    }
+}
+
 /// Upserts the trigger and its schedule row in one transaction. The expression and zone are
-/// validated first (nothing is written for a bad one). A changed definition is a new
-/// revision: the cursor and any claim are cleared and `state_version` and `claim_version`
-/// bumped, so no claim taken under an older revision can ever commit.
+/// validated first, and an expression with no occurrence after now (database clock) is
+/// refused (nothing is written for either). A changed definition is a new revision: the
+/// cursor and any claim are cleared and `state_version` and `claim_version` bumped, so no
+/// claim taken under an older revision can ever commit. An operator's `trigger disable`
+/// stays in force across a republish; a deleted trigger id is refused.
+///
+/// Locking: the trigger row `FOR UPDATE` (one publish at a time per trigger, serialised
+/// with disable/enable/delete), then the project row `FOR SHARE` while the status decides
+/// `claimable_at_ms` and until commit, so a concurrent `project set` cannot change the status
+/// between that read and this schedule row becoming visible (see [`set_project`]).
 pub async fn publish_trigger(
     client: &mut tokio_postgres::Client,
     spec: &TriggerSpec,
-) -> Result<Published, StoreError> {
-    Schedule::parse(&spec.cron_expr, &spec.timezone)
-        .map_err(|e| StoreError::Invalid(format!("trigger {}: {e}", spec.trigger_id)))?;
-    if !(0..=86_400_000).contains(&spec.misfire_grace_ms) {
-        return Err(StoreError::Invalid(format!(
-            "trigger {}: misfire grace {} ms must be within 0..=86400000",
-            spec.trigger_id, spec.misfire_grace_ms
-        )));
-    }
+) -> Result<Published, ManageError> {
+    let id = &spec.trigger_id;
+    let schedule = validate(spec)?;
     let digest = spec.content_digest();
     let tx = client.transaction().await?;
     let current = tx
-        .query_opt("SELECT revision, content_digest FROM qlsched.triggers WHERE trigger_id = $1 FOR UPDATE", &[&spec.trigger_id])
+        .query_opt(
+            "SELECT revision, content_digest, deleted_at_ms IS NOT NULL FROM qlsched.triggers
+              WHERE trigger_id = $1 FOR UPDATE",
+            &[id],
+        )
         .await?;
+    if let Some(r) = &current {
+        if r.get::<_, bool>(2) {
+            return Err(ManageError::Deleted { id: id.clone() });
+        }
+    }
+    let project_active = lock_project_status(&tx, &spec.project_id).await? == "active";
+    let now: i64 = tx
+        .query_one(concat!("SELECT ", db_now_ms!()), &[])
+        .await?
+        .get(0);
+    if schedule.next_after_ms(now).is_none() {
+        return Err(ManageError::NeverFiresAgain {
+            id: id.clone(),
+            expr: spec.cron_expr.clone(),
+            zone: spec.timezone.clone(),
+        });
+    }
     if let Some(r) = &current {
         if r.get::<_, String>(1) == digest {
             let revision = r.get(0);
@@ -191,22 +306,25 @@ pub async fn publish_trigger(
             });
         }
     }
-    let revision: i64 = tx
+    let row = tx
         .query_one(
-            &format!(
+            concat!(
                 "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, cron_expr,
                                                timezone, misfire_policy, misfire_grace_ms, content_digest, updated_at_ms)
-                 VALUES ($1, $2, $3, 1, 'cron', $4, $5, $6, $7, $8, $9, {NOW})
+                 VALUES ($1, $2, $3, 1, 'cron', $4, $5, $6, $7, $8, $9, ",
+                db_now_ms!(),
+                ")
                  ON CONFLICT (trigger_id) DO UPDATE
                    SET project_id = EXCLUDED.project_id, task_id = EXCLUDED.task_id,
-                       revision = qlsched.triggers.revision + 1, enabled = EXCLUDED.enabled,
+                       revision = qlsched.triggers.revision + 1,
+                       enabled = EXCLUDED.enabled AND NOT qlsched.triggers.operator_disabled,
                        cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone,
                        misfire_policy = EXCLUDED.misfire_policy, misfire_grace_ms = EXCLUDED.misfire_grace_ms,
                        content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms
-                 RETURNING revision"
+                 RETURNING revision, enabled"
             ),
             &[
-                &spec.trigger_id,
+                id,
                 &spec.project_id,
                 &spec.task_id,
                 &spec.enabled,
@@ -217,24 +335,11 @@ pub async fn publish_trigger(
                 &digest,
             ],
         )
-        .await?
-        .get(0);
-    tx.execute(
-        &format!(
-            "INSERT INTO qlsched.trigger_schedules AS s (trigger_id, project_id, trigger_revision, claimable_at_ms, updated_at_ms)
-             SELECT $1, $2, $3, CASE WHEN $4 AND p.status = 'active' THEN 0 END, {NOW}
-               FROM qlsched.projects p WHERE p.project_id = $2
-             ON CONFLICT (trigger_id) DO UPDATE
-               SET project_id = EXCLUDED.project_id, trigger_revision = EXCLUDED.trigger_revision,
-                   next_fire_at_ms = NULL, last_scheduled_at_ms = NULL,
-                   claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-                   claim_version = s.claim_version + 1, state_version = s.state_version + 1,
-                   claimable_at_ms = EXCLUDED.claimable_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
-        ),
-        &[&spec.trigger_id, &spec.project_id, &revision, &spec.enabled],
-    )
-    .await?;
-    if spec.enabled {
+        .await?;
+    let revision: i64 = row.get(0);
+    let claimable = row.get::<_, bool>(1) && project_active;
+    upsert_schedule(&tx, spec, revision, claimable).await?;
+    if claimable {
         // The new revision needs its first cursor now: wake the replicas.
         super::wake::notify(&tx, None).await?;
     }
@@ -243,4 +348,70 @@ pub async fn publish_trigger(
         revision,
         changed: true,
     })
+}
+
+/// The expression and zone parse, and the misfire grace is in bounds.
+fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
+    let id = &spec.trigger_id;
+    let schedule = Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {
+        ManageError::Definition {
+            id: id.clone(),
+            source,
+        }
+    })?;
+    if !(0..=86_400_000).contains(&spec.misfire_grace_ms) {
+        return Err(ManageError::MisfireGrace {
+            id: id.clone(),
+            grace_ms: spec.misfire_grace_ms,
+        });
+    }
+    Ok(schedule)
+}
+
+/// Creates the schedule row of a new revision, or resets an existing one to it (cursor and
+/// claim cleared, versions bumped).
+async fn upsert_schedule(
+    tx: &tokio_postgres::Transaction<'_>,
+    spec: &TriggerSpec,
+    revision: i64,
+    claimable: bool,
+) -> Result<(), ManageError> {
+    let id = &spec.trigger_id;
+    tx.execute(
+        concat!(
+            "INSERT INTO qlsched.trigger_schedules AS s (trigger_id, project_id, trigger_revision, claimable_at_ms, updated_at_ms)
+             VALUES ($1, $2, $3, CASE WHEN $4 THEN 0 END, ",
+            db_now_ms!(),
+            ")
+             ON CONFLICT (trigger_id) DO UPDATE
+               SET project_id = EXCLUDED.project_id, trigger_revision = EXCLUDED.trigger_revision,
+                   next_fire_at_ms = NULL, last_scheduled_at_ms = NULL,
+                   claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+                   claim_version = s.claim_version + 1, state_version = s.state_version + 1,
+                   claimable_at_ms = EXCLUDED.claimable_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
+        ),
+        &[id, &spec.project_id, &revision, &claimable],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The project's status, with its row held `FOR SHARE` until the transaction ends (a
+/// status change waits for us; see [`set_project`]).
+pub(crate) async fn lock_project_status(
+    tx: &tokio_postgres::Transaction<'_>,
+    project_id: &str,
+) -> Result<String, ManageError> {
+    match tx
+        .query_opt(
+            "SELECT status FROM qlsched.projects WHERE project_id = $1 FOR SHARE",
+            &[&project_id],
+        )
+        .await?
+    {
+        Some(r) => Ok(r.get(0)),
+        None => Err(ManageError::UnknownProject {
+            id: project_id.to_string(),
+        }),
+    }
 }

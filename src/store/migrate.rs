@@ -92,9 +92,11 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
         &["SELECT", "INSERT", "UPDATE", "DELETE"],
         &["SELECT", "UPDATE"],
     ),
-    ("runs", &["SELECT"], &["SELECT", "INSERT"]),
-    ("attempts", &["SELECT"], &["SELECT", "INSERT"]),
-    ("run_events", &["SELECT"], &["SELECT", "INSERT"]),
+    // The admin role inserts the runs an operator admits (`trigger fire`, `trigger
+    // backfill`): a run, its claimed attempt and its two events, never an update or delete.
+    ("runs", &["SELECT", "INSERT"], &["SELECT", "INSERT"]),
+    ("attempts", &["SELECT", "INSERT"], &["SELECT", "INSERT"]),
+    ("run_events", &["SELECT", "INSERT"], &["SELECT", "INSERT"]),
     ("capability", &["SELECT"], &["SELECT"]),
     ("replicas", &["SELECT"], &["SELECT", "INSERT", "UPDATE"]),
     ("schema_migrations", &["SELECT"], &["SELECT"]),

@@ -13,6 +13,7 @@ pub mod release;
 pub mod replicas;
 pub mod session;
 pub mod status;
+pub mod triggers;
 pub mod wake;
 
 use std::time::Duration;

@@ -26,6 +26,18 @@ async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
         .map(|(_, p)| p.as_str())
         .collect();
     assert_eq!(on_schedules, vec!["SELECT", "UPDATE"]);
+    // The admin role admits operator runs (fire, backfill): INSERT and SELECT only.
+    let admin = migrate::table_privileges(&su, "qlsched_admin")
+        .await
+        .unwrap();
+    for table in ["runs", "attempts", "run_events"] {
+        let privs: Vec<&str> = admin
+            .iter()
+            .filter(|(t, _)| t == table)
+            .map(|(_, p)| p.as_str())
+            .collect();
+        assert_eq!(privs, vec!["INSERT", "SELECT"], "admin on {table}");
+    }
 }
 
 /// (role, statement, allowed?)
@@ -50,8 +62,14 @@ const CASES: &[(&str, &str, bool)] = &[
     ("qlsched_admin", "UPDATE qlsched.trigger_schedules SET next_fire_at_ms = NULL, claimable_at_ms = 0", true),
     ("qlsched_admin", "DELETE FROM qlsched.trigger_schedules", true),
     ("qlsched_admin", "DELETE FROM qlsched.trigger_schedules; INSERT INTO qlsched.trigger_schedules (trigger_id, project_id, trigger_revision, updated_at_ms) VALUES ('trg-00000', 'proj', 1, 0)", true),
-    ("qlsched_admin", "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision, execution_revision_id, idempotency_key, scheduled_for_ms, admitted_by) SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1, execution_revision_id, 'ql3:cron:v1:trg-00000:1:0', 0, 'x' FROM qlsched.tasks", false),
+    ("qlsched_admin", "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision, execution_revision_id, idempotency_key, scheduled_for_ms, admitted_by) SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1, execution_revision_id, 'ql3:cron:v1:trg-00000:1:0', 0, 'x' FROM qlsched.tasks", true),
     ("qlsched_admin", "DELETE FROM qlsched.runs", false),
+    ("qlsched_admin", "UPDATE qlsched.runs SET status = 'failed'", false),
+    ("qlsched_admin", "UPDATE qlsched.attempts SET state = 'failed'", false),
+    ("qlsched_admin", "DELETE FROM qlsched.attempts", false),
+    ("qlsched_admin", "UPDATE qlsched.run_events SET at_ms = 0", false),
+    ("qlsched_admin", "DELETE FROM qlsched.run_events", false),
+    ("qlsched_admin", "TRUNCATE qlsched.runs", false),
 ];
 
 #[tokio::test]

@@ -1,0 +1,106 @@
+//! Why a command failed, and the exit code each reason maps to.
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0 | done (including a repeated disable/enable/delete, which changes nothing) |
+//! | 1 | the database is unreachable (the host is named) or failed |
+//! | 2 | bad input: an argument, a time, a window, a DSN, a config; nothing was written |
+//! | 3 | unknown trigger or project id (named) |
+//! | 4 | refused by state: the trigger is disabled or deleted, its project is not active, or it was republished mid-command |
+
+use std::path::PathBuf;
+
+use crate::config::ConfigError;
+use crate::schedule::ScheduleError;
+use crate::store::manage::ManageError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("give --config FILE, --dsn DSN, or set QLSCHED_DSN")]
+    NoTarget,
+    #[error("invalid DSN ({source})")]
+    Dsn { source: tokio_postgres::Error },
+    #[error("--password-file {}: {source}", path.display())]
+    PasswordFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--password-file {}: the file is empty", path.display())]
+    EmptyPasswordFile { path: PathBuf },
+    #[error("cannot reach the database at {host}: {source}")]
+    Unreachable { host: String, source: StoreError },
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Schedule(#[from] ScheduleError),
+    #[error("{0}")]
+    Manage(#[from] ManageError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{arg} `{value}`: not an RFC 3339 time such as 2026-03-01T00:00:00Z ({source})")]
+    BadTime {
+        arg: &'static str,
+        value: String,
+        source: chrono::ParseError,
+    },
+    #[error("--from {from} is not before --to {to}: the window [from, to) is empty or reversed")]
+    WindowOrder { from: String, to: String },
+    #[error(
+        "--to {to} is in the future (database clock {now}): backfill admits past occurrences only"
+    )]
+    WindowInFuture { to: String, now: String },
+    #[error("--from/--to: the window holds more than {max} occurrences (--max {max}); nothing was written")]
+    WindowOverCap { max: usize },
+    #[error("--max {max}: must be within 1..={hard_cap}")]
+    MaxOutOfRange { max: usize, hard_cap: usize },
+    #[error("--chunk {chunk}: must be within 1..=10000")]
+    ChunkOutOfRange { chunk: usize },
+    #[error("--request-id `{value}`: must match [A-Za-z0-9._:-]{{1,128}}")]
+    BadRequestId { value: String },
+    #[error("{arg}: {len} characters; at most {max}")]
+    TooLong {
+        arg: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("--limit {limit}: must be within 1..=10000")]
+    LimitOutOfRange { limit: i64 },
+    #[error("--misfire `{value}`: {source}")]
+    Misfire {
+        value: String,
+        source: ScheduleError,
+    },
+    #[error("database is not ready ({problems} problem(s))")]
+    NotReady { problems: usize },
+    #[error("writing JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0:#}")]
+    Startup(anyhow::Error),
+}
+
+impl CliError {
+    /// The process exit code (see the module table).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Manage(m) => match m {
+                ManageError::UnknownTrigger { .. } | ManageError::UnknownProject { .. } => 3,
+                ManageError::Deleted { .. }
+                | ManageError::Disabled { .. }
+                | ManageError::ProjectInactive { .. }
+                | ManageError::RevisionChanged { .. }
+                | ManageError::CorruptExecutionRevision { .. } => 4,
+                ManageError::Definition { .. }
+                | ManageError::NeverFiresAgain { .. }
+                | ManageError::MisfireGrace { .. } => 2,
+                ManageError::Store(_) => 1,
+            },
+            CliError::Unreachable { .. }
+            | CliError::Store(_)
+            | CliError::NotReady { .. }
+            | CliError::Json(_)
+            | CliError::Startup(_) => 1,
+            _ => 2,
+        }
+    }
+}

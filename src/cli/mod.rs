@@ -1,0 +1,309 @@
+//! The command line: parse, call into the library, map the result to an exit code (see
+//! [`error`] for the codes). One function per subcommand, in the module of its group; no
+//! SQL here (every statement is in `store/`).
+
+mod connect;
+mod db;
+mod define;
+pub mod error;
+mod render;
+mod triggers;
+mod views;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use connect::{passfile_lookup, Target};
+pub use error::CliError;
+pub use triggers::{occurrences_in, BACKFILL_DEFAULT_MAX, BACKFILL_HARD_CAP};
+
+use crate::config::{Config, LogFormat};
+use crate::store::triggers::StateFilter;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "qlsched",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("QLSCHED_GIT_COMMIT"), ")"),
+    about = "Leaderless cluster cron scheduler on PostgreSQL"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Validate a replica config (no database is opened); exit 0 or one line per problem.
+    CheckConfig {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run a replica until SIGTERM/SIGINT.
+    Run {
+        #[arg(long)]
+        config: PathBuf,
+        /// Override the config's log format.
+        #[arg(long, value_parser = ["json", "text"])]
+        log_format: Option<String>,
+    },
+    /// Database set-up and the readiness gate.
+    #[command(subcommand)]
+    Db(db::DbCommand),
+    /// Projects (admin role).
+    #[command(subcommand)]
+    Project(ProjectCommand),
+    /// Tasks and their pinned execution revision (admin role).
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// Cron triggers: publish, list, show, disable, enable, delete, fire, backfill (admin
+    /// role); explain needs no database.
+    #[command(subcommand)]
+    Trigger(TriggerCommand),
+    /// Replicas, claims, backlog, lag (any role with SELECT).
+    Status {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+        /// Lag percentiles over the last N runs.
+        #[arg(long, default_value_t = 1000)]
+        last: i64,
+    },
+    /// Admitted runs.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProjectCommand {
+    /// Create a project or set its status (active | suspended | archived).
+    Set {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "active", value_parser = ["active", "suspended", "archived"])]
+        status: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCommand {
+    /// Create or update a task; a changed spec pins a new execution revision.
+    Publish {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        project: String,
+        #[arg(long)]
+        id: String,
+        /// The remote_worker spec document (any text, typically JSON).
+        #[arg(long)]
+        spec: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TriggerCommand {
+    /// Validate and publish a cron trigger (a changed definition is a new revision).
+    Publish(define::PublishArgs),
+    /// Show the next occurrences of an expression in a zone (no database).
+    Explain {
+        #[arg(long)]
+        cron: String,
+        #[arg(long, default_value = "UTC")]
+        tz: String,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        /// Start after this instant (RFC 3339); default now.
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// One page of triggers in id order: state, next fire (UTC and local), last admitted
+    /// occurrence and its lag, the claim holder.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        project: Option<String>,
+        #[arg(long, default_value = "all", value_parser = ["enabled", "disabled", "all"])]
+        state: String,
+        /// Page size (1..=10000).
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Start after this trigger id (the last id of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A trigger's definition, state, claim, next occurrences and last runs.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        id: String,
+        /// How many upcoming occurrences to print.
+        #[arg(long, default_value_t = 5)]
+        count: usize,
+        /// How many recent runs to print.
+        #[arg(long, default_value_t = 5)]
+        runs: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a trigger now (a live claim is fenced out); the note, who and when are kept.
+    Disable {
+        #[command(flatten)]
+        change: triggers::ChangeArgs,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Start a disabled trigger again from the first occurrence after now (no replay).
+    Enable(triggers::ChangeArgs),
+    /// Stop a trigger for good and drop it from `list`; its runs stay.
+    Delete(triggers::ChangeArgs),
+    /// Admit one occurrence now; the same --request-id twice admits one run.
+    Fire {
+        #[command(flatten)]
+        target: Target,
+        id: String,
+        /// Idempotency of the request ([A-Za-z0-9._:-]{1,128}); default: a random one (printed).
+        #[arg(long)]
+        request_id: Option<String>,
+        #[arg(long)]
+        actor: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Admit every occurrence in [--from, --to) that has no run yet (cron keys).
+    Backfill(triggers::BackfillArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RunsCommand {
+    /// The newest admitted runs.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        trigger: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::CheckConfig { config } => check_config(&config),
+        Command::Run { config, log_format } => run(&config, log_format.as_deref()),
+        other => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+            .block_on(admin_command(other)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("qlsched: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn check_config(config: &std::path::Path) -> Result<(), CliError> {
+    Config::load(config)?;
+    println!("{}: ok", config.display());
+    Ok(())
+}
+
+fn run(config: &std::path::Path, log_format: Option<&str>) -> Result<(), CliError> {
+    let cfg = Config::load(config)?;
+    let format = match log_format {
+        Some("text") => LogFormat::Text,
+        Some(_) => LogFormat::Json,
+        None => cfg.log.format,
+    };
+    crate::startup::run(cfg, format).map_err(CliError::Startup)
+}
+
+async fn admin_command(cmd: Command) -> Result<(), CliError> {
+    match cmd {
+        Command::Db(c) => db::run(c).await,
+        Command::Project(ProjectCommand::Set { target, id, status }) => {
+            define::project_set(&target, &id, &status).await
+        }
+        Command::Task(TaskCommand::Publish {
+            target,
+            project,
+            id,
+            spec,
+        }) => define::task_publish(&target, &project, &id, &spec).await,
+        Command::Trigger(c) => trigger_command(c).await,
+        Command::Status { target, json, last } => views::status(&target, json, last).await,
+        Command::Runs(RunsCommand::List {
+            target,
+            trigger,
+            limit,
+        }) => views::runs_list(&target, trigger.as_deref(), limit).await,
+        Command::CheckConfig { .. } | Command::Run { .. } => unreachable!("handled in main"),
+    }
+}
+
+async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
+    match cmd {
+        TriggerCommand::Publish(args) => define::trigger_publish(args).await,
+        TriggerCommand::Explain {
+            cron,
+            tz,
+            count,
+            after,
+        } => define::trigger_explain(&cron, &tz, count, after.as_deref()),
+        TriggerCommand::List {
+            target,
+            project,
+            state,
+            limit,
+            after,
+            json,
+        } => {
+            let state = match state.as_str() {
+                "enabled" => StateFilter::Enabled,
+                "disabled" => StateFilter::Disabled,
+                _ => StateFilter::All,
+            };
+            triggers::list(
+                &target,
+                project.as_deref(),
+                state,
+                after.as_deref(),
+                limit,
+                json,
+            )
+            .await
+        }
+        TriggerCommand::Show {
+            target,
+            id,
+            count,
+            runs,
+            json,
+        } => triggers::show(&target, &id, count, runs, json).await,
+        TriggerCommand::Disable { change, note } => {
+            triggers::disable(&change, note.as_deref()).await
+        }
+        TriggerCommand::Enable(change) => triggers::enable(&change).await,
+        TriggerCommand::Delete(change) => triggers::delete(&change).await,
+        TriggerCommand::Fire {
+            target,
+            id,
+            request_id,
+            actor,
+            json,
+        } => triggers::fire(&target, &id, request_id.as_deref(), actor.as_deref(), json).await,
+        TriggerCommand::Backfill(args) => triggers::backfill(args).await,
+    }
+}

@@ -1,0 +1,210 @@
+//! Runs an operator admits: `trigger fire` (one occurrence now, its own key kind) and the
+//! chunks of `trigger backfill` (past occurrences, the cron key).
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::lock_trigger;
+use crate::db_now_ms;
+use crate::store::admit::{idempotency_key, mint_run_id};
+use crate::store::manage::{lock_project_status, ManageError};
+
+/// The key of a run fired by hand.
+pub fn manual_key(trigger_id: &str, revision: i64, request_id: &str) -> String {
+    format!("ql3:manual:v1:{trigger_id}:{revision}:{request_id}")
+}
+
+/// What `trigger fire` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fired {
+    pub run_id: Uuid,
+    pub idempotency_key: String,
+    pub scheduled_for_ms: i64,
+    /// false: a run with this request id already existed (nothing new was written).
+    pub admitted: bool,
+}
+
+/// Admits the trigger's run, its claimed attempt and both events for the given occurrences
+/// in one statement, from the trigger's current definition (`$4` trigger id). Per row `d`:
+/// scheduled time, run id, attempt id, idempotency key, request id (NULL for cron keys).
+/// An occurrence whose key exists (a concurrent cron admission, an earlier fire or chunk)
+/// or whose instant already has a run is skipped: `ON CONFLICT DO NOTHING` on the unique key
+/// (a concurrent inserter of the same key makes us wait for its outcome, then skip), and the
+/// `runs_trigger_idx` probe. The execution revision's digest is re-verified as in a cron
+/// admission.
+const ADMIT_MANUAL_SQL: &str = concat!(
+    "WITH obs AS MATERIALIZED (SELECT ",
+    db_now_ms!(),
+    " AS now_ms), d AS (
+    SELECT * FROM unnest($1::int8[], $2::uuid[], $3::uuid[], $5::text[], $6::text[])
+        AS d(sf, run_id, attempt_id, ikey, request_id)
+), run AS (
+    INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
+                              execution_revision_id, idempotency_key, status, scheduled_for_ms,
+                              queued_at_ms, admitted_by, request_id)
+    SELECT d.run_id, t.project_id, t.trigger_id, t.revision, k.task_id, k.revision, k.execution_revision_id,
+           d.ikey, 'queued', coalesce(d.sf, obs.now_ms), obs.now_ms, $7, d.request_id
+      FROM d, obs, qlsched.triggers t
+      JOIN qlsched.tasks k ON k.task_id = t.task_id
+      JOIN qlsched.execution_revisions e ON e.execution_revision_id = k.execution_revision_id
+     WHERE t.trigger_id = $4 AND e.kind = 'remote_worker' AND e.project_id = t.project_id
+       AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')
+       AND (d.sf IS NULL OR NOT EXISTS (SELECT 1 FROM qlsched.runs r
+                                         WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = d.sf))
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING run_id, queued_at_ms, scheduled_for_ms
+), att AS (
+    INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+    SELECT d.attempt_id, run.run_id, 1, 'remote_worker', 'claimed', run.queued_at_ms
+      FROM run JOIN d ON d.run_id = run.run_id
+), ev AS (
+    INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+    SELECT run.run_id, e.seq, e.kind, run.queued_at_ms
+      FROM run, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
+)
+SELECT run_id, scheduled_for_ms FROM run"
+);
+
+/// Checks that the trigger may have runs admitted now, with its row `FOR SHARE` and its
+/// project `FOR SHARE` until the transaction ends (a disable, delete, republish or project
+/// suspension waits for us, or we for it). Returns the revision.
+async fn lock_admittable(
+    tx: &tokio_postgres::Transaction<'_>,
+    id: &str,
+) -> Result<i64, ManageError> {
+    let (enabled, deleted, revision, project) = lock_trigger(tx, id, "SHARE").await?;
+    if deleted {
+        return Err(ManageError::Deleted { id: id.into() });
+    }
+    if !enabled {
+        return Err(ManageError::Disabled { id: id.into() });
+    }
+    let status = lock_project_status(tx, &project).await?;
+    if status != "active" {
+        return Err(ManageError::ProjectInactive {
+            id: id.into(),
+            project,
+            status,
+        });
+    }
+    Ok(revision)
+}
+
+/// `trigger fire`: admits one occurrence now (scheduled = queued = the database clock) in
+/// one transaction: a queued run, its claimed attempt, run.created and run.queued, under
+/// the key `ql3:manual:v1:<trigger>:<revision>:<request id>`. The same request id again
+/// admits nothing and returns the existing run. A disabled or deleted trigger, or an
+/// inactive project, is refused.
+pub async fn fire(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+    request_id: &str,
+    by: &str,
+) -> Result<Fired, ManageError> {
+    let tx = client.transaction().await?;
+    let revision = lock_admittable(&tx, id).await?;
+    let key = manual_key(id, revision, request_id);
+    // Run ids laid out like a replica's (see `mint_run_id`), in the operator's own key range.
+    let (run_id, attempt_id) = (mint_run_id(by), Uuid::new_v4());
+    let rows = tx
+        .query(
+            ADMIT_MANUAL_SQL,
+            &[
+                &vec![None::<i64>],
+                &vec![run_id],
+                &vec![attempt_id],
+                &id,
+                &vec![key.clone()],
+                &vec![request_id.to_string()],
+                &by,
+            ],
+        )
+        .await?;
+    let fired = match rows.first() {
+        Some(r) => Fired {
+            run_id: r.get(0),
+            idempotency_key: key,
+            scheduled_for_ms: r.get(1),
+            admitted: true,
+        },
+        None => match tx
+            .query_opt(
+                "SELECT run_id, scheduled_for_ms FROM qlsched.runs WHERE idempotency_key = $1",
+                &[&key],
+            )
+            .await?
+        {
+            Some(r) => Fired {
+                run_id: r.get(0),
+                idempotency_key: key,
+                scheduled_for_ms: r.get(1),
+                admitted: false,
+            },
+            None => return Err(ManageError::CorruptExecutionRevision { id: id.into() }),
+        },
+    };
+    tx.commit().await?;
+    Ok(fired)
+}
+
+/// Counts of one backfill chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BackfillCount {
+    pub admitted: u64,
+    pub already_existed: u64,
+}
+
+/// One committed chunk of `trigger backfill`: admits the occurrences (instants in Unix ms)
+/// with the ordinary cron key under `revision`, skipping any that already has a run. Refused
+/// (nothing written) if the trigger was republished since the backfill began, or is
+/// disabled, deleted or its project inactive. A chunk is one transaction, so an interrupted
+/// backfill leaves whole chunks; running it again admits only what is missing.
+pub async fn backfill_chunk(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+    revision: i64,
+    occurrences: &[i64],
+    by: &str,
+) -> Result<BackfillCount, ManageError> {
+    let tx = client.transaction().await?;
+    let now_rev = lock_admittable(&tx, id).await?;
+    if now_rev != revision {
+        return Err(ManageError::RevisionChanged {
+            id: id.into(),
+            was: revision,
+            now: now_rev,
+        });
+    }
+    let sfs: Vec<Option<i64>> = occurrences.iter().map(|&t| Some(t)).collect();
+    let runs: Vec<Uuid> = occurrences.iter().map(|_| mint_run_id(by)).collect();
+    let atts: Vec<Uuid> = occurrences.iter().map(|_| Uuid::new_v4()).collect();
+    let keys: Vec<String> = occurrences
+        .iter()
+        .map(|&t| idempotency_key(id, revision, t))
+        .collect();
+    let none: Vec<Option<String>> = occurrences.iter().map(|_| None).collect();
+    let rows = tx
+        .query(
+            ADMIT_MANUAL_SQL,
+            &[&sfs, &runs, &atts, &id, &keys, &none, &by],
+        )
+        .await?;
+    tx.commit().await?;
+    let admitted = rows.len() as u64;
+    Ok(BackfillCount {
+        admitted,
+        already_existed: occurrences.len() as u64 - admitted,
+    })
+}
+
+/// The current revision of a live trigger (for a backfill to pin), refusing what
+/// [`backfill_chunk`] would refuse before anything is computed or written.
+pub async fn admittable_revision(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+) -> Result<i64, ManageError> {
+    let tx = client.transaction().await?;
+    let revision = lock_admittable(&tx, id).await?;
+    tx.commit().await?;
+    Ok(revision)
+}

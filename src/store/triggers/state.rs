@@ -1,0 +1,135 @@
+//! `trigger disable | enable | delete`: one transaction each, the trigger row `FOR UPDATE`.
+
+use super::{lock_trigger, Changed};
+use crate::db_now_ms;
+use crate::store::manage::{lock_project_status, ManageError};
+
+/// Takes the schedule row out of the claim index and fences out any live claim: the
+/// claim is cleared and `claim_version` / `state_version` bumped, so the holder's
+/// admission (which carries the whole fence in its WHERE) matches no row and commits
+/// nothing. An admission already past its UPDATE holds the row lock; we wait for it, so
+/// its run is committed before this command returns, never after.
+const FENCE_OUT: &str = concat!(
+    "UPDATE qlsched.trigger_schedules s
+        SET claimable_at_ms = NULL,
+            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+            claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
+            state_version = s.state_version + 1, updated_at_ms = ",
+    db_now_ms!(),
+    " WHERE s.trigger_id = $1"
+);
+
+/// `trigger disable`: takes effect at once (see [`FENCE_OUT`]); keeps the note, who and
+/// when. Disabling a disabled trigger changes nothing.
+pub async fn disable(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+    note: Option<&str>,
+    by: &str,
+) -> Result<Changed, ManageError> {
+    let tx = client.transaction().await?;
+    let (enabled, deleted, _, _) = lock_trigger(&tx, id, "UPDATE").await?;
+    if deleted {
+        return Err(ManageError::Deleted { id: id.into() });
+    }
+    if !enabled {
+        tx.commit().await?;
+        return Ok(Changed::AlreadyThatWay);
+    }
+    tx.execute(
+        concat!(
+            "UPDATE qlsched.triggers
+                SET enabled = false, operator_disabled = true, disabled_note = $2, disabled_by = $3,
+                    disabled_at_ms = ",
+            db_now_ms!(),
+            " WHERE trigger_id = $1"
+        ),
+        &[&id, &note, &by],
+    )
+    .await?;
+    tx.execute(FENCE_OUT, &[&id]).await?;
+    tx.commit().await?;
+    Ok(Changed::Yes)
+}
+
+/// `trigger enable`: the cursor is cleared, so the next claim decides the first occurrence
+/// after now (the disabled span is never replayed, whatever the misfire policy). Keeps who
+/// and when (the last disable's note stays on record). Enabling an enabled trigger changes
+/// nothing.
+///
+/// Locking: trigger row `FOR UPDATE`, then the project row `FOR SHARE` while its status
+/// decides whether the row is claimable (as in publish).
+pub async fn enable(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+    by: &str,
+) -> Result<Changed, ManageError> {
+    let tx = client.transaction().await?;
+    let (enabled, deleted, _, project) = lock_trigger(&tx, id, "UPDATE").await?;
+    if deleted {
+        return Err(ManageError::Deleted { id: id.into() });
+    }
+    if enabled {
+        tx.commit().await?;
+        return Ok(Changed::AlreadyThatWay);
+    }
+    let active = lock_project_status(&tx, &project).await? == "active";
+    tx.execute(
+        concat!(
+            "UPDATE qlsched.triggers
+                SET enabled = true, operator_disabled = false, enabled_by = $2, enabled_at_ms = ",
+            db_now_ms!(),
+            " WHERE trigger_id = $1"
+        ),
+        &[&id, &by],
+    )
+    .await?;
+    tx.execute(
+        concat!(
+            "UPDATE qlsched.trigger_schedules s
+                SET next_fire_at_ms = NULL, claimable_at_ms = CASE WHEN $2 THEN 0 END,
+                    claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+                    claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
+                    state_version = s.state_version + 1, updated_at_ms = ",
+            db_now_ms!(),
+            " WHERE s.trigger_id = $1"
+        ),
+        &[&id, &active],
+    )
+    .await?;
+    if active {
+        // The row needs its first cursor now: wake the replicas (delivered at commit).
+        crate::store::wake::notify(&tx, None).await?;
+    }
+    tx.commit().await?;
+    Ok(Changed::Yes)
+}
+
+/// `trigger delete`: the trigger stops for good (disabled, fenced out like a disable) and
+/// leaves every listing; the row stays so its runs keep their reference and stay readable.
+/// Deleting a deleted trigger changes nothing.
+pub async fn delete(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+    by: &str,
+) -> Result<Changed, ManageError> {
+    let tx = client.transaction().await?;
+    let (_, deleted, _, _) = lock_trigger(&tx, id, "UPDATE").await?;
+    if deleted {
+        tx.commit().await?;
+        return Ok(Changed::AlreadyThatWay);
+    }
+    tx.execute(
+        concat!(
+            "UPDATE qlsched.triggers
+                SET enabled = false, deleted_by = $2, deleted_at_ms = ",
+            db_now_ms!(),
+            " WHERE trigger_id = $1"
+        ),
+        &[&id, &by],
+    )
+    .await?;
+    tx.execute(FENCE_OUT, &[&id]).await?;
+    tx.commit().await?;
+    Ok(Changed::Yes)
+}
