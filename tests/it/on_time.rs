@@ -168,3 +168,44 @@ async fn a_replica_wakes_at_the_next_due_instant_not_at_its_cadence() {
         metrics.wakeups.get()
     );
 }
+
+/// An idle replica at the default cadence (5 s) with 1,000 triggers, none due, issues one
+/// statement per round: the guard heartbeat rides in the claim statement and the backlog is
+/// known to be empty without one. Counted by the server (`pg_stat_statements`, the runtime
+/// role's calls in this database).
+#[tokio::test]
+async fn an_idle_replica_issues_one_statement_per_cadence() {
+    use crate::helpers::replica::ReplicaProc;
+    let db = TestDb::new().await;
+    db.seed_bulk(1_000, "0 0 0 1 1 *", 3_600_000).await;
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "idle",
+        "lease = \"30s\"\ncadence = \"5s\"\nadmit_timeout = \"5s\"",
+        &[],
+    );
+    r.wait_ready(Duration::from_secs(30)).await;
+    let ticks = |r: &ReplicaProc| {
+        let body = r.get("/metrics").map(|x| x.1).unwrap_or_default();
+        body.lines()
+            .find(|l| l.starts_with("qlsched_ticks_total "))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (t0, k0) = (db.runtime_statements().await, ticks(&r));
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let (t1, k1) = (db.runtime_statements().await, ticks(&r));
+    r.terminate(Duration::from_secs(20)).await;
+    // 25 s at one round per 5 s: 5 rounds (6 at most by phase).
+    let statements = t1 - t0;
+    assert!(
+        statements <= 6,
+        "an idle replica ran {statements} statements in 25 s ({} rounds; one statement per 5 s round expected)",
+        k1 - k0
+    );
+    assert!(
+        statements >= 4,
+        "only {statements} statements in 25 s: is the replica running?"
+    );
+}

@@ -58,7 +58,8 @@ pub fn cluster() -> &'static Cluster {
         std::thread::spawn(move || {
             let mut server = pg::Server::init(
                 &thread_root,
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n",
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
+                 shared_preload_libraries = 'pg_stat_statements'\n",
             );
             server.start();
             tx.send(server.port).unwrap();
@@ -141,6 +142,31 @@ impl TestDb {
     pub async fn client(&self, user: &str) -> tokio_postgres::Client {
         store::connect(&self.config(user)).await.unwrap()
     }
+    /// Statements the runtime role has run in this database, counted by the server
+    /// (`pg_stat_statements`, read from the `postgres` database so that this database stays
+    /// free of extension objects).
+    pub async fn runtime_statements(&self) -> i64 {
+        let (client, connection) = pg_config(self.port, "postgres", "postgres")
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .unwrap();
+        client
+            .query_one(
+                "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements s
+                   JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid
+                  WHERE d.datname = $1 AND r.rolname = 'qlsched_runtime'",
+                &[&self.name],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     pub async fn superuser(&self) -> tokio_postgres::Client {
         self.client("postgres").await
     }
