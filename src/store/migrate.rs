@@ -33,9 +33,7 @@ impl Roles {
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if !ok {
-            return Err(StoreError::Invalid(format!(
-                "role prefix `{prefix}` must match [a-z][a-z0-9_]{{0,39}}"
-            )));
+            return Err(StoreError::BadRolePrefix(prefix.to_string()));
         }
         Ok(Roles {
             owner: format!("{prefix}_owner"),
@@ -183,9 +181,7 @@ pub async fn migrate(
         .iter()
         .find(|d| !matches!(d, Drift::NotApplied { .. }))
     {
-        return Err(StoreError::Invalid(format!(
-            "refusing to migrate: {changed}"
-        )));
+        return Err(StoreError::MigrationDrift(Box::new(changed.clone())));
     }
     let mut runner = embedded::migrations::runner();
     runner.set_migration_table_name(HISTORY_TABLE);

@@ -48,8 +48,10 @@ pub enum StoreError {
     PoolTimeout(Duration),
     #[error("migration: {0}")]
     Migration(#[from] refinery::Error),
-    #[error("{0}")]
-    Invalid(String),
+    #[error("role prefix `{0}` must match [a-z][a-z0-9_]{{0,39}}")]
+    BadRolePrefix(String),
+    #[error("refusing to migrate: {0}")]
+    MigrationDrift(Box<migrate::Drift>),
     /// The connection broke while a COMMIT may have been in flight.
     #[error("connection lost around COMMIT: outcome unknown")]
     OutcomeUnknown,
