@@ -433,7 +433,7 @@ row "4" "claim latency spread over the $(( $(wc -w <<<"$CLAIM_NS") * 2 )) cases 
 # ==== 5. idle =======================================================================================
 say "5. idle: $IDLE_N triggers, none due, 3 replicas (default config), ${IDLE_S} s"
 reset_db; load "$IDLE_N" idle; checkpoint
-start_replicas 3 16 30s
+start_replicas 3 64 30s
 wait_ready
 sleep 5
 pgss_reset
@@ -475,7 +475,7 @@ note "$PGSS_HEAD"$'\n'"$top"
 say "3. steady lag: $STEADY_N triggers spread over a minute, 3 replicas (default config), ${STEADY_S} s"
 reset_db; load "$STEADY_N" stagger lead_ms=3000; checkpoint
 ts=$(now_ms)
-start_replicas 3 16 30s
+start_replicas 3 64 30s
 sleep "$STEADY_S"
 te=$(now_ms)
 w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
@@ -497,7 +497,7 @@ row "3" "steady lag: $STEADY_N triggers over a minute, 3 replicas, $(( (w1 - w0)
 say "7. boundary herd: $HERD_N every-minute triggers due at one boundary, 3 replicas (default config), $HERD_B boundaries"
 reset_db; load "$HERD_N" minute lead_ms=5000; checkpoint
 first_boundary=$(sql "select min(next_fire_at_ms) from qlsched.trigger_schedules")
-start_replicas 3 16 30s
+start_replicas 3 64 30s
 wait_ready
 herd_ms=(); herd_detail=""
 for b in $(seq 0 $((HERD_B - 1))); do

@@ -127,7 +127,7 @@ fn shipped_replica_files_load() {
         assert!(config.database.password().is_none());
         assert_eq!(config.http.bind, Some(([127, 0, 0, 1], port).into()));
         assert_eq!(config.log.format, LogFormat::Json);
-        assert_eq!(config.scheduler.claim_budget, 16);
+        assert_eq!(config.scheduler.claim_budget, 64);
         assert_eq!(config.scheduler.lease.as_secs(), 30);
     }
 }

@@ -71,6 +71,9 @@ impl ReplicaProc {
         if !scheduler.contains("lease") {
             scheduler.push_str("\nlease = \"5s\"");
         }
+        if !scheduler.contains("claim_budget") {
+            scheduler.push_str("\nclaim_budget = 16");
+        }
         if !scheduler.contains("cadence") {
             scheduler.push_str("\ncadence = \"1s\"");
         }
