@@ -111,11 +111,12 @@ fn literal(s: &str) -> String {
 /// Creates the LOGIN roles (if missing), the database owned by the owner role (if missing),
 /// and the schema; runs as a superuser. Idempotent.
 pub async fn bootstrap(
-    superuser: &tokio_postgres::Config,
+    superuser: impl Into<super::Target>,
     roles: &Roles,
     database: &str,
 ) -> Result<(), StoreError> {
-    let client = super::connect(superuser).await?;
+    let superuser: super::Target = superuser.into();
+    let client = super::connect(&superuser).await?;
     for role in roles.all() {
         let exists = client
             .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
@@ -169,7 +170,7 @@ pub async fn bootstrap(
 /// Applies pending migrations (as the owner role) and installs the exact grants.
 /// Refuses a database whose applied stream diverges from the binary's.
 pub async fn migrate(
-    owner: &tokio_postgres::Config,
+    owner: impl Into<super::Target>,
     roles: &Roles,
 ) -> Result<Vec<String>, StoreError> {
     let mut client = super::connect(owner).await?;

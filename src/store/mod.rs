@@ -13,19 +13,75 @@ pub mod release;
 pub mod replicas;
 pub mod session;
 pub mod status;
+pub mod tls;
 pub mod triggers;
 pub mod wake;
 
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
+
+pub use tls::Tls;
 
 /// The connection pool every replica component shares.
-pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+pub type Pool = bb8::Pool<PostgresConnectionManager<Tls>>;
 /// A pooled connection.
-pub type Conn<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<NoTls>>;
+pub type Conn<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<Tls>>;
+
+/// Where and how to connect: the driver's settings and the TLS connector that goes with
+/// them (built from the DSN's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`). Derefs to the
+/// driver's settings so callers can adjust time-outs and keepalives.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pg: tokio_postgres::Config,
+    tls: Tls,
+}
+
+impl Target {
+    pub fn new(mut pg: tokio_postgres::Config, tls: Tls) -> Target {
+        tls.apply(&mut pg);
+        Target { pg, tls }
+    }
+
+    pub fn tls(&self) -> &Tls {
+        &self.tls
+    }
+}
+
+impl Deref for Target {
+    type Target = tokio_postgres::Config;
+    fn deref(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+}
+
+impl DerefMut for Target {
+    fn deref_mut(&mut self) -> &mut tokio_postgres::Config {
+        &mut self.pg
+    }
+}
+
+/// A driver config alone: its own `sslmode` (disable, prefer, require), no certificate files.
+impl From<tokio_postgres::Config> for Target {
+    fn from(pg: tokio_postgres::Config) -> Target {
+        let tls = Tls::from_driver(&pg);
+        Target::new(pg, tls)
+    }
+}
+
+impl From<&tokio_postgres::Config> for Target {
+    fn from(pg: &tokio_postgres::Config) -> Target {
+        Target::from(pg.clone())
+    }
+}
+
+impl From<&Target> for Target {
+    fn from(t: &Target) -> Target {
+        t.clone()
+    }
+}
 
 /// Schema that holds every qlsched object.
 pub const SCHEMA: &str = "qlsched";
@@ -89,10 +145,18 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
         }
         return s;
     }
-    match std::error::Error::source(e) {
-        Some(src) => format!("{e}: {src}"),
-        None => e.to_string(),
+    let mut s = e.to_string();
+    if let Some(src) = std::error::Error::source(e) {
+        let src = src.to_string();
+        if !s.contains(&src) {
+            s = format!("{s}: {src}");
+        }
+        // tokio-postgres's own words when the server answers the TLS request with "no".
+        if src == "server does not support TLS" {
+            s = format!("{s} — {}", tls::NO_TLS_OFFERED_HINT);
+        }
     }
+    s
 }
 
 impl StoreError {
@@ -146,7 +210,7 @@ struct SlogErrorSink(slog::Logger);
 
 impl bb8::ErrorSink<tokio_postgres::Error> for SlogErrorSink {
     fn sink(&self, e: tokio_postgres::Error) {
-        slog::warn!(self.0, "database connection error"; "error" => %e);
+        slog::warn!(self.0, "database connection error"; "error" => describe(&e));
     }
     fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<tokio_postgres::Error>> {
         Box::new(self.clone())
@@ -156,12 +220,13 @@ impl bb8::ErrorSink<tokio_postgres::Error> for SlogErrorSink {
 /// Builds the pool without connecting (connections are made on demand, so a replica started
 /// before its database comes up retries instead of failing).
 pub fn build_pool(
-    pg: tokio_postgres::Config,
+    target: impl Into<Target>,
     max_size: u32,
     connect_timeout: Duration,
     log: &slog::Logger,
 ) -> Pool {
-    let manager = PostgresConnectionManager::new(pg, NoTls);
+    let Target { pg, tls } = target.into();
+    let manager = PostgresConnectionManager::new(pg, tls);
     bb8::Pool::builder()
         .max_size(max_size)
         .min_idle(Some(0))
@@ -196,8 +261,9 @@ pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
 }
 
 /// Connects a single client outside any pool (management commands, migrations).
-pub async fn connect(pg: &tokio_postgres::Config) -> Result<tokio_postgres::Client, StoreError> {
-    let (client, connection) = pg.connect(NoTls).await?;
+pub async fn connect(target: impl Into<Target>) -> Result<tokio_postgres::Client, StoreError> {
+    let Target { pg, tls } = target.into();
+    let (client, connection) = pg.connect(tls).await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });

@@ -19,3 +19,4 @@ mod plans;
 mod roles;
 mod store_admit;
 mod store_claim;
+mod tls;
