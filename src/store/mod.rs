@@ -8,6 +8,7 @@ pub mod admit;
 pub mod claim;
 pub mod manage;
 pub mod migrate;
+pub mod pooler;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
@@ -108,6 +109,18 @@ pub enum StoreError {
     BadRolePrefix(String),
     #[error("refusing to migrate: {0}")]
     MigrationDrift(Box<migrate::Drift>),
+    /// One client connection was served by two PostgreSQL sessions.
+    #[error(
+        "one connection was served by two PostgreSQL sessions (backend pid {first}, then {now}): \
+         a pooler in transaction or statement mode (PgBouncer pool_mode = transaction) sits in \
+         front of PostgreSQL, and qlsched's prepared statements do not survive it; set \
+         pool_mode = session for qlsched's database in pgbouncer.ini (per database: \
+         `qlsched = host=… pool_mode=session`), or connect to PostgreSQL directly"
+    )]
+    TransactionPooling { first: i32, now: i32 },
+    /// `SELECT pg_backend_pid()` answered without a row.
+    #[error("SELECT pg_backend_pid() returned no row")]
+    NoBackendPid,
     /// The connection broke while a COMMIT may have been in flight.
     #[error("connection lost around COMMIT: outcome unknown")]
     OutcomeUnknown,
@@ -142,6 +155,12 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
         if let Some(d) = db.detail() {
             s.push_str(": ");
             s.push_str(d);
+        }
+        // A named statement missing or duplicated: the connection is shared per transaction.
+        if *db.code() == SqlState::INVALID_SQL_STATEMENT_NAME
+            || *db.code() == SqlState::DUPLICATE_PSTATEMENT
+        {
+            s.push_str(" — is a pooler with pool_mode = transaction in front of PostgreSQL? set pool_mode = session");
         }
         return s;
     }

@@ -15,6 +15,7 @@ mod manage_wake;
 mod migrations;
 mod on_time;
 mod operate;
+mod pgbouncer;
 mod plans;
 mod roles;
 mod store_admit;

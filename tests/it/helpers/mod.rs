@@ -5,6 +5,7 @@
 
 pub mod claimed;
 pub mod pg;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
