@@ -21,6 +21,7 @@ mod netns;
 mod partition;
 mod pg_restart;
 mod same_replica_id;
+mod slow_link;
 mod standby_promotion;
 
 use std::collections::BTreeMap;

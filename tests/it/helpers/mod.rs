@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod claimed;
+pub mod delay;
 pub mod netns;
 pub mod pg;
 pub mod pgbouncer;
