@@ -9,9 +9,10 @@
 //!   and stays down past the leases' database expiry; then the lock goes, `a`'s admission
 //!   runs late and is fenced out (it writes nothing), and `b` takes the rows over. Measured:
 //!   cut → `a`'s first logged error and first lost connection (against its TCP user timeout),
-//!   heal → `a`'s first statement at the server and first admission.
+//!   heal → `a` reaching the server again (a new connection, or an admission) and its first
+//!   admission.
 //! - `netns_flapping`: the link goes down and up every few seconds; measured: the last heal
-//!   → `a`'s first statement at the server and first admission (the bar: two cadences).
+//!   → `a` reaching the server again and its first admission (the bar: two cadences).
 //!
 //! Both end with the invariant checker: 0 duplicates, 0 lost. They need root.
 
@@ -71,8 +72,9 @@ async fn start(ns: &NetNs, own: &OwnPg) -> (Fleet, Fleet) {
     (inside, direct)
 }
 
-/// Database time of the first statement `a` starts after `after_ms` (its connection works
-/// again: a claim round or heartbeat reached the server); fails with `a`'s log after 60 s.
+/// Database time at which `a` reached the server again after `after_ms`: its first new
+/// backend (a connection made after the heal) or its first admission (over a connection
+/// that survived a short cut), whichever comes first; fails with `a`'s log after 60 s.
 async fn wait_reconnected_after(
     sql: &tokio_postgres::Client,
     ns: &NetNs,
@@ -80,20 +82,22 @@ async fn wait_reconnected_after(
     inside: &Fleet,
 ) -> i64 {
     let q = format!(
-        "SELECT coalesce(min((extract(epoch FROM query_start) * 1000)::bigint), 0)
-           FROM pg_stat_activity
-          WHERE client_addr = '{}' AND query_start >= to_timestamp({after_ms} / 1000.0)",
+        "SELECT least(
+           (SELECT min((extract(epoch FROM backend_start) * 1000)::bigint) FROM pg_stat_activity
+             WHERE client_addr = '{}' AND backend_start >= to_timestamp({after_ms} / 1000.0)),
+           (SELECT min(queued_at_ms) FROM qlsched.runs
+             WHERE admitted_by = 'a' AND queued_at_ms > {after_ms}))",
         ns.ns_ip
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let at = scalar(sql, &q).await;
-        if at > 0 {
+        let at: Option<i64> = sql.query_one(q.as_str(), &[]).await.unwrap().get(0);
+        if let Some(at) = at {
             return at;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "a sent nothing to the server 60 s after the heal; log:\n{}",
+            "a did not reach the server 60 s after the heal; log:\n{}",
             tail(&inside.get("a").log(), 30)
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -239,7 +243,7 @@ async fn a_replica_cut_off_at_the_kernel_notices_within_its_user_timeout_and_is_
     direct.stop_all().await;
     report.note(format!(
         "cut → a's first warning (ms) {first_error_ms:?} · cut → a's first lost connection \
-         (ms) {detect_ms:?} (TCP user timeout {} ms) · link down (ms) {down_ms:?} · heal → a's first statement at the server (ms) {resume_ms:?} · heal → a's first admission (ms) \
+         (ms) {detect_ms:?} (TCP user timeout {} ms) · link down (ms) {down_ms:?} · heal → a reached the server again (ms) {resume_ms:?} · heal → a's first admission (ms) \
          {admit_ms:?} · a's fence losses {fenced} · \
          a's unknown outcomes {unknown}",
         LEASE.as_millis() / 2
@@ -303,7 +307,7 @@ async fn a_flapping_link_loses_and_duplicates_nothing_and_the_replica_resumes() 
     inside.stop_all().await;
     direct.stop_all().await;
     report.note(format!(
-        "link down (ms) {downs:?} · last heal → a's first statement at the server {resume} ms, \
+        "link down (ms) {downs:?} · last heal → a reached the server again {resume} ms, \
          → a's first admission {admitted} ms (two cadences = {} ms)",
         2 * CADENCE_MS
     ));
