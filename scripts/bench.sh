@@ -17,10 +17,13 @@
 # and keeps the run in bench/results/<date>-<commit>-<mode>.md (and, for --quick/--full, as the
 # latest table in docs/benchmark.md).
 #
-# usage: scripts/bench.sh [--quick|--full|--smoke]
+# usage: scripts/bench.sh [--quick|--full|--smoke|--tls]
 #   --quick  (default) 10k drain, 70 s lag, 1k/100k claim scales; about 3 min after the build
 #   --full   10k and 100k drains, 190 s lag, 1k/100k/1M claim scales, medians of 3; about 12 min
 #   --smoke  tiny sizes to check the script itself; writes nothing into the repository
+#   --tls    only the TLS cost row: drain 10k due with 3 replicas, plain (sslmode=disable) and
+#            TLS (sslmode=verify-full, certificates made with openssl) alternately, twice each,
+#            on one server with ssl = on; about 2 min after the build
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
 #   QLSCHED_BENCH_LEASE    lease of the drain replicas (default 30s)
@@ -38,6 +41,7 @@ case "${1:-}" in
   ""|--quick) MODE=quick ;;
   --full) MODE=full ;;
   --smoke) MODE=smoke ;;
+  --tls) MODE=tls ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -48,6 +52,9 @@ case $MODE in
          CLAIM_NS="1000 20000";          CLAIM_LIVE=2000;  CLAIM_TX=200;  IDLE_N=10000;  IDLE_S=6
          HERD_N=1000;  HERD_B=1 ;;
   quick) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
+         CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
+         HERD_N=10000; HERD_B=3 ;;
+  tls)   CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
          CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=3 ;;
   full)  CEIL_T=20; CEIL_ROWS=150000; DRAIN_NS="10000 100000"; STEADY_N=10000; STEADY_S=190; STEADY_WARM=5
@@ -121,6 +128,24 @@ pg_stat_statements.max = 2000
 pg_stat_statements.track = top
 pg_stat_statements.track_utility = on
 pg_stat_statements.track_planning = on"
+if [ "$MODE" = tls ]; then
+  # A CA and a server certificate for 127.0.0.1 (the replicas verify it: verify-full).
+  command -v openssl >/dev/null || apt_install openssl "openssl (the --tls mode makes its certificates with it) is"
+  C=$WORK/certs; mkdir -p "$C"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj "/CN=qlsched bench CA" -keyout "$C/ca.key" -out "$C/ca.crt" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=127.0.0.1" \
+    -keyout "$C/server.key" -out "$C/server.csr" 2>/dev/null
+  openssl x509 -req -in "$C/server.csr" -CA "$C/ca.crt" -CAkey "$C/ca.key" -CAcreateserial -days 2 \
+    -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost') -out "$C/server.crt" 2>/dev/null
+  chmod 600 "$C/server.key"
+  [ "$(id -u)" -eq 0 ] && chown -R postgres: "$C"
+  chmod 755 "$C"; chmod 644 "$C/ca.crt"
+  PGCONF="$PGCONF
+ssl = on
+ssl_cert_file = '$C/server.crt'
+ssl_key_file = '$C/server.key'"
+fi
 say "starting a private PostgreSQL $PG_MAJOR on 127.0.0.1:$PORT (fsync on, synchronous_commit on, shared_buffers 1GB) in $WORK"
 pg_start "$WORK" "$PORT" "$PGCONF"
 
@@ -257,6 +282,7 @@ bench/claim_sql.sh "'pgbench-' || :client_id" 30000 1 core >"$WORK/claim1.sql"
 declare -A CEIL_TPS=()
 # median_index V1 V2 ...: index (0-based) of the median value
 median_index() { local i=0 v; for v in "$@"; do echo "$v $i"; i=$((i + 1)); done | sort -g | awk -v m=$(( ($# + 1) / 2 )) 'NR == m {print $2}'; }
+if [ "$MODE" != tls ]; then   # (the --tls mode runs only its own row, after drain_once)
 for c in $REPLICA_COUNTS; do
   tpss=(); rowtxt=(); notetxt=()
   for rep in $(seq 1 "$REPS"); do
@@ -314,6 +340,8 @@ row "2" "admission statement runs inside its BEGIN … SERIALIZABLE transaction 
     "$ISO_IN inside, $ISO_OUT outside (outside = its own autocommit READ COMMITTED transaction)" "all inside" "$([ "$ISO_OK" = yes ] && echo PASS || echo FAIL)"
 note "isolation probe: of the admission statements logged during a 200-occurrence drain, $ISO_IN shared pid and virtual xid with a BEGIN ISOLATION LEVEL SERIALIZABLE and $ISO_OUT ran in a transaction of their own. When they run outside, no serialization failure can occur and the retry percentage below is not evidence of anything."
 
+fi   # MODE != tls
+
 # ==== 2 + 6. drain ===============================================================================
 # drain_once N R: one drain from a fresh install; sets D_RATE, D_ROW, D_RSS_KB, D_RSS_TXT, D_NOTE
 drain_once() {
@@ -365,6 +393,41 @@ drain_once() {
   D_RSS_KB=$hwm_max; D_RSS_TXT=$hwms
   D_NOTE="drain n=$n r=$r: runs $done_n, first admit $(fmt "$startup" 2) s after spawn, admits $admits, serialization retries $retries, fence losses $fences, duplicate-key refusals $dupkeys, runs without exactly 1 attempt + 2 events $bad, replica CPU $(fmt "$(calc "1000 * $cpu / $CLK_TCK / ($done_n > 0 ? $done_n : 1)")" 3) ms per occurrence (all replicas, incl. startup)"$'\n\n'"top statements of the runtime role during drain n=$n r=$r (pg_stat_statements, by plan + execution time):"$'\n\n'"$PGSS_HEAD"$'\n'"$top"
 }
+# ==== T. TLS cost (--tls only) =======================================================================
+# Plain and TLS drains alternate on the same server so that machine load hits both alike.
+if [ "$MODE" = tls ]; then
+  CEIL_TPS[3]=1; ISO_OK=yes   # no ceiling in this mode; drain_once's ratio is not reported
+  PLAIN_DSN="host=127.0.0.1 port=$PORT user=qlsched_runtime dbname=qlsched sslmode=disable"
+  TLS_DSN="host=127.0.0.1 port=$PORT user=qlsched_runtime dbname=qlsched sslmode=verify-full sslrootcert=$WORK/certs/ca.crt"
+  "$QL" db check --dsn "$TLS_DSN" >"$WORK/check-tls.log" 2>&1 || { cat "$WORK/check-tls.log" >&2; die "db check over verify-full TLS failed"; }
+  declare -A TSUM=([plain]=0 [tls]=0)
+  for rep in 1 2; do
+    for kind in plain tls; do
+      if [ $kind = plain ]; then RUNTIME=$PLAIN_DSN; else RUNTIME=$TLS_DSN; fi
+      say "T. drain 10000 due, 3 replicas, $kind (run $rep/2)"
+      drain_once 10000 3
+      TSUM[$kind]=$(calc "${TSUM[$kind]} + $D_RATE")
+      row "T" "drain 10000 due, 3 replicas, $kind (run $rep)" "$(fmt "$D_RATE") occ/s" "—" "—"
+      note "$kind run $rep: $D_NOTE"
+    done
+  done
+  plain_mean=$(calc "${TSUM[plain]} / 2"); tls_mean=$(calc "${TSUM[tls]} / 2")
+  cost=$(calc "100 * (1 - $tls_mean / $plain_mean)")
+  row "T" "TLS cost: drain 10000, 3 replicas, verify-full vs plain (means of 2 alternating runs)" \
+      "plain $(fmt "$plain_mean") occ/s, TLS $(fmt "$tls_mean") occ/s: TLS $(fmt "$cost" 1) % slower" "≤ 10 %" "$(verdict "$cost <= 10")"
+  echo
+  printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
+  for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+  mkdir -p bench/results
+  RESULT=bench/results/$(date -u +%Y-%m-%dT%H%MZ)-$COMMIT$DIRTY-tls.md
+  { echo "# qlsched benchmark, tls mode"; echo; echo "commit \`$COMMIT$DIRTY\` · $(date -u +%Y-%m-%dT%H:%MZ) · nproc $(nproc) · load before: $LOAD_BEFORE"; echo
+    printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
+    for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+    echo; for a in "${APPENDIX[@]}"; do printf '%s\n\n' "$a"; done; } >"$RESULT"
+  echo "results kept in $RESULT"
+  exit 0
+fi
+
 for n in $DRAIN_NS; do
   for r in $REPLICA_COUNTS; do
     rates=(); rows=(); notes=(); rss_max=0; rss_txt=""

@@ -5,17 +5,19 @@
 #   scripts/drill.sh NAME [--cycles N] [--duration S] [--seed X]
 #
 # NAME: kill_restart | backend_termination | pg_restart | standby_promotion |
-#       commit_reply_lost | partition | actor_crash | clock_skew | same_replica_id | all
-# --cycles N    kills / terminations / restarts / promotions / faults (what the drill repeats)
-# --duration S  seconds of steady load (actor_crash only)
+#       commit_reply_lost | partition | actor_crash | clock_skew | same_replica_id |
+#       netns (kernel partition + flapping link; needs root) | slow_link | all
+# --cycles N    kills / terminations / restarts / promotions / faults / cuts / flaps /
+#               drain rows (slow_link)
+# --duration S  seconds of steady load (actor_crash, slow_link)
 # --seed X      replays the random schedule a table printed
 # Without --cycles/--duration the drill's own long-form figures apply (docs/drills.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 
-DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id"
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link"
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 name=$1; shift

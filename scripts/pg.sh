@@ -64,3 +64,8 @@ pg_stop() {
 ensure_faketime() {
   command -v faketime >/dev/null 2>&1 || apt_install faketime "faketime (the clock-skew drill needs it) is"
 }
+
+# The PgBouncer tests run a real PgBouncer (Debian package pgbouncer).
+ensure_pgbouncer() {
+  [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer "PgBouncer (/usr/sbin/pgbouncer, the PgBouncer tests need it) is"
+}

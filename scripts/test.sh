@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/pg.sh
 pg_ensure_installed
 ensure_faketime
+ensure_pgbouncer
 export QLSCHED_PG_BINDIR="$(pg_find_bindir)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

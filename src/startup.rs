@@ -341,6 +341,8 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
                 let role = migrate::current_role(&conn).await?;
                 let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;
                 if problems.is_empty() {
+                    drop(conn);
+                    store::pooler::require_session_pooling(pool).await?;
                     return Ok(());
                 }
                 anyhow::bail!("database is not ready: {}", problems.join("; "));

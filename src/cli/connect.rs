@@ -35,7 +35,7 @@ pub struct Target {
 }
 
 /// Resolves the target into a connection config with its password applied.
-pub fn resolve(t: &Target) -> Result<tokio_postgres::Config, CliError> {
+pub fn resolve(t: &Target) -> Result<store::Target, CliError> {
     if let Some(path) = &t.config {
         return Ok(Config::load(path)?.database.pg);
     }
@@ -46,12 +46,12 @@ pub fn resolve(t: &Target) -> Result<tokio_postgres::Config, CliError> {
     with_password(&dsn, t.password_file.as_deref())
 }
 
-/// Parses a DSN and fills in the password from the file, the environment or the passfile.
-pub fn with_password(
-    dsn: &str,
-    password_file: Option<&Path>,
-) -> Result<tokio_postgres::Config, CliError> {
-    let mut pg: tokio_postgres::Config = dsn.parse().map_err(|source| CliError::Dsn { source })?;
+/// Parses a DSN (with its TLS keywords `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, the
+/// way a replica's `database.dsn` is) and fills in the password from the file, the
+/// environment or the passfile.
+pub fn with_password(dsn: &str, password_file: Option<&Path>) -> Result<store::Target, CliError> {
+    let mut pg =
+        crate::config::parse_dsn_with_password(dsn).map_err(|source| CliError::Dsn { source })?;
     if pg.get_password().is_some() {
         eprintln!(
             "qlsched: warning: the DSN carries a password, visible in the process list and shell \
@@ -169,7 +169,7 @@ pub fn host_of(pg: &tokio_postgres::Config) -> String {
 }
 
 /// Connects; a connection that cannot be made is `Unreachable` with the host named.
-pub async fn connect(pg: &tokio_postgres::Config) -> Result<tokio_postgres::Client, CliError> {
+pub async fn connect(pg: &store::Target) -> Result<tokio_postgres::Client, CliError> {
     store::connect(pg)
         .await
         .map_err(|source| CliError::Unreachable {

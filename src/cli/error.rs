@@ -20,7 +20,7 @@ pub enum CliError {
     #[error("give --config FILE, --dsn DSN, or set QLSCHED_DSN")]
     NoTarget,
     #[error("invalid DSN ({source})")]
-    Dsn { source: tokio_postgres::Error },
+    Dsn { source: crate::config::DsnError },
     #[error("--password-file {}: {source}", path.display())]
     PasswordFile {
         path: PathBuf,

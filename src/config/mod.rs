@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use dsn::Secret;
+pub use dsn::{parse_with_password as parse_dsn_with_password, DsnError, Secret};
 pub use error::{ConfigError, ConfigProblem};
 pub use layers::ENV_PREFIX;
 
@@ -71,7 +71,8 @@ impl fmt::Display for ReplicaId {
 pub struct DatabaseConfig {
     /// Parsed DSN with `connect_timeout`, `application_name` and the password (if any)
     /// applied.
-    pub pg: tokio_postgres::Config,
+    /// TLS settings come from the DSN's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
+    pub pg: crate::store::Target,
     /// 2..=64 connections: at least the claim connection and the admit connection.
     pub pool_size: u32,
     pub connect_timeout: Duration,

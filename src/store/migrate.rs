@@ -111,11 +111,12 @@ fn literal(s: &str) -> String {
 /// Creates the LOGIN roles (if missing), the database owned by the owner role (if missing),
 /// and the schema; runs as a superuser. Idempotent.
 pub async fn bootstrap(
-    superuser: &tokio_postgres::Config,
+    superuser: impl Into<super::Target>,
     roles: &Roles,
     database: &str,
 ) -> Result<(), StoreError> {
-    let client = super::connect(superuser).await?;
+    let superuser: super::Target = superuser.into();
+    let client = super::connect(&superuser).await?;
     for role in roles.all() {
         let exists = client
             .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
@@ -169,7 +170,7 @@ pub async fn bootstrap(
 /// Applies pending migrations (as the owner role) and installs the exact grants.
 /// Refuses a database whose applied stream diverges from the binary's.
 pub async fn migrate(
-    owner: &tokio_postgres::Config,
+    owner: impl Into<super::Target>,
     roles: &Roles,
 ) -> Result<Vec<String>, StoreError> {
     let mut client = super::connect(owner).await?;
@@ -205,6 +206,8 @@ async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Resul
         .join(", ");
     sql += &format!("REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!("REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
+    sql += &format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
+    sql += &format!("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!(
         "GRANT USAGE ON SCHEMA {SCHEMA} TO {}, {};\n",
         ident(&roles.admin),
@@ -406,8 +409,81 @@ pub async fn check(
                 missing.1, missing.0
             ));
         }
+        problems.extend(other_privileges(client, role, kind).await?);
     }
     Ok(problems)
+}
+
+/// Every privilege a role holds outside the table grants, each as a problem: column-level
+/// grants and grants on other relations (sequences, views) in the schema; schema `CREATE`
+/// anywhere and `USAGE` on the scheduler schema where the role has no tables; database
+/// `CREATE`/`TEMPORARY`; default privileges that would hand it future objects; `EXECUTE` on
+/// any function or procedure in the schema (PostgreSQL grants that to PUBLIC by default).
+/// None of these is ever granted by `db migrate`, so any one is drift to refuse.
+///
+/// Catalog reads only (the runtime role runs it at start). PUBLIC's grants count: they reach
+/// every role.
+async fn other_privileges(
+    client: &tokio_postgres::Client,
+    role: &str,
+    kind: &str,
+) -> Result<Vec<String>, StoreError> {
+    const SQL: &str = "
+        WITH r AS (SELECT oid FROM pg_roles WHERE rolname = $1)
+        SELECT format('role %s has column-level %s on %I.%I(%I), which it must not',
+                      $1, acl.privilege_type, n.nspname, c.relname, a.attname)
+          FROM pg_attribute a
+          JOIN pg_class c ON c.oid = a.attrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $2
+          CROSS JOIN LATERAL aclexplode(a.attacl) acl
+         WHERE acl.grantee IN (0, (SELECT oid FROM r))
+        UNION ALL
+        SELECT format('role %s has %s on %s %I.%I, which it must not', $1, acl.privilege_type,
+                      CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
+                                     WHEN 'm' THEN 'materialized view' ELSE 'relation' END,
+                      n.nspname, c.relname)
+          FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $2
+          CROSS JOIN LATERAL aclexplode(c.relacl) acl
+         WHERE c.relkind NOT IN ('r', 'p', 'i', 'I', 't', 'c')
+           AND acl.grantee IN (0, (SELECT oid FROM r))
+        UNION ALL
+        SELECT format('role %s has CREATE on schema %I, which it must not', $1, n.nspname)
+          FROM pg_namespace n
+         WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+           AND left(n.nspname, 3) <> 'pg_'
+           AND has_schema_privilege($1, n.oid, 'CREATE')
+           AND n.nspowner <> (SELECT oid FROM r)
+        UNION ALL
+        SELECT format('role %s has USAGE on schema %I, which it must not', $1, $2::text)
+          FROM pg_namespace n
+         WHERE n.nspname = $2 AND NOT $3 AND has_schema_privilege($1, n.oid, 'USAGE')
+        UNION ALL
+        SELECT format('role %s has CREATE on database %I, which it must not', $1, current_database())
+         WHERE has_database_privilege($1, current_database(), 'CREATE')
+        UNION ALL
+        SELECT format('role %s gets %s on future %s created by %s%s (default privileges), which it must not',
+                      $1, acl.privilege_type,
+                      CASE d.defaclobjtype WHEN 'r' THEN 'tables' WHEN 'S' THEN 'sequences'
+                           WHEN 'f' THEN 'functions' WHEN 'T' THEN 'types'
+                           WHEN 'n' THEN 'schemas' ELSE d.defaclobjtype::text END,
+                      pg_get_userbyid(d.defaclrole),
+                      CASE WHEN d.defaclnamespace = 0 THEN ''
+                           ELSE ' in schema ' || d.defaclnamespace::regnamespace::text END)
+          FROM pg_default_acl d
+          CROSS JOIN LATERAL aclexplode(d.defaclacl) acl
+         WHERE acl.grantee IN (0, (SELECT oid FROM r))
+        UNION ALL
+        SELECT format('role %s may EXECUTE %s %s, which it must not', $1,
+                      CASE p.prokind WHEN 'p' THEN 'procedure' ELSE 'function' END,
+                      p.oid::regprocedure::text)
+          FROM pg_proc p
+          JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = $2
+         WHERE has_function_privilege($1, p.oid, 'EXECUTE')
+         ORDER BY 1";
+    let uses_schema = matches!(kind, "admin" | "runtime");
+    let rows = client.query(SQL, &[&role, &SCHEMA, &uses_schema]).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// Quotes for callers that build DDL (tests, bootstrap passwords).

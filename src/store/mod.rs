@@ -8,24 +8,81 @@ pub mod admit;
 pub mod claim;
 pub mod manage;
 pub mod migrate;
+pub mod pooler;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
 pub mod session;
 pub mod status;
+pub mod tls;
 pub mod triggers;
 pub mod wake;
 
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
+
+pub use tls::Tls;
 
 /// The connection pool every replica component shares.
-pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+pub type Pool = bb8::Pool<PostgresConnectionManager<Tls>>;
 /// A pooled connection.
-pub type Conn<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<NoTls>>;
+pub type Conn<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<Tls>>;
+
+/// Where and how to connect: the driver's settings and the TLS connector that goes with
+/// them (built from the DSN's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`). Derefs to the
+/// driver's settings so callers can adjust time-outs and keepalives.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pg: tokio_postgres::Config,
+    tls: Tls,
+}
+
+impl Target {
+    pub fn new(mut pg: tokio_postgres::Config, tls: Tls) -> Target {
+        tls.apply(&mut pg);
+        Target { pg, tls }
+    }
+
+    pub fn tls(&self) -> &Tls {
+        &self.tls
+    }
+}
+
+impl Deref for Target {
+    type Target = tokio_postgres::Config;
+    fn deref(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+}
+
+impl DerefMut for Target {
+    fn deref_mut(&mut self) -> &mut tokio_postgres::Config {
+        &mut self.pg
+    }
+}
+
+/// A driver config alone: its own `sslmode` (disable, prefer, require), no certificate files.
+impl From<tokio_postgres::Config> for Target {
+    fn from(pg: tokio_postgres::Config) -> Target {
+        let tls = Tls::from_driver(&pg);
+        Target::new(pg, tls)
+    }
+}
+
+impl From<&tokio_postgres::Config> for Target {
+    fn from(pg: &tokio_postgres::Config) -> Target {
+        Target::from(pg.clone())
+    }
+}
+
+impl From<&Target> for Target {
+    fn from(t: &Target) -> Target {
+        t.clone()
+    }
+}
 
 /// Schema that holds every qlsched object.
 pub const SCHEMA: &str = "qlsched";
@@ -52,6 +109,18 @@ pub enum StoreError {
     BadRolePrefix(String),
     #[error("refusing to migrate: {0}")]
     MigrationDrift(Box<migrate::Drift>),
+    /// One client connection was served by two PostgreSQL sessions.
+    #[error(
+        "one connection was served by two PostgreSQL sessions (backend pid {first}, then {now}): \
+         a pooler in transaction or statement mode (PgBouncer pool_mode = transaction) sits in \
+         front of PostgreSQL, and qlsched's prepared statements do not survive it; set \
+         pool_mode = session for qlsched's database in pgbouncer.ini (per database: \
+         `qlsched = host=… pool_mode=session`), or connect to PostgreSQL directly"
+    )]
+    TransactionPooling { first: i32, now: i32 },
+    /// `SELECT pg_backend_pid()` answered without a row.
+    #[error("SELECT pg_backend_pid() returned no row")]
+    NoBackendPid,
     /// The connection broke while a COMMIT may have been in flight.
     #[error("connection lost around COMMIT: outcome unknown")]
     OutcomeUnknown,
@@ -87,12 +156,26 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
             s.push_str(": ");
             s.push_str(d);
         }
+        // A named statement missing or duplicated: the connection is shared per transaction.
+        if *db.code() == SqlState::INVALID_SQL_STATEMENT_NAME
+            || *db.code() == SqlState::DUPLICATE_PSTATEMENT
+        {
+            s.push_str(" — is a pooler with pool_mode = transaction in front of PostgreSQL? set pool_mode = session");
+        }
         return s;
     }
-    match std::error::Error::source(e) {
-        Some(src) => format!("{e}: {src}"),
-        None => e.to_string(),
+    let mut s = e.to_string();
+    if let Some(src) = std::error::Error::source(e) {
+        let src = src.to_string();
+        if !s.contains(&src) {
+            s = format!("{s}: {src}");
+        }
+        // tokio-postgres's own words when the server answers the TLS request with "no".
+        if src == "server does not support TLS" {
+            s = format!("{s} — {}", tls::NO_TLS_OFFERED_HINT);
+        }
     }
+    s
 }
 
 impl StoreError {
@@ -146,7 +229,7 @@ struct SlogErrorSink(slog::Logger);
 
 impl bb8::ErrorSink<tokio_postgres::Error> for SlogErrorSink {
     fn sink(&self, e: tokio_postgres::Error) {
-        slog::warn!(self.0, "database connection error"; "error" => %e);
+        slog::warn!(self.0, "database connection error"; "error" => describe(&e));
     }
     fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<tokio_postgres::Error>> {
         Box::new(self.clone())
@@ -156,12 +239,13 @@ impl bb8::ErrorSink<tokio_postgres::Error> for SlogErrorSink {
 /// Builds the pool without connecting (connections are made on demand, so a replica started
 /// before its database comes up retries instead of failing).
 pub fn build_pool(
-    pg: tokio_postgres::Config,
+    target: impl Into<Target>,
     max_size: u32,
     connect_timeout: Duration,
     log: &slog::Logger,
 ) -> Pool {
-    let manager = PostgresConnectionManager::new(pg, NoTls);
+    let Target { pg, tls } = target.into();
+    let manager = PostgresConnectionManager::new(pg, tls);
     bb8::Pool::builder()
         .max_size(max_size)
         .min_idle(Some(0))
@@ -196,8 +280,9 @@ pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
 }
 
 /// Connects a single client outside any pool (management commands, migrations).
-pub async fn connect(pg: &tokio_postgres::Config) -> Result<tokio_postgres::Client, StoreError> {
-    let (client, connection) = pg.connect(NoTls).await?;
+pub async fn connect(target: impl Into<Target>) -> Result<tokio_postgres::Client, StoreError> {
+    let Target { pg, tls } = target.into();
+    let (client, connection) = pg.connect(tls).await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });

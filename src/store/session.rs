@@ -21,7 +21,8 @@ pub async fn bounded<T>(
 /// How to open a connection: the replica's PostgreSQL settings and the connect bound.
 #[derive(Clone)]
 pub struct Connector {
-    pub pg: tokio_postgres::Config,
+    /// The driver's settings and the TLS connector (see [`super::Target`]).
+    pub pg: super::Target,
     pub connect_timeout: Duration,
 }
 

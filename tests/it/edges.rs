@@ -451,7 +451,7 @@ async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     pg.port(proxy.port);
     let mut engine = Engine {
         session: Session::new(Connector {
-            pg,
+            pg: pg.into(),
             connect_timeout: Duration::from_secs(5),
         }),
         log: discard_log(),

@@ -99,3 +99,115 @@ async fn each_role_can_do_exactly_what_it_is_granted() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+fn all_roles() -> [(&'static str, &'static str); 3] {
+    [
+        ("qlsched_admin", "admin"),
+        ("qlsched_runtime", "runtime"),
+        ("qlsched_worker_ingress", "worker_ingress"),
+    ]
+}
+
+#[tokio::test]
+async fn check_names_and_refuses_every_kind_of_extra_grant() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    assert_eq!(
+        migrate::check(&su, &all_roles()).await.unwrap(),
+        Vec::<String>::new(),
+        "a migrated database is clean"
+    );
+    // (grant, the problem check must report)
+    let cases: &[(&str, &str)] = &[
+        (
+            "GRANT UPDATE (status) ON qlsched.runs TO qlsched_runtime",
+            "role qlsched_runtime has column-level UPDATE on qlsched.runs(status)",
+        ),
+        (
+            "GRANT SELECT (trigger_id) ON qlsched.triggers TO PUBLIC",
+            "role qlsched_worker_ingress has column-level SELECT on qlsched.triggers(trigger_id)",
+        ),
+        (
+            "GRANT CREATE ON SCHEMA qlsched TO qlsched_runtime",
+            "role qlsched_runtime has CREATE on schema qlsched",
+        ),
+        (
+            "CREATE SCHEMA side; GRANT CREATE ON SCHEMA side TO qlsched_admin",
+            "role qlsched_admin has CREATE on schema side",
+        ),
+        (
+            "GRANT USAGE ON SCHEMA qlsched TO qlsched_worker_ingress",
+            "role qlsched_worker_ingress has USAGE on schema qlsched",
+        ),
+        (
+            "GRANT CREATE ON DATABASE current_db TO qlsched_runtime",
+            "role qlsched_runtime has CREATE on database",
+        ),
+        (
+            "ALTER DEFAULT PRIVILEGES FOR ROLE qlsched_owner IN SCHEMA qlsched \
+             GRANT SELECT ON TABLES TO qlsched_worker_ingress",
+            "role qlsched_worker_ingress gets SELECT on future tables created by qlsched_owner in schema qlsched (default privileges)",
+        ),
+        (
+            "ALTER DEFAULT PRIVILEGES FOR ROLE qlsched_owner \
+             GRANT EXECUTE ON FUNCTIONS TO qlsched_runtime",
+            "role qlsched_runtime gets EXECUTE on future functions created by qlsched_owner (default privileges)",
+        ),
+        (
+            "CREATE FUNCTION qlsched.sneaky(int) RETURNS int LANGUAGE sql AS 'SELECT 1'; \
+             REVOKE EXECUTE ON FUNCTION qlsched.sneaky(int) FROM PUBLIC; \
+             GRANT EXECUTE ON FUNCTION qlsched.sneaky(int) TO qlsched_admin",
+            "role qlsched_admin may EXECUTE function qlsched.sneaky(integer)",
+        ),
+        (
+            "CREATE SEQUENCE qlsched.counter; GRANT USAGE ON SEQUENCE qlsched.counter TO qlsched_runtime",
+            "role qlsched_runtime has USAGE on sequence qlsched.counter",
+        ),
+    ];
+    for (grant, expected) in cases {
+        let fresh = TestDb::new().await;
+        let su = fresh.superuser().await;
+        su.batch_execute(&grant.replace("current_db", &fresh.name))
+            .await
+            .unwrap_or_else(|e| panic!("{grant}: {e}"));
+        let problems = migrate::check(&su, &all_roles()).await.unwrap();
+        assert!(
+            problems.iter().any(|p| p.starts_with(expected)),
+            "`{grant}` must be reported as `{expected}`; got {problems:?}"
+        );
+    }
+    // A function left with PostgreSQL's default (EXECUTE to PUBLIC) reaches every role.
+    su.batch_execute(
+        "CREATE FUNCTION qlsched.open_to_all() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    )
+    .await
+    .unwrap();
+    let problems = migrate::check(&su, &all_roles()).await.unwrap();
+    for (role, _) in all_roles() {
+        let want = format!("role {role} may EXECUTE function qlsched.open_to_all()");
+        assert!(
+            problems.iter().any(|p| p.starts_with(&want)),
+            "{want}: {problems:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn db_check_refuses_an_extra_grant_with_a_failing_exit() {
+    let db = TestDb::new().await;
+    db.superuser()
+        .await
+        .batch_execute("GRANT CREATE ON SCHEMA qlsched TO qlsched_runtime")
+        .await
+        .unwrap();
+    let out = std::process::Command::new(crate::helpers::replica::binary())
+        .args(["db", "check", "--dsn", &db.dsn("postgres")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("role qlsched_runtime has CREATE on schema qlsched"),
+        "{stderr}"
+    );
+}

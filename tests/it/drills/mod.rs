@@ -17,9 +17,11 @@ mod clock_skew;
 mod commit_reply_lost;
 mod findings;
 mod kill_restart;
+mod netns;
 mod partition;
 mod pg_restart;
 mod same_replica_id;
+mod slow_link;
 mod standby_promotion;
 
 use std::collections::BTreeMap;
@@ -320,6 +322,20 @@ impl Fleet {
             .collect();
         all.extend_from_slice(env);
         let r = ReplicaProc::spawn(&self.dsn, id, &self.extra_toml, &all);
+        if let Some(old) = self.live.insert(id.to_string(), r) {
+            self.dead.push(old);
+        }
+    }
+
+    /// Spawns replica `id` through a command prefix (`ip netns exec NAME`) with HTTP bound
+    /// to `http_ip`, without waiting for it.
+    pub fn spawn_via(&mut self, prefix: &[String], http_ip: &str, id: &str) {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let r = ReplicaProc::spawn_via(prefix, http_ip, &self.dsn, id, &self.extra_toml, &env);
         if let Some(old) = self.live.insert(id.to_string(), r) {
             self.dead.push(old);
         }

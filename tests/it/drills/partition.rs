@@ -92,7 +92,7 @@ async fn a_cut_off_replica_is_taken_over_after_expiry_and_its_stale_admission_is
 }
 
 /// Waits until `taker` has admitted the occurrence of every lease in `held`.
-async fn wait_taken_over_by(
+pub(super) async fn wait_taken_over_by(
     sql: &tokio_postgres::Client,
     held: &[Held],
     taker: &str,

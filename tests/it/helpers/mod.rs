@@ -4,9 +4,13 @@
 #![allow(dead_code)]
 
 pub mod claimed;
+pub mod delay;
+pub mod netns;
 pub mod pg;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod replica;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,7 +22,7 @@ use qlsched::store::migrate::{self, Roles};
 use qlsched::store::{self, Pool};
 
 pub const PREFIX: &str = "qlsched";
-const TEMPLATE: &str = "qlsched_template";
+pub(crate) const TEMPLATE: &str = "qlsched_template";
 
 pub struct Cluster {
     pub port: u16,
@@ -26,12 +30,24 @@ pub struct Cluster {
 }
 
 static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+pub(crate) static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
-extern "C" fn remove_cluster_at_exit() {
-    if let Some(c) = CLUSTER.get() {
+static ROOTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Stops the cluster under `root` and removes its files when the test binary exits.
+pub fn remove_at_exit(root: PathBuf) {
+    let mut roots = ROOTS.lock().unwrap();
+    if roots.is_empty() {
+        unsafe { libc::atexit(remove_clusters_at_exit) };
+    }
+    roots.push(root);
+}
+
+extern "C" fn remove_clusters_at_exit() {
+    let roots = ROOTS.lock().map(|r| r.clone()).unwrap_or_default();
+    for root in roots {
         // The postmaster gets SIGQUIT from its parent-death signal; remove its files.
-        let pid_file = c.root.join("data/postmaster.pid");
+        let pid_file = root.join("data/postmaster.pid");
         if let Some(pid) = std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.lines().next()?.parse::<i32>().ok())
@@ -42,7 +58,7 @@ extern "C" fn remove_cluster_at_exit() {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        let _ = std::fs::remove_dir_all(&c.root);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
 
@@ -71,7 +87,7 @@ pub fn cluster() -> &'static Cluster {
         let port = rx
             .recv_timeout(Duration::from_secs(120))
             .expect("PostgreSQL failed to start (see panic above)");
-        unsafe { libc::atexit(remove_cluster_at_exit) };
+        remove_at_exit(root.clone());
         std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -91,7 +107,7 @@ pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
         .unwrap()
 }
 
-async fn make_template(port: u16) {
+pub(crate) async fn make_template(port: u16) {
     let roles = Roles::with_prefix(PREFIX).unwrap();
     migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
         .await
@@ -187,7 +203,7 @@ impl TestDb {
     /// How a replica's claim round and admit engine connect to this database.
     pub fn connector(&self) -> qlsched::store::session::Connector {
         qlsched::store::session::Connector {
-            pg: self.config("qlsched_runtime"),
+            pg: self.config("qlsched_runtime").into(),
             connect_timeout: Duration::from_secs(10),
         }
     }

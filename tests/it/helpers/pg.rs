@@ -106,7 +106,7 @@ pub struct Server {
     pub child: Option<Child>,
 }
 
-fn chown_for_server(path: &Path) {
+pub fn chown_for_server(path: &Path) {
     if let Some(w) = run_as() {
         let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
         unsafe { libc::chown(c.as_ptr(), w.uid, w.gid) };

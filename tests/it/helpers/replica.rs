@@ -59,13 +59,41 @@ impl ReplicaProc {
         )
     }
 
+    /// Like `spawn`, with the command run through `prefix` (e.g. `ip netns exec NAME`) and
+    /// HTTP bound to `http_ip` (an address the test can reach from where it runs).
+    pub fn spawn_via(
+        prefix: &[String],
+        http_ip: &str,
+        dsn: &str,
+        id: &str,
+        extra_toml: &str,
+        env: &[(&str, &str)],
+    ) -> ReplicaProc {
+        let opts = Options {
+            extra_toml,
+            env,
+            systemd: None,
+        };
+        ReplicaProc::start_via(prefix, http_ip, dsn, id, opts)
+    }
+
     /// Starts `qlsched run` as replica `id` against `dsn` (runtime role). Without
     /// `opts.systemd` the process is not under systemd: no notify socket, no watchdog, even
     /// if the test runner has them.
     pub fn start(dsn: &str, id: &str, opts: Options) -> ReplicaProc {
+        ReplicaProc::start_via(&[], "127.0.0.1", dsn, id, opts)
+    }
+
+    fn start_via(
+        prefix: &[String],
+        http_ip: &str,
+        dsn: &str,
+        id: &str,
+        opts: Options,
+    ) -> ReplicaProc {
         let dir = tempfile::tempdir().unwrap();
         let port = super::pg::free_port();
-        let http: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let http: SocketAddr = format!("{http_ip}:{port}").parse().unwrap();
         let config_path = dir.path().join(format!("{id}.toml"));
         let (mut scheduler, rest) = split_scheduler(opts.extra_toml);
         if !scheduler.contains("lease") {
@@ -91,7 +119,14 @@ impl ReplicaProc {
         let log_path = dir.path().join(format!("{id}.log"));
         let log = std::fs::File::create(&log_path).unwrap();
         let mut cmd = match opts.systemd {
-            None => Command::new(binary()),
+            None => match prefix.split_first() {
+                Some((program, args)) => {
+                    let mut c = Command::new(program);
+                    c.args(args).arg(binary());
+                    c
+                }
+                None => Command::new(binary()),
+            },
             Some(sd) => {
                 let mut sh = Command::new("sh");
                 sh.arg("-c")

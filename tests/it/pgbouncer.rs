@@ -1,0 +1,66 @@
+//! The daemon behind PgBouncer: session pooling works end to end (two replicas, exactly
+//! once); transaction pooling is refused at start with the setting
+//! to change (the driver prepares named statements, which PgBouncer 1.18 — Debian 12's —
+//! cannot carry across transactions).
+
+use std::time::Duration;
+
+use crate::helpers::pgbouncer::PgBouncer;
+use crate::helpers::replica::ReplicaProc;
+use crate::helpers::{cluster, wait_until, TestDb};
+
+#[tokio::test]
+async fn two_replicas_behind_session_pooling_admit_every_occurrence_exactly_once() {
+    let db = TestDb::new().await;
+    db.seed(20, "* * * * * *").await;
+    let bouncer = PgBouncer::start(cluster().port, "session");
+    let dsn = bouncer.dsn("qlsched_runtime", &db.name);
+    let mut a = ReplicaProc::spawn(&dsn, "a", "", &[]);
+    let mut b = ReplicaProc::spawn(&dsn, "b", "", &[]);
+    a.wait_ready(Duration::from_secs(30)).await;
+    b.wait_ready(Duration::from_secs(30)).await;
+    wait_until(
+        "both replicas admitted through PgBouncer",
+        Duration::from_secs(30),
+        || async {
+            db.count(
+                "SELECT count(DISTINCT admitted_by) FROM qlsched.runs WHERE admitted_by IN ('a', 'b')",
+            )
+            .await
+                == 2
+                && db.count("SELECT count(*) FROM qlsched.runs").await >= 100
+        },
+    )
+    .await;
+    // The runtime sessions are PgBouncer's: the replicas know no other address.
+    let sessions = db
+        .count(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE usename = 'qlsched_runtime' AND backend_type = 'client backend'",
+        )
+        .await;
+    assert!(sessions >= 2, "runtime sessions through PgBouncer");
+    for r in [&mut a, &mut b] {
+        let status = r.terminate(Duration::from_secs(20)).await;
+        assert!(status.success(), "exit {status}; log:\n{}", r.log());
+        assert!(!r.log().contains("prepared statement"), "{}", r.log());
+    }
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn a_replica_behind_transaction_pooling_refuses_to_start_naming_pool_mode() {
+    let db = TestDb::new().await;
+    db.seed(5, "* * * * * *").await;
+    let bouncer = PgBouncer::start(cluster().port, "transaction");
+    let mut a = ReplicaProc::spawn(&bouncer.dsn("qlsched_runtime", &db.name), "a", "", &[]);
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    let log = a.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("served by two PostgreSQL sessions"),
+        "refused by the start-up probe: {log}"
+    );
+    assert!(log.contains("pool_mode = session"), "{log}");
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+}
