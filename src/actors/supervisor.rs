@@ -293,7 +293,7 @@ impl Supervisor {
             if !orphans.is_empty() {
                 let r = bounded("releasing orphaned rounds", bound, async {
                     let c = session.client().await?;
-                    claim::release_rounds(c, &owner, &orphans).await
+                    crate::store::release::release_rounds(c, &owner, &orphans).await
                 })
                 .await;
                 match r {

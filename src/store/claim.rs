@@ -57,7 +57,7 @@ pub struct ClaimedRow {
 /// evaluated and no id is minted while the row locks are held.
 ///
 /// Every row leased is stamped with `round`, so that a round whose reply never arrived can
-/// be found and released by [`release_rounds`].
+/// be found and released by [`super::release::release_rounds`].
 pub async fn claim_due(
     conn: &tokio_postgres::Client,
     owner: &str,
@@ -158,33 +158,6 @@ fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
         }
     }
     out
-}
-
-/// Releases the rows that this owner's claim rounds `rounds` leased and nobody works on (the
-/// round's reply never arrived). Returns how many rows were released.
-///
-/// Locking: one autocommit UPDATE guarded by owner and round id: rows of any other round
-/// (held by live claim actors) or taken over since (another owner) are untouched; a round
-/// still running on the server is waited for by row lock and re-checked.
-pub async fn release_rounds(
-    conn: &tokio_postgres::Client,
-    owner: &str,
-    rounds: &[Uuid],
-) -> Result<u64, StoreError> {
-    Ok(conn
-        .execute(
-            concat!(
-                "UPDATE qlsched.trigger_schedules s
-                    SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-                        claimable_at_ms = coalesce(s.next_fire_at_ms, 0),
-                        state_version = s.state_version + 1, updated_at_ms = ",
-                db_now_ms!(),
-                "
-                  WHERE s.claim_owner = $1 AND s.claim_round = ANY ($2)"
-            ),
-            &[&owner, &rounds],
-        )
-        .await?)
 }
 
 pub const CLAIM_DUE_SQL: &str = concat!(

@@ -44,6 +44,24 @@ pub async fn release_claim(
     Ok(n == 1)
 }
 
+/// The release of every claim under owner `$1` that also matches `extra` (a SQL condition):
+/// the row becomes free and claimable at its cursor (at once when it is pending).
+macro_rules! release_owned_where {
+    ($extra:expr) => {
+        concat!(
+            "UPDATE qlsched.trigger_schedules s
+                SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+                    claimable_at_ms = coalesce(s.next_fire_at_ms, 0),
+                    state_version = s.state_version + 1,
+                    updated_at_ms = ",
+            $crate::db_now_ms!(),
+            "
+              WHERE s.claim_owner = $1",
+            $extra
+        )
+    };
+}
+
 /// Releases every claim held under `owner`. Only safe while this process holds the
 /// replica-id guard (no other live process can own claims under the same id): used at
 /// start-up for a previous incarnation's leases and at the end of a graceful stop.
@@ -54,19 +72,24 @@ pub async fn release_all_owned(
     conn: &tokio_postgres::Client,
     owner: &str,
 ) -> Result<u64, StoreError> {
+    Ok(conn.execute(release_owned_where!(""), &[&owner]).await?)
+}
+
+/// Releases the rows that this owner's claim rounds `rounds` leased and nobody works on (the
+/// round's reply never arrived). Returns how many rows were released.
+///
+/// Locking: one autocommit UPDATE guarded by owner and round id: rows of any other round
+/// (held by live claim actors) or taken over since (another owner) are untouched; a round
+/// still running on the server is waited for by row lock and re-checked.
+pub async fn release_rounds(
+    conn: &tokio_postgres::Client,
+    owner: &str,
+    rounds: &[uuid::Uuid],
+) -> Result<u64, StoreError> {
     Ok(conn
         .execute(
-            concat!(
-                "UPDATE qlsched.trigger_schedules s
-                SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-                    claimable_at_ms = coalesce(s.next_fire_at_ms, 0),
-                    state_version = s.state_version + 1,
-                    updated_at_ms = ",
-                db_now_ms!(),
-                "
-              WHERE s.claim_owner = $1"
-            ),
-            &[&owner],
+            release_owned_where!(" AND s.claim_round = ANY ($2)"),
+            &[&owner, &rounds],
         )
         .await?)
 }
