@@ -60,7 +60,14 @@ impl Session {
             self.discard();
         }
         if self.client.is_none() {
-            self.client = Some(self.connector.connect().await?);
+            let client = self.connector.connect().await?;
+            // The statements this connection runs are prepared once, and their generic plans
+            // are the right ones (tests/it/plans.rs): use them from the first execution, so
+            // nothing is planned per round or per batch.
+            client
+                .batch_execute("SET plan_cache_mode = force_generic_plan")
+                .await?;
+            self.client = Some(client);
         }
         Ok(self.client.as_ref().expect("connected above"))
     }
@@ -72,9 +79,9 @@ impl Session {
         self.prepared.clear();
     }
 
-    /// The connection and `sql` prepared on it: prepared once per connection, so that its
-    /// plan is cached (PostgreSQL plans it on the first executions, then may keep a generic
-    /// plan; `tests/it/plans.rs` proves the generic plans are the right ones).
+    /// The connection and `sql` prepared on it: prepared once per connection and executed
+    /// with its cached generic plan (the session sets `plan_cache_mode = force_generic_plan`;
+    /// `tests/it/plans.rs` proves the generic plans are the right ones).
     pub async fn prepared(
         &mut self,
         sql: &'static str,
