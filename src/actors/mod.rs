@@ -103,9 +103,10 @@ pub mod derived {
         lease
     }
 
-    /// Heartbeat of the guard: three per TTL, at least a second apart.
-    pub fn guard_heartbeat(lease: Duration) -> Duration {
-        (guard_ttl(lease) / 3).max(Duration::from_secs(1))
+    /// The claim rounds extend the guard once this much of its TTL has passed: three
+    /// extensions per TTL.
+    pub fn guard_refresh(ttl: Duration) -> Duration {
+        ttl / 3
     }
 
     /// TCP user timeout: unacknowledged data for half a lease breaks the connection, so a

@@ -115,7 +115,8 @@ pub struct Supervisor {
     drain_waiters: Vec<oneshot::Sender<()>>,
     /// Waiting for the claim statement in flight to end (a stop past its drain).
     round_waiters: Vec<oneshot::Sender<()>>,
-    /// Most rounds ever in flight at once (tests assert it stays 1).
+    /// Claim statements in flight now, and the most ever in flight at once (tests assert 1).
+    rounds_in_flight: u32,
     pub max_concurrent_rounds: u32,
     /// Consecutive respawns per trigger (actor crashes).
     restarts: HashMap<String, u32>,
@@ -159,6 +160,7 @@ impl Supervisor {
             stopping: false,
             drain_waiters: Vec::new(),
             round_waiters: Vec::new(),
+            rounds_in_flight: 0,
             max_concurrent_rounds: 0,
             restarts: HashMap::new(),
             failures: HashMap::new(),
@@ -278,7 +280,9 @@ impl Supervisor {
         let (variant, free) = claim::claim_variant(free);
         let id = Uuid::new_v4();
         self.gate.started();
-        self.max_concurrent_rounds = self.max_concurrent_rounds.max(1);
+        // Measured, not assumed: claim statements in flight at once (tests assert ≤ 1).
+        self.rounds_in_flight += 1;
+        self.max_concurrent_rounds = self.max_concurrent_rounds.max(self.rounds_in_flight);
         self.metrics.ticks.inc();
         let memory = self.settings.orphan_memory();
         self.orphans.retain(|(_, at)| at.elapsed() < memory);
@@ -316,6 +320,7 @@ impl Supervisor {
             fut.into_actor(self)
                 .map(move |(session, released, res), act, ctx| {
                     act.session = Some(session);
+                    act.rounds_in_flight -= 1;
                     act.gate
                         .round_done(matches!(&res, Ok(r) if r.rows.len() as u32 == free));
                     for w in act.round_waiters.drain(..) {
@@ -328,7 +333,10 @@ impl Supervisor {
 
     /// What this round also does: extend the guard every third of its TTL.
     fn round_extras(&self) -> claim::Extras {
-        let every = self.settings.guard.map_or(Duration::MAX, |g| g.1 / 3);
+        let every = self
+            .settings
+            .guard
+            .map_or(Duration::MAX, |g| super::derived::guard_refresh(g.1));
         let due = !self.last_heartbeat.is_some_and(|t| t.elapsed() < every);
         claim::Extras {
             guard: self

@@ -105,26 +105,6 @@ fn process_alive(pid: i32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// Extends the guard. `false` means this incarnation lost the id (it expired and another
-/// process took it): the caller must stop.
-pub async fn heartbeat(
-    conn: &tokio_postgres::Client,
-    id: &str,
-    incarnation: Uuid,
-    ttl_ms: i64,
-) -> Result<bool, StoreError> {
-    let n = conn
-        .execute(
-            &format!(
-                "UPDATE qlsched.replicas SET heartbeat_at_ms = {NOW}, expires_at_ms = {NOW} + $3
-                  WHERE replica_id = $1 AND incarnation = $2 AND stopped_at_ms IS NULL"
-            ),
-            &[&id, &incarnation, &ttl_ms],
-        )
-        .await?;
-    Ok(n == 1)
-}
-
 /// Marks a clean stop so the id is free at once.
 pub async fn retire(
     conn: &tokio_postgres::Client,
