@@ -47,27 +47,34 @@ async fn first_run(db: &TestDb, trigger: &str) -> (i64, i64) {
     (r.get(0), r.get(1))
 }
 
-/// A trigger published while the replica sleeps (cadence 10 s) is initialised at once through
-/// the notification and its first occurrence admitted within 100 ms of its time.
-#[actix_rt::test]
-async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_notify() {
-    let _one = crate::drills::exclusive().await;
+/// What happened to an every-second trigger published while a replica (cadence
+/// `cadence_s`, listening or not) was idle.
+struct Published {
+    /// Database clock at the publish, the first run's occurrence and its admission.
+    published: i64,
+    scheduled: i64,
+    queued: i64,
+    notifications: u64,
+}
+
+async fn publish_while_idle(cadence_s: u64, listen: bool) -> Published {
     let db = TestDb::new().await;
     let mut admin = db.admin_with_project().await;
-    let (sup, metrics) = start(settings(&db, 10, true));
+    let (sup, metrics) = start(settings(&db, cadence_s, listen));
     wait_until(
         "the first (empty) round",
         Duration::from_secs(10),
         || async { metrics.ticks.get() >= 1 },
     )
     .await;
-    // Let the listener connect before publishing.
-    wait_until("the listener", Duration::from_secs(10), || async {
-        db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
-            .await
-            >= 1
-    })
-    .await;
+    if listen {
+        wait_until("the listener", Duration::from_secs(10), || async {
+            db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
+                .await
+                >= 1
+        })
+        .await;
+    }
     let published = now_ms(&db).await;
     manage::publish_trigger(
         &mut admin,
@@ -75,23 +82,39 @@ async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_no
     )
     .await
     .unwrap();
-    wait_until("the first run", Duration::from_secs(5), || async {
-        db.count("SELECT count(*) FROM qlsched.runs").await >= 1
-    })
+    wait_until(
+        "the first run",
+        Duration::from_secs(cadence_s + 5),
+        || async { db.count("SELECT count(*) FROM qlsched.runs").await >= 1 },
+    )
     .await;
     let (scheduled, queued) = first_run(&db, "fresh").await;
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    Published {
+        published,
+        scheduled,
+        queued,
+        notifications: metrics.notifications.get(),
+    }
+}
+
+/// A trigger published while the replica sleeps (cadence 10 s) is initialised at once through
+/// the notification and its first occurrence admitted within 100 ms of its time.
+#[actix_rt::test]
+async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_notify() {
+    let _one = crate::drills::exclusive().await;
+    let p = publish_while_idle(10, true).await;
     assert!(
-        scheduled - published <= 2_000,
-        "first occurrence {scheduled} is {} ms after the publish: not the first after it",
-        scheduled - published
+        p.scheduled - p.published <= 2_000,
+        "first occurrence {} ms after the publish: not the first after it",
+        p.scheduled - p.published
     );
     assert!(
-        queued - scheduled <= 100,
+        p.queued - p.scheduled <= 100,
         "admitted {} ms after its time",
-        queued - scheduled
+        p.queued - p.scheduled
     );
-    assert!(metrics.notifications.get() >= 1, "no notification arrived");
+    assert!(p.notifications >= 1, "no notification arrived");
 }
 
 /// Without notifications (a lost one, or a pooler that does not carry LISTEN) the change is
@@ -99,39 +122,18 @@ async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_no
 #[actix_rt::test]
 async fn without_notifications_a_new_trigger_is_picked_up_within_one_cadence() {
     let _one = crate::drills::exclusive().await;
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    let (sup, metrics) = start(settings(&db, 3, false));
-    wait_until(
-        "the first (empty) round",
-        Duration::from_secs(10),
-        || async { metrics.ticks.get() >= 1 },
-    )
-    .await;
-    let published = now_ms(&db).await;
-    manage::publish_trigger(
-        &mut admin,
-        &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
-    )
-    .await
-    .unwrap();
-    wait_until("the first run", Duration::from_secs(10), || async {
-        db.count("SELECT count(*) FROM qlsched.runs").await >= 1
-    })
-    .await;
-    let (scheduled, queued) = first_run(&db, "fresh").await;
-    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    let p = publish_while_idle(3, false).await;
     assert!(
-        scheduled - published <= 3_000 + 1_000,
+        p.scheduled - p.published <= 3_000 + 1_000,
         "first occurrence {} ms after the publish: more than one cadence (3 s) + one period",
-        scheduled - published
+        p.scheduled - p.published
     );
     assert!(
-        queued - scheduled <= 100,
+        p.queued - p.scheduled <= 100,
         "admitted {} ms late",
-        queued - scheduled
+        p.queued - p.scheduled
     );
-    assert_eq!(metrics.notifications.get(), 0);
+    assert_eq!(p.notifications, 0);
 }
 
 /// Every-second triggers under a 5 s cadence are admitted at their instants, not at the
