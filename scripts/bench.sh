@@ -21,6 +21,9 @@
 #   --quick  (default) 10k drain, 70 s lag, 1k/100k claim scales; about 3 min after the build
 #   --full   10k and 100k drains, 190 s lag, 1k/100k/1M claim scales, medians of 3; about 12 min
 #   --smoke  tiny sizes to check the script itself; writes nothing into the repository
+#   --wal    only the WAL row: drain 10k due with 3 replicas, schema as migrated and as before
+#            migration V7 (foreign keys, index, fillfactor), alternately, twice each;
+#            about 2 min after the build
 #   --tls    only the TLS cost row: drain 10k due with 3 replicas, plain (sslmode=disable) and
 #            TLS (sslmode=verify-full, certificates made with openssl) alternately, twice each,
 #            on one server with ssl = on; about 2 min after the build
@@ -42,6 +45,7 @@ case "${1:-}" in
   --full) MODE=full ;;
   --smoke) MODE=smoke ;;
   --tls) MODE=tls ;;
+  --wal) MODE=wal ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -54,7 +58,7 @@ case $MODE in
   quick) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
          CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=3 ;;
-  tls)   CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
+  tls|wal) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
          CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=3 ;;
   full)  CEIL_T=20; CEIL_ROWS=150000; DRAIN_NS="10000 100000"; STEADY_N=10000; STEADY_S=190; STEADY_WARM=5
@@ -176,8 +180,8 @@ pgss_calls() {
 pgss_top() { # $1 = order expression, $2 = limit; markdown rows
   [ $PGSS = on ] || { echo "| (pg_stat_statements not available) |"; return; }
   "${PSQL[@]}" -d postgres -P pager=off -A -F ' | ' -c "
-    select calls, round(rows::numeric / greatest(calls, 1), 1),
-           round(mean_plan_time::numeric, 3), round(mean_exec_time::numeric, 3),
+    select calls, plans, round(rows::numeric / greatest(calls, 1), 1),
+           round((total_plan_time / greatest(calls, 1))::numeric, 3), round(mean_exec_time::numeric, 3),
            round((total_plan_time + total_exec_time)::numeric, 1),
            round((shared_blks_hit + shared_blks_read)::numeric / greatest(calls, 1)),
            round(wal_bytes / greatest(calls, 1)),
@@ -185,8 +189,21 @@ pgss_top() { # $1 = order expression, $2 = limit; markdown rows
       from pg_stat_statements where dbid = $QDB_OID and userid = $RUNTIME_OID
      order by $1 desc limit $2" | sed -e 's/^/| /' -e 's/$/ |/'
 }
-PGSS_HEAD="| calls | rows/call | plan ms/call | exec ms/call | total ms | blocks/call | WAL B/call | query |
-|---|---|---|---|---|---|---|---|"
+PGSS_HEAD="| calls | plans | rows/call | plan ms/call | exec ms/call | total ms | blocks/call | WAL B/call | query |
+|---|---|---|---|---|---|---|---|---|"
+# planning time as a percentage of the runtime role's plan + execution time since the last reset
+pgss_plan_pct() {
+  if [ $PGSS = on ]; then
+    sqlpg "select coalesce(100 * sum(total_plan_time) / nullif(sum(total_plan_time + total_exec_time), 0), 0)
+             from pg_stat_statements where dbid = $QDB_OID and userid = $RUNTIME_OID"
+  else echo 0; fi
+}
+# full-page images written by the runtime role's statements since the last reset
+pgss_fpi() {
+  if [ $PGSS = on ]; then
+    sqlpg "select coalesce(sum(wal_fpi), 0) from pg_stat_statements where dbid = $QDB_OID and userid = $RUNTIME_OID"
+  else echo 0; fi
+}
 # admission transactions started by the runtime role since the last reset (incl. retries)
 pgss_begins() {
   if [ $PGSS = on ]; then
@@ -282,7 +299,7 @@ bench/claim_sql.sh "'pgbench-' || :client_id" 30000 1 core >"$WORK/claim1.sql"
 declare -A CEIL_TPS=()
 # median_index V1 V2 ...: index (0-based) of the median value
 median_index() { local i=0 v; for v in "$@"; do echo "$v $i"; i=$((i + 1)); done | sort -g | awk -v m=$(( ($# + 1) / 2 )) 'NR == m {print $2}'; }
-if [ "$MODE" != tls ]; then   # (the --tls mode runs only its own row, after drain_once)
+if [ "$MODE" != tls ] && [ "$MODE" != wal ]; then   # (--tls and --wal run only their own rows, after drain_once)
 for c in $REPLICA_COUNTS; do
   tpss=(); rowtxt=(); notetxt=()
   for rep in $(seq 1 "$REPS"); do
@@ -340,7 +357,7 @@ row "2" "admission statement runs inside its BEGIN … SERIALIZABLE transaction 
     "$ISO_IN inside, $ISO_OUT outside (outside = its own autocommit READ COMMITTED transaction)" "all inside" "$([ "$ISO_OK" = yes ] && echo PASS || echo FAIL)"
 note "isolation probe: of the admission statements logged during a 200-occurrence drain, $ISO_IN shared pid and virtual xid with a BEGIN ISOLATION LEVEL SERIALIZABLE and $ISO_OUT ran in a transaction of their own. When they run outside, no serialization failure can occur and the retry percentage below is not evidence of anything."
 
-fi   # MODE != tls
+fi   # MODE is neither tls nor wal
 
 # ==== 2 + 6. drain ===============================================================================
 # drain_once N R: one drain from a fresh install; sets D_RATE, D_ROW, D_RSS_KB, D_RSS_TXT, D_NOTE
@@ -348,6 +365,8 @@ drain_once() {
   local n=$1 r=$2 t0 timeout_s done_n first last admits retries fences dupkeys hwm_max=0 hwms="" cpu=0 h p
   reset_db; load "$n" due grace=$DRAIN_GRACE_MS; checkpoint
   pgss_reset
+  local lsn0 wal wal_fpi plan_pct
+  lsn0=$(sql "select pg_current_wal_lsn()")
   t0=$(now_ms)
   start_replicas "$r" "$BUDGET" "$LEASE"
   timeout_s=$(( 60 + n / 200 ))
@@ -358,6 +377,9 @@ drain_once() {
     for p in "${RPIDS[@]}"; do kill -0 "$p" 2>/dev/null || die "a replica exited during the drain (see $WORK)"; done
     sleep 0.2
   done
+  D_LSN0=$lsn0; D_LSN1=$(sql "select pg_current_wal_lsn()")
+  wal=$(sql "select pg_wal_lsn_diff('$D_LSN1', '$lsn0')"); wal_fpi=$(pgss_fpi)
+  plan_pct=$(pgss_plan_pct)
   read -r first last < <(sql "select coalesce(min(queued_at_ms), $t0), coalesce(max(queued_at_ms), $t0 + 1) from qlsched.runs" | tr '|' ' ')
   admits=$(metric_sum qlsched_admits_total)
   retries=$(metric_sum qlsched_serialization_retries_total)
@@ -389,9 +411,24 @@ drain_once() {
     [ "$ISO_OK" = yes ] || v="$v (retries not comparable: admissions ran outside SERIALIZABLE, see 2a)"
   fi
   D_RATE=$rate
-  D_ROW="$(fmt "$secs" 1) s, $(fmt "$rate") occ/s, **$(fmt "$ratio" 2)× ceiling c=$r**, retries $(fmt "$retry_pct" 2) % of admits ($retries retried of $txns admission txns = $(fmt "$(calc "100 * $retries / ($txns > 0 ? $txns : 1)")" 1) %), duplicates $dups$complete|$tgt|$v"
+  D_WAL=$(calc "$wal / ($done_n > 0 ? $done_n : 1)"); D_FPI=$(calc "$wal_fpi / ($done_n > 0 ? $done_n : 1)"); D_PLAN=$plan_pct
+  D_ROW="$(fmt "$secs" 1) s, $(fmt "$rate") occ/s, **$(fmt "$ratio" 2)× ceiling c=$r**, retries $(fmt "$retry_pct" 2) % of admits ($retries retried of $txns admission txns = $(fmt "$(calc "100 * $retries / ($txns > 0 ? $txns : 1)")" 1) %), duplicates $dups, WAL $(fmt "$D_WAL") B per occurrence ($(fmt "$D_FPI" 3) full-page images), planning $(fmt "$plan_pct" 1) % of the runtime role's server time$complete|$tgt|$v"
   D_RSS_KB=$hwm_max; D_RSS_TXT=$hwms
   D_NOTE="drain n=$n r=$r: runs $done_n, first admit $(fmt "$startup" 2) s after spawn, admits $admits, serialization retries $retries, fence losses $fences, duplicate-key refusals $dupkeys, runs without exactly 1 attempt + 2 events $bad, replica CPU $(fmt "$(calc "1000 * $cpu / $CLK_TCK / ($done_n > 0 ? $done_n : 1)")" 3) ms per occurrence (all replicas, incl. startup)"$'\n\n'"top statements of the runtime role during drain n=$n r=$r (pg_stat_statements, by plan + execution time):"$'\n\n'"$PGSS_HEAD"$'\n'"$top"
+}
+# finish_own_rows: print and keep the rows of a mode that runs only its own rows (--tls, --wal)
+finish_own_rows() {
+  echo
+  printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
+  for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+  mkdir -p bench/results
+  RESULT=bench/results/$(date -u +%Y-%m-%dT%H%MZ)-$COMMIT$DIRTY-$MODE.md
+  { echo "# qlsched benchmark, $MODE mode"; echo; echo "commit \`$COMMIT$DIRTY\` · $(date -u +%Y-%m-%dT%H:%MZ) · nproc $(nproc) · load before: $LOAD_BEFORE"; echo
+    printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
+    for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+    echo; for a in "${APPENDIX[@]}"; do printf '%s\n\n' "$a"; done; } >"$RESULT"
+  echo "results kept in $RESULT"
+  exit 0
 }
 # ==== T. TLS cost (--tls only) =======================================================================
 # Plain and TLS drains alternate on the same server so that machine load hits both alike.
@@ -415,17 +452,58 @@ if [ "$MODE" = tls ]; then
   cost=$(calc "100 * (1 - $tls_mean / $plain_mean)")
   row "T" "TLS cost: drain 10000, 3 replicas, verify-full vs plain (means of 2 alternating runs)" \
       "plain $(fmt "$plain_mean") occ/s, TLS $(fmt "$tls_mean") occ/s: TLS $(fmt "$cost" 1) % slower" "≤ 10 %" "$(verdict "$cost <= 10")"
-  echo
-  printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
-  for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
-  mkdir -p bench/results
-  RESULT=bench/results/$(date -u +%Y-%m-%dT%H%MZ)-$COMMIT$DIRTY-tls.md
-  { echo "# qlsched benchmark, tls mode"; echo; echo "commit \`$COMMIT$DIRTY\` · $(date -u +%Y-%m-%dT%H:%MZ) · nproc $(nproc) · load before: $LOAD_BEFORE"; echo
-    printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
-    for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
-    echo; for a in "${APPENDIX[@]}"; do printf '%s\n\n' "$a"; done; } >"$RESULT"
-  echo "results kept in $RESULT"
-  exit 0
+  finish_own_rows
+fi
+
+# ==== W. WAL per occurrence (--wal only) ===========================================================
+# Drains of 10k due with 3 replicas on one server, alternating between the schema as migrated
+# and the schema as it was before migration V7: the six foreign keys of runs, attempts and
+# run_events restored (NOT VALID: they check every new row, exactly like the originals), the
+# schedule table's project index back and its fillfactor 100. WAL = LSN advance from the
+# start of the drain until the last run is committed, over the runs admitted; it includes the
+# claims, the admissions, their commit records and any autovacuum in that window.
+if [ "$MODE" = wal ]; then
+  CEIL_TPS[3]=1; ISO_OK=yes   # no ceiling in this mode; drain_once's ratio is not reported
+  PRE_V7_FKS="runs:runs_project_id_fkey:project_id:projects runs:runs_trigger_id_fkey:trigger_id:triggers
+              runs:runs_task_id_fkey:task_id:tasks runs:runs_execution_revision_id_fkey:execution_revision_id:execution_revisions
+              attempts:attempts_run_id_fkey:run_id:runs run_events:run_events_run_id_fkey:run_id:runs"
+  MIGRATED_FF=$(sql "select coalesce((select option_value from pg_options_to_table(
+                       (select reloptions from pg_class where oid = 'qlsched.trigger_schedules'::regclass))
+                      where option_name = 'fillfactor'), '100')")
+  MIGRATED_IDX=$(sql "select count(*) from pg_indexes where schemaname = 'qlsched' and indexname = 'trigger_schedules_project_idx'")
+  wal_schema() { # $1 = migrated | pre-v7
+    local fk tab name col ref
+    for fk in $PRE_V7_FKS; do
+      IFS=: read -r tab name col ref <<<"$fk"
+      sql "SET client_min_messages = warning; ALTER TABLE qlsched.$tab DROP CONSTRAINT IF EXISTS $name" >/dev/null
+      [ "$1" = pre-v7 ] && sql "ALTER TABLE qlsched.$tab ADD CONSTRAINT $name FOREIGN KEY ($col) REFERENCES qlsched.$ref NOT VALID" >/dev/null
+    done
+    if [ "$1" = pre-v7 ]; then
+      sql "ALTER TABLE qlsched.trigger_schedules SET (fillfactor = 100);
+           CREATE INDEX IF NOT EXISTS trigger_schedules_project_idx ON qlsched.trigger_schedules (project_id)" >/dev/null
+    else
+      sql "ALTER TABLE qlsched.trigger_schedules SET (fillfactor = $MIGRATED_FF)" >/dev/null
+      [ "$MIGRATED_IDX" = 1 ] || sql "SET client_min_messages = warning; DROP INDEX IF EXISTS qlsched.trigger_schedules_project_idx" >/dev/null
+    fi
+  }
+  declare -A WSUM=([migrated]=0 [pre-v7]=0)
+  for rep in 1 2; do
+    for kind in pre-v7 migrated; do
+      wal_schema $kind
+      say "W. drain 10000 due, 3 replicas, $kind (run $rep/2)"
+      drain_once 10000 3
+      WSUM[$kind]=$(calc "${WSUM[$kind]} + $D_WAL")
+      row "W" "drain 10000 due, 3 replicas, schema $kind (run $rep)" "$(fmt "$D_WAL") B WAL per occurrence ($(fmt "$D_FPI" 3) full-page images), $(fmt "$D_RATE") occ/s" "—" "—"
+      note "$kind run $rep: $D_NOTE"
+      sql "select pg_switch_wal()" >/dev/null
+      note "$kind run $rep: WAL records of the drain by kind (pg_waldump --stats=record, $D_LSN0 to $D_LSN1):"$'\n\n'"$(as_pg "$BIN/pg_waldump" -p "$WORK/data/pg_wal" -s "$D_LSN0" -e "$D_LSN1" --stats=record 2>&1 | sed 's/^/    /')"
+    done
+  done
+  wal_schema migrated
+  before=$(calc "${WSUM[pre-v7]} / 2"); after=$(calc "${WSUM[migrated]} / 2")
+  row "W" "WAL per admitted occurrence: schema as migrated vs as before V7 (6 foreign keys, schedule project index, fillfactor 100); means of 2 alternating runs" \
+      "as migrated $(fmt "$after") B, before V7 $(fmt "$before") B: $(fmt "$(calc "100 * $after / $before")") %" "≤ 60 % of 2.6 kB (1560 B)" "$(verdict "$after <= 1560")"
+  finish_own_rows
 fi
 
 for n in $DRAIN_NS; do

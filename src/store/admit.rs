@@ -15,8 +15,9 @@ pub fn idempotency_key(trigger_id: &str, trigger_revision: i64, scheduled_for_ms
 /// Mints a run id (UUID version 8) laid out as `owner hash (4 bytes) | Unix ms (6 bytes) |
 /// random (6 bytes)`.
 ///
-/// Why: SERIALIZABLE admissions read `runs_pkey` leaf pages (the foreign-key checks of the
-/// attempt and the events) and insert into them. With random ids, concurrent admissions of
+/// Why: SERIALIZABLE admissions insert into `runs_pkey` leaf pages, and the reads of a
+/// batch whose outcome is unknown (`resolve_batch`) probe them. (Until migration V7 the
+/// foreign-key checks of the attempt and the events also read them.) With random ids, concurrent admissions of
 /// different replicas hit the same leaf pages and SSI reports page-level rw-conflicts
 /// (serialization failures that grow with batch size). With this layout each replica
 /// appends to its own key range, so concurrent admissions touch disjoint pages, and one
@@ -197,7 +198,7 @@ async fn admit_with(
     let (begin, rows, commit) = futures::join!(
         // enable_seqscan off: on small tables the planner would seq-scan, and a sequential
         // scan under SERIALIZABLE takes a relation-level predicate lock that conflicts with
-        // every concurrent admission (the TID scan and the foreign-key probes must stay
+        // every concurrent admission (the TID scan and the definition-row probes must stay
         // point accesses).
         client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off"),
         // `query_typed` sends Parse/Bind/Execute in one message on its first poll; plain

@@ -72,7 +72,8 @@ pub async fn set_project(
             db_now_ms!(),
             "
                FROM qlsched.triggers t
-              WHERE s.project_id = $1 AND t.trigger_id = s.trigger_id
+              -- through triggers_project_idx and the schedule's primary key (V7)
+              WHERE t.project_id = $1 AND s.trigger_id = t.trigger_id AND s.project_id = $1
                 AND (s.claim_owner IS NOT NULL OR s.claimable_at_ms IS DISTINCT FROM
                      CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.next_fire_at_ms, 0) END)"
         ),

@@ -64,27 +64,16 @@ pub const PRIVILEGES: [&str; 7] = [
 ];
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
+/// Definition rows are permanent (migration V7): no role may delete them.
 pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
-    (
-        "projects",
-        &["SELECT", "INSERT", "UPDATE", "DELETE"],
-        &["SELECT"],
-    ),
+    ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
-        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT", "INSERT", "UPDATE"],
         &["SELECT"],
     ),
-    (
-        "tasks",
-        &["SELECT", "INSERT", "UPDATE", "DELETE"],
-        &["SELECT"],
-    ),
-    (
-        "triggers",
-        &["SELECT", "INSERT", "UPDATE", "DELETE"],
-        &["SELECT"],
-    ),
+    ("tasks", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
+    ("triggers", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "trigger_schedules",
         &["SELECT", "INSERT", "UPDATE", "DELETE"],

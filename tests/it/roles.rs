@@ -70,6 +70,11 @@ const CASES: &[(&str, &str, bool)] = &[
     ("qlsched_admin", "UPDATE qlsched.run_events SET at_ms = 0", false),
     ("qlsched_admin", "DELETE FROM qlsched.run_events", false),
     ("qlsched_admin", "TRUNCATE qlsched.runs", false),
+    // Definition rows are permanent (V7): soft delete and disable are the operator's tools.
+    ("qlsched_admin", "DELETE FROM qlsched.projects", false),
+    ("qlsched_admin", "DELETE FROM qlsched.execution_revisions", false),
+    ("qlsched_admin", "DELETE FROM qlsched.tasks", false),
+    ("qlsched_admin", "DELETE FROM qlsched.triggers", false),
 ];
 
 #[tokio::test]

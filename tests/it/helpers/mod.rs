@@ -305,6 +305,23 @@ impl TestDb {
             .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs GROUP BY 1, 2 HAVING count(*) > 1) d")
             .await;
         assert_eq!(dup, 0, "duplicate occurrences");
+        // No foreign keys guard these since V7: the admission's own verification and the
+        // permanence of definition rows and runs do (tests/it/integrity.rs).
+        let dangling = self
+            .count(
+                "SELECT (SELECT count(*) FROM qlsched.runs r
+                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.projects p WHERE p.project_id = r.project_id)
+                             OR NOT EXISTS (SELECT 1 FROM qlsched.triggers t WHERE t.trigger_id = r.trigger_id)
+                             OR NOT EXISTS (SELECT 1 FROM qlsched.tasks k WHERE k.task_id = r.task_id)
+                             OR NOT EXISTS (SELECT 1 FROM qlsched.execution_revisions e
+                                             WHERE e.execution_revision_id = r.execution_revision_id))
+                      + (SELECT count(*) FROM qlsched.attempts a
+                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = a.run_id))
+                      + (SELECT count(*) FROM qlsched.run_events e
+                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = e.run_id))",
+            )
+            .await;
+        assert_eq!(dangling, 0, "admitted rows referencing a missing row");
     }
 }
 
