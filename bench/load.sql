@@ -10,6 +10,8 @@
 --            stagger  : cron 'S * * * * *' with S = index % 60, cursor = the first such second
 --                       at least :lead_ms after now (free, spread over a minute)
 --            idle     : cron '0 0 0 1 1 *', cursor = claimable_at = now + 1 day (nothing due)
+--            second   : cron '* * * * * *' for every trigger, cursor = the first whole second
+--                       at least :lead_ms after now (all due every second)
 --            minute   : cron '0 * * * * *' for every trigger, cursor = the first minute boundary
 --                       at least :lead_ms after now (all due at the same instant)
 --            claimed  : like due, but holding a live claim by another owner that expires in
@@ -61,12 +63,14 @@ ON CONFLICT DO NOTHING;
 CREATE TEMP TABLE bench_new ON COMMIT DROP AS
 SELECT :'prefix' || lpad(g::text, 7, '0') AS trigger_id,
        CASE :'mode' WHEN 'stagger' THEN (g % 60) || ' * * * * *'
-                    WHEN 'minute' THEN '0 * * * * *' ELSE '0 0 0 1 1 *' END AS cron_expr,
+                    WHEN 'minute' THEN '0 * * * * *' WHEN 'second' THEN '* * * * * *'
+                    ELSE '0 0 0 1 1 *' END AS cron_expr,
        CASE :'mode'
          WHEN 'stagger' THEN
            (SELECT CASE WHEN b <= :now_ms + :lead_ms THEN b + 60000 ELSE b END
               FROM (SELECT (:now_ms / 60000) * 60000 + (g % 60) * 1000 AS b) x)
          WHEN 'minute' THEN ((:now_ms + :lead_ms) / 60000 + 1) * 60000
+         WHEN 'second' THEN ((:now_ms + :lead_ms) / 1000 + 1) * 1000
          WHEN 'idle' THEN :now_ms + 86400000
          ELSE :fire_ms::bigint
        END AS next_fire_at_ms

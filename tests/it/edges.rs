@@ -59,11 +59,18 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
             == 200
     })
     .await;
-    for i in 0..20 {
+    // The replicas wake at each whole second and admit within milliseconds of it: deploy
+    // just after a whole second (0-9 ms, varied), between their claims and their admissions.
+    for i in 0..12u64 {
+        let since_second = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            % 1000;
+        tokio::time::sleep(Duration::from_millis(1000 - since_second + (i % 4) * 3)).await;
         manage::publish_task(&mut admin, "proj", "task", &format!("{{\"v\":{i}}}"))
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(450)).await;
     }
     let last_publish = db.count(concat!("SELECT ", qlsched::db_now_ms!())).await;
     wait_until("runs on the last revision", Duration::from_secs(20), || async {
