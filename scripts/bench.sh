@@ -621,47 +621,38 @@ row "5" "idle: $IDLE_N triggers, none due, 3 replicas, cadence ${CADENCE_S} s" \
 note "idle: $calls statements by the runtime role in $(fmt "$(calc "($ti1 - $ti0) / 1000")" 1) s (pg_stat_statements), by calls:"
 note "$PGSS_HEAD"$'\n'"$top"
 
-# ==== 3. steady lag =================================================================================
-say "3. steady lag: $STEADY_N triggers spread over a minute, 3 replicas (default config), ${STEADY_S} s"
-reset_db; load "$STEADY_N" stagger lead_ms=3000; checkpoint
-ts=$(now_ms)
-start_replicas 3 64 30s
-sleep "$STEADY_S"
-te=$(now_ms)
-w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
-stats=$(sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                    coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                    coalesce(max(queued_at_ms - scheduled_for_ms), 0)
-               from qlsched.runs where scheduled_for_ms between $w0 and $w1")
-expected=$(sql "with per_s as (select split_part(cron_expr, ' ', 1)::int s, count(*) n from qlsched.triggers group by 1)
-                select coalesce(sum(n), 0) from per_s, generate_series(ceil($w0 / 1000.0)::bigint, floor($w1 / 1000.0)::bigint) sec
-                 where per_s.s = sec % 60")
-stop_replicas
-dups=$(sql "select count(*) from (select 1 from qlsched.runs group by trigger_id, scheduled_for_ms having count(*) > 1) d")
-IFS='|' read -r lag_n p50 p99 lmax <<<"$stats"
-row "3" "steady lag: $STEADY_N triggers over a minute, 3 replicas, $(( (w1 - w0) / 1000 )) s window" \
-    "p50 $(fmt "$p50") ms, p99 $(fmt "$p99") ms, max $(fmt "$lmax") ms; admitted $lag_n / $expected due in the window, duplicates $dups" \
-    "p99 ≤ 50 ms" "$(verdict "$p99 <= 50 && $lag_n >= $expected && $dups == 0")"
-
-# ==== 3b. every-second lag =========================================================================
-say "3b. every-second lag: $SECOND_N every-second triggers, 3 replicas (default config), ${SECOND_S} s"
-reset_db; load "$SECOND_N" second lead_ms=3000; checkpoint
-ts=$(now_ms)
-start_replicas 3 64 30s
-sleep "$SECOND_S"
-te=$(now_ms)
-w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
-stats=$(sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                    coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                    coalesce(max(queued_at_ms - scheduled_for_ms), 0)
-               from qlsched.runs where scheduled_for_ms between $w0 and $w1")
-expected=$(( SECOND_N * ( w1 / 1000 - (w0 + 999) / 1000 + 1 ) ))
-stop_replicas
-dups=$(sql "select count(*) from (select 1 from qlsched.runs group by trigger_id, scheduled_for_ms having count(*) > 1) d")
-IFS='|' read -r lag_n p50 p99 lmax <<<"$stats"
-row "3" "every-second lag: $SECOND_N every-second triggers, 3 replicas, $(( (w1 - w0) / 1000 )) s window" \
-    "p50 $(fmt "$p50") ms, p99 $(fmt "$p99") ms, max $(fmt "$lmax") ms; admitted $lag_n / $expected due in the window, duplicates $dups" \
-    "p99 ≤ 50 ms" "$(verdict "$p99 <= 50 && $lag_n >= $expected && $dups == 0")"
+# ==== 3. lag =========================================================================================
+# lag_row LABEL N LOAD_MODE SECONDS EXPECTED_SQL: N triggers loaded in LOAD_MODE, 3 replicas with
+# the default config for SECONDS; lag = queued_at - scheduled_for of every run scheduled in the
+# window (STEADY_WARM s after start to 3 s before stop). EXPECTED_SQL counts the occurrences due
+# in the window (:w0, :w1 are its bounds in ms).
+lag_row() {
+  local label=$1 n=$2 mode=$3 secs=$4 expected_sql=$5 ts te w0 w1 stats expected dups lag_n p50 p99 lmax
+  say "3. $label, 3 replicas (default config), ${secs} s"
+  reset_db; load "$n" "$mode" lead_ms=3000; checkpoint
+  ts=$(now_ms)
+  start_replicas 3 64 30s
+  sleep "$secs"
+  te=$(now_ms)
+  w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
+  stats=$(sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
+                      coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
+                      coalesce(max(queued_at_ms - scheduled_for_ms), 0)
+                 from qlsched.runs where scheduled_for_ms between $w0 and $w1")
+  local q=${expected_sql//:w0/$w0}; expected=$(sql "${q//:w1/$w1}")
+  stop_replicas
+  dups=$(sql "select count(*) from (select 1 from qlsched.runs group by trigger_id, scheduled_for_ms having count(*) > 1) d")
+  IFS='|' read -r lag_n p50 p99 lmax <<<"$stats"
+  row "3" "$label, 3 replicas, $(( (w1 - w0) / 1000 )) s window" \
+      "p50 $(fmt "$p50") ms, p99 $(fmt "$p99") ms, max $(fmt "$lmax") ms; admitted $lag_n / $expected due in the window, duplicates $dups" \
+      "p99 ≤ 50 ms" "$(verdict "$p99 <= 50 && $lag_n >= $expected && $dups == 0")"
+}
+lag_row "steady lag: $STEADY_N triggers over a minute" "$STEADY_N" stagger "$STEADY_S" \
+  "with per_s as (select split_part(cron_expr, ' ', 1)::int s, count(*) n from qlsched.triggers group by 1)
+   select coalesce(sum(n), 0) from per_s, generate_series(ceil(:w0 / 1000.0)::bigint, floor(:w1 / 1000.0)::bigint) sec
+    where per_s.s = sec % 60"
+lag_row "every-second lag: $SECOND_N every-second triggers" "$SECOND_N" second "$SECOND_S" \
+  "select count(*) * (floor(:w1 / 1000.0) - ceil(:w0 / 1000.0) + 1)::bigint from qlsched.triggers"
 
 # ==== 7. boundary herd ===============================================================================
 say "7. boundary herd: $HERD_N every-minute triggers due at one boundary, 3 replicas (default config), $HERD_B boundaries"
