@@ -20,13 +20,14 @@
 # and keeps the run in bench/results/<date>-<commit>-<mode>.md (and, for --quick/--full, as the
 # latest table in docs/benchmark.md).
 #
-# usage: scripts/bench.sh [--quick|--full|--smoke|--tls]
-#   --quick  (default) 10k drain, 70 s lag, 1k/100k claim scales; about 3 min after the build
-#   --full   10k and 100k drains, 190 s lag, 1k/100k/1M claim scales, medians of 3; about 12 min
+# usage: scripts/bench.sh [--quick|--full|--smoke|--wal|--tls]
+#   --quick  (default) 10k drain, 70 + 30 s lag, 1k/100k claim scales, 3 herd boundaries; about 6 min
+#   --full   10k and 100k drains, 190 + 60 s lag, 1k/100k/1M claim scales, medians of 3, 6 herd
+#            boundaries; about 17 min after the build
 #   --smoke  tiny sizes to check the script itself; writes nothing into the repository
 #   --wal    only the WAL row: drain 10k due with 3 replicas, schema as migrated and as before
 #            migration V7 (foreign keys, index, fillfactor), alternately, twice each;
-#            about 2 min after the build
+#            about 1 min after the build
 #   --tls    only the TLS cost row: drain 10k due with 3 replicas, plain (sslmode=disable) and
 #            TLS (sslmode=verify-full, certificates made with openssl) alternately, twice each,
 #            on one server with ssl = on; about 2 min after the build
