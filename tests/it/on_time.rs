@@ -211,3 +211,93 @@ async fn an_idle_replica_issues_one_statement_per_cadence() {
         "only {statements} statements in 25 s: is the replica running?"
     );
 }
+
+/// The listener's connection is cut (its backend terminated): a trigger published in the gap
+/// is still picked up within one cadence, the listener comes back by itself, and the next
+/// publish wakes the replica through a notification again.
+#[actix_rt::test]
+async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
+    let _one = crate::drills::exclusive().await;
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    let cadence_s = 4;
+    let (sup, metrics) = start(settings(&db, cadence_s, true));
+    let listeners = || async {
+        db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
+            .await
+    };
+    wait_until("the listener", Duration::from_secs(10), || async {
+        listeners().await >= 1
+    })
+    .await;
+    let cut = db
+        .count(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND query = 'LISTEN qlsched_wake') t",
+        )
+        .await;
+    assert_eq!(cut, 1, "one listener backend terminated");
+    let published = now_ms(&db).await;
+    manage::publish_trigger(
+        &mut admin,
+        &TriggerSpec::new("in-gap", "proj", "task", "* * * * * *", "UTC"),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "the trigger published in the gap admitted",
+        Duration::from_secs(cadence_s + 5),
+        || async { db.count("SELECT count(*) FROM qlsched.runs").await >= 1 },
+    )
+    .await;
+    let (scheduled, queued) = first_run(&db, "in-gap").await;
+    assert!(
+        scheduled - published <= 4_000 + 1_000,
+        "first occurrence {} ms after the publish: more than one cadence (4 s) + one period",
+        scheduled - published
+    );
+    assert!(
+        queued - scheduled <= 100,
+        "admitted {} ms late",
+        queued - scheduled
+    );
+    wait_until("the listener back", Duration::from_secs(20), || async {
+        listeners().await >= 1
+    })
+    .await;
+    let before = metrics.notifications.get();
+    let published = now_ms(&db).await;
+    manage::publish_trigger(
+        &mut admin,
+        &TriggerSpec::new("after-gap", "proj", "task", "* * * * * *", "UTC"),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "the trigger published after the gap admitted",
+        Duration::from_secs(cadence_s + 5),
+        || async {
+            db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'after-gap'")
+                .await
+                >= 1
+        },
+    )
+    .await;
+    let (scheduled, queued) = first_run(&db, "after-gap").await;
+    assert!(
+        metrics.notifications.get() > before,
+        "no notification after the listener came back"
+    );
+    assert!(
+        scheduled - published <= 2_000,
+        "first occurrence {} ms after the publish: not the first after it",
+        scheduled - published
+    );
+    assert!(
+        queued - scheduled <= 100,
+        "admitted {} ms late",
+        queued - scheduled
+    );
+    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    db.assert_invariants().await;
+}

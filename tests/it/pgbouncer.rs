@@ -1,5 +1,5 @@
 //! The daemon behind PgBouncer: session pooling works end to end (two replicas, exactly
-//! once); transaction pooling is refused at start with the setting
+//! once; the wake-up LISTEN carries notifications through it); transaction pooling is refused at start with the setting
 //! to change (the driver prepares named statements, which PgBouncer 1.18 — Debian 12's —
 //! cannot carry across transactions).
 
@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use crate::helpers::pgbouncer::PgBouncer;
 use crate::helpers::replica::ReplicaProc;
+use qlsched::store::manage::{self, TriggerSpec};
+
 use crate::helpers::{cluster, wait_until, TestDb};
 
 #[tokio::test]
@@ -63,4 +65,60 @@ async fn a_replica_behind_transaction_pooling_refuses_to_start_naming_pool_mode(
     );
     assert!(log.contains("pool_mode = session"), "{log}");
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+}
+
+/// Behind session pooling the wake-up LISTEN holds a server session like any other
+/// connection, so notifications arrive: a trigger published while the replica sleeps
+/// (cadence 10 s, nothing due) is admitted within 100 ms of its first occurrence.
+#[tokio::test]
+async fn behind_session_pooling_a_published_trigger_wakes_a_sleeping_replica() {
+    let _one = crate::drills::exclusive().await;
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    let bouncer = PgBouncer::start(cluster().port, "session");
+    let dsn = bouncer.dsn("qlsched_runtime", &db.name);
+    let mut r = ReplicaProc::spawn(&dsn, "a", "cadence = \"10s\"\nlease = \"30s\"", &[]);
+    r.wait_ready(Duration::from_secs(30)).await;
+    wait_until("the listener", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
+            .await
+            >= 1
+    })
+    .await;
+    let now = concat!("SELECT ", qlsched::db_now_ms!());
+    let published = db.count(now).await;
+    manage::publish_trigger(
+        &mut admin,
+        &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
+    )
+    .await
+    .unwrap();
+    // Well inside the 10 s cadence: only the notification can have woken the replica.
+    wait_until("the first run", Duration::from_secs(5), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 1
+    })
+    .await;
+    let row = db
+        .superuser()
+        .await
+        .query_one(
+            "SELECT scheduled_for_ms, queued_at_ms FROM qlsched.runs ORDER BY scheduled_for_ms LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (scheduled, queued): (i64, i64) = (row.get(0), row.get(1));
+    assert!(
+        scheduled - published <= 2_000,
+        "first occurrence {} ms after the publish: not the first after it",
+        scheduled - published
+    );
+    assert!(
+        queued - scheduled <= 100,
+        "admitted {} ms late",
+        queued - scheduled
+    );
+    let status = r.terminate(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit {status}; log:\n{}", r.log());
+    db.assert_invariants().await;
 }
