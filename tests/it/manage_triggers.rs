@@ -62,11 +62,6 @@ fn refused(o: Output, code: i32, needle: &str) -> String {
     err
 }
 
-async fn now_ms(db: &TestDb) -> i64 {
-    db.count("SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint")
-        .await
-}
-
 async fn runs_of(db: &TestDb, trigger: &str) -> i64 {
     db.superuser()
         .await
@@ -332,7 +327,7 @@ async fn disable_fences_a_held_claim_so_no_run_is_admitted_after_it_returns() {
         &db,
         &["trigger", "disable", target, "--note", "fence test"],
     ));
-    let returned_at = now_ms(&db).await;
+    let returned_at = db.now_ms().await;
     assert_eq!(
         db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE trigger_id = 'trg-00000' AND claim_owner IS NULL AND claimable_at_ms IS NULL")
             .await,
@@ -380,7 +375,7 @@ async fn enable_starts_after_now_and_never_replays_the_disabled_span() {
     })
     .await;
     ok(ql(&db, &["trigger", "disable", target]));
-    let disabled_at = now_ms(&db).await;
+    let disabled_at = db.now_ms().await;
     wait_until(
         "the canary to pass 3 s of the disabled span",
         Duration::from_secs(30),
@@ -391,7 +386,7 @@ async fn enable_starts_after_now_and_never_replays_the_disabled_span() {
     .await;
     let out = ok(ql(&db, &["trigger", "enable", target]));
     assert!(out.contains("trigger trg-00000 enabled"), "{out}");
-    let enabled_at = now_ms(&db).await;
+    let enabled_at = db.now_ms().await;
     wait_until(
         "a run of the target after enable",
         Duration::from_secs(30),
@@ -649,7 +644,7 @@ async fn a_backfill_killed_half_way_and_run_again_completes_without_duplicates()
     let id = "trg-00000";
     let mut a = replica(&db, "a");
     a.wait_ready(Duration::from_secs(30)).await;
-    let from = (now_ms(&db).await / 1000 - 2_000) * 1000;
+    let from = (db.now_ms().await / 1000 - 2_000) * 1000;
     let to = from + 1_000_000;
     let iso = |ms: i64| {
         chrono::DateTime::from_timestamp_millis(ms)

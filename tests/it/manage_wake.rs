@@ -14,10 +14,6 @@ use qlsched::store::triggers;
 
 use crate::helpers::{discard_log, wait_until, TestDb};
 
-async fn now_ms(db: &TestDb) -> i64 {
-    db.count(concat!("SELECT ", qlsched::db_now_ms!())).await
-}
-
 /// Runs of `fresh` scheduled after `after_ms`.
 async fn runs_after(db: &TestDb, after_ms: i64) -> i64 {
     db.count(&format!(
@@ -49,17 +45,15 @@ async fn enable_and_project_resume_wake_a_sleeping_replica() {
         Health::default(),
     )
     .start();
-    wait_until("the first (empty) round and the listener", Duration::from_secs(10), || async {
-        metrics.ticks.get() >= 1
-            && db
-                .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
-                .await
-                >= 1
-    })
+    wait_until(
+        "the first (empty) round and the listener",
+        Duration::from_secs(10),
+        || async { metrics.ticks.get() >= 1 && db.listeners().await >= 1 },
+    )
     .await;
 
     // Enable: the first run comes within a few seconds, far inside the 20 s cadence.
-    let enabled = now_ms(&db).await;
+    let enabled = db.now_ms().await;
     triggers::enable(&mut admin, "fresh", "test").await.unwrap();
     wait_until("a run after enable", Duration::from_secs(5), || async {
         runs_after(&db, enabled).await >= 1
@@ -78,7 +72,7 @@ async fn enable_and_project_resume_wake_a_sleeping_replica() {
     )
     .await;
     let notified = metrics.notifications.get();
-    let resumed = now_ms(&db).await;
+    let resumed = db.now_ms().await;
     manage::set_project(&mut admin, "proj", "active")
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
 use qlsched::store::manage::{self, TriggerSpec};
 
-use crate::helpers::{discard_log, wait_until, TestDb};
+use crate::helpers::{assert_on_time, discard_log, wait_until, TestDb};
 
 fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
     Settings {
@@ -26,25 +26,6 @@ fn start(s: Settings) -> (Addr<Supervisor>, Metrics) {
     let metrics = Metrics::default();
     let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
     (sup, metrics)
-}
-
-async fn now_ms(db: &TestDb) -> i64 {
-    db.count(concat!("SELECT ", qlsched::db_now_ms!())).await
-}
-
-/// (scheduled_for, queued_at) of the first run of `trigger`.
-async fn first_run(db: &TestDb, trigger: &str) -> (i64, i64) {
-    let r = db
-        .superuser()
-        .await
-        .query_one(
-            "SELECT scheduled_for_ms, queued_at_ms FROM qlsched.runs WHERE trigger_id = $1
-              ORDER BY scheduled_for_ms LIMIT 1",
-            &[&trigger],
-        )
-        .await
-        .unwrap();
-    (r.get(0), r.get(1))
 }
 
 /// What happened to an every-second trigger published while a replica (cadence
@@ -69,13 +50,11 @@ async fn publish_while_idle(cadence_s: u64, listen: bool) -> Published {
     .await;
     if listen {
         wait_until("the listener", Duration::from_secs(10), || async {
-            db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
-                .await
-                >= 1
+            db.listeners().await >= 1
         })
         .await;
     }
-    let published = now_ms(&db).await;
+    let published = db.now_ms().await;
     manage::publish_trigger(
         &mut admin,
         &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
@@ -88,7 +67,7 @@ async fn publish_while_idle(cadence_s: u64, listen: bool) -> Published {
         || async { db.count("SELECT count(*) FROM qlsched.runs").await >= 1 },
     )
     .await;
-    let (scheduled, queued) = first_run(&db, "fresh").await;
+    let (scheduled, queued) = db.first_run("fresh").await;
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
     Published {
         published,
@@ -104,15 +83,12 @@ async fn publish_while_idle(cadence_s: u64, listen: bool) -> Published {
 async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_notify() {
     let _one = crate::drills::exclusive().await;
     let p = publish_while_idle(10, true).await;
-    assert!(
-        p.scheduled - p.published <= 2_000,
-        "first occurrence {} ms after the publish: not the first after it",
-        p.scheduled - p.published
-    );
-    assert!(
-        p.queued - p.scheduled <= 100,
-        "admitted {} ms after its time",
-        p.queued - p.scheduled
+    assert_on_time(
+        p.published,
+        p.scheduled,
+        p.queued,
+        2_000,
+        "not the first after it",
     );
     assert!(p.notifications >= 1, "no notification arrived");
 }
@@ -123,15 +99,12 @@ async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_no
 async fn without_notifications_a_new_trigger_is_picked_up_within_one_cadence() {
     let _one = crate::drills::exclusive().await;
     let p = publish_while_idle(3, false).await;
-    assert!(
-        p.scheduled - p.published <= 3_000 + 1_000,
-        "first occurrence {} ms after the publish: more than one cadence (3 s) + one period",
-        p.scheduled - p.published
-    );
-    assert!(
-        p.queued - p.scheduled <= 100,
-        "admitted {} ms late",
-        p.queued - p.scheduled
+    assert_on_time(
+        p.published,
+        p.scheduled,
+        p.queued,
+        3_000 + 1_000,
+        "more than one cadence (3 s) + one period",
     );
     assert_eq!(p.notifications, 0);
 }
@@ -222,12 +195,8 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
     let mut admin = db.admin_with_project().await;
     let cadence_s = 4;
     let (sup, metrics) = start(settings(&db, cadence_s, true));
-    let listeners = || async {
-        db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
-            .await
-    };
     wait_until("the listener", Duration::from_secs(10), || async {
-        listeners().await >= 1
+        db.listeners().await >= 1
     })
     .await;
     let cut = db
@@ -237,7 +206,7 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
         )
         .await;
     assert_eq!(cut, 1, "one listener backend terminated");
-    let published = now_ms(&db).await;
+    let published = db.now_ms().await;
     manage::publish_trigger(
         &mut admin,
         &TriggerSpec::new("in-gap", "proj", "task", "* * * * * *", "UTC"),
@@ -250,23 +219,20 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
         || async { db.count("SELECT count(*) FROM qlsched.runs").await >= 1 },
     )
     .await;
-    let (scheduled, queued) = first_run(&db, "in-gap").await;
-    assert!(
-        scheduled - published <= 4_000 + 1_000,
-        "first occurrence {} ms after the publish: more than one cadence (4 s) + one period",
-        scheduled - published
-    );
-    assert!(
-        queued - scheduled <= 100,
-        "admitted {} ms late",
-        queued - scheduled
+    let (scheduled, queued) = db.first_run("in-gap").await;
+    assert_on_time(
+        published,
+        scheduled,
+        queued,
+        4_000 + 1_000,
+        "more than one cadence (4 s) + one period",
     );
     wait_until("the listener back", Duration::from_secs(20), || async {
-        listeners().await >= 1
+        db.listeners().await >= 1
     })
     .await;
     let before = metrics.notifications.get();
-    let published = now_ms(&db).await;
+    let published = db.now_ms().await;
     manage::publish_trigger(
         &mut admin,
         &TriggerSpec::new("after-gap", "proj", "task", "* * * * * *", "UTC"),
@@ -283,20 +249,17 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
         },
     )
     .await;
-    let (scheduled, queued) = first_run(&db, "after-gap").await;
+    let (scheduled, queued) = db.first_run("after-gap").await;
     assert!(
         metrics.notifications.get() > before,
         "no notification after the listener came back"
     );
-    assert!(
-        scheduled - published <= 2_000,
-        "first occurrence {} ms after the publish: not the first after it",
-        scheduled - published
-    );
-    assert!(
-        queued - scheduled <= 100,
-        "admitted {} ms late",
-        queued - scheduled
+    assert_on_time(
+        published,
+        scheduled,
+        queued,
+        2_000,
+        "not the first after it",
     );
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
     db.assert_invariants().await;

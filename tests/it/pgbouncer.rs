@@ -9,7 +9,7 @@ use crate::helpers::pgbouncer::PgBouncer;
 use crate::helpers::replica::ReplicaProc;
 use qlsched::store::manage::{self, TriggerSpec};
 
-use crate::helpers::{cluster, wait_until, TestDb};
+use crate::helpers::{assert_on_time, cluster, wait_until, TestDb};
 
 #[tokio::test]
 async fn two_replicas_behind_session_pooling_admit_every_occurrence_exactly_once() {
@@ -80,13 +80,10 @@ async fn behind_session_pooling_a_published_trigger_wakes_a_sleeping_replica() {
     let mut r = ReplicaProc::spawn(&dsn, "a", "cadence = \"10s\"\nlease = \"30s\"", &[]);
     r.wait_ready(Duration::from_secs(30)).await;
     wait_until("the listener", Duration::from_secs(20), || async {
-        db.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'")
-            .await
-            >= 1
+        db.listeners().await >= 1
     })
     .await;
-    let now = concat!("SELECT ", qlsched::db_now_ms!());
-    let published = db.count(now).await;
+    let published = db.now_ms().await;
     manage::publish_trigger(
         &mut admin,
         &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
@@ -98,25 +95,13 @@ async fn behind_session_pooling_a_published_trigger_wakes_a_sleeping_replica() {
         db.count("SELECT count(*) FROM qlsched.runs").await >= 1
     })
     .await;
-    let row = db
-        .superuser()
-        .await
-        .query_one(
-            "SELECT scheduled_for_ms, queued_at_ms FROM qlsched.runs ORDER BY scheduled_for_ms LIMIT 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    let (scheduled, queued): (i64, i64) = (row.get(0), row.get(1));
-    assert!(
-        scheduled - published <= 2_000,
-        "first occurrence {} ms after the publish: not the first after it",
-        scheduled - published
-    );
-    assert!(
-        queued - scheduled <= 100,
-        "admitted {} ms late",
-        queued - scheduled
+    let (scheduled, queued) = db.first_run("fresh").await;
+    assert_on_time(
+        published,
+        scheduled,
+        queued,
+        2_000,
+        "not the first after it",
     );
     let status = r.terminate(Duration::from_secs(20)).await;
     assert!(status.success(), "exit {status}; log:\n{}", r.log());

@@ -186,6 +186,32 @@ impl TestDb {
     pub async fn superuser(&self) -> tokio_postgres::Client {
         self.client("postgres").await
     }
+    /// The database clock, in ms since the epoch (the scheduler's time authority).
+    pub async fn now_ms(&self) -> i64 {
+        self.count(concat!("SELECT ", qlsched::db_now_ms!())).await
+    }
+    /// Replicas' wake-up listeners connected to this database.
+    pub async fn listeners(&self) -> i64 {
+        self.count(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND query = 'LISTEN qlsched_wake'",
+        )
+        .await
+    }
+    /// (scheduled_for, queued_at) of the first run of `trigger`.
+    pub async fn first_run(&self, trigger: &str) -> (i64, i64) {
+        let r = self
+            .superuser()
+            .await
+            .query_one(
+                "SELECT scheduled_for_ms, queued_at_ms FROM qlsched.runs WHERE trigger_id = $1
+                  ORDER BY scheduled_for_ms LIMIT 1",
+                &[&trigger],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    }
     /// An admin connection, after making project `proj` (active) and task `task`.
     pub async fn admin_with_project(&self) -> tokio_postgres::Client {
         let mut admin = self.admin().await;
@@ -346,6 +372,28 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A trigger published at `published` (database clock) fired on time: its first occurrence,
+/// `scheduled`, came at most `first_within_ms` after the publish (`why` names that bound) and
+/// was admitted (`queued`) within 100 ms of its time.
+pub fn assert_on_time(
+    published: i64,
+    scheduled: i64,
+    queued: i64,
+    first_within_ms: i64,
+    why: &str,
+) {
+    assert!(
+        scheduled - published <= first_within_ms,
+        "first occurrence {} ms after the publish: {why}",
+        scheduled - published
+    );
+    assert!(
+        queued - scheduled <= 100,
+        "admitted {} ms after its time",
+        queued - scheduled
+    );
 }
 
 pub fn unique_owner(tag: &str) -> String {
