@@ -9,7 +9,6 @@ use qlsched::actors::health::Health;
 use qlsched::actors::supervisor::{Drain, Supervisor};
 use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
-use qlsched::store::manage::{self, TriggerSpec};
 
 use crate::helpers::{assert_on_time, discard_log, wait_until, TestDb};
 
@@ -54,20 +53,9 @@ async fn publish_while_idle(cadence_s: u64, listen: bool) -> Published {
         })
         .await;
     }
-    let published = db.now_ms().await;
-    manage::publish_trigger(
-        &mut admin,
-        &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
-    )
-    .await
-    .unwrap();
-    wait_until(
-        "the first run",
-        Duration::from_secs(cadence_s + 5),
-        || async { db.count("SELECT count(*) FROM qlsched.runs").await >= 1 },
-    )
-    .await;
-    let (scheduled, queued) = db.first_run("fresh").await;
+    let (published, scheduled, queued) = db
+        .publish_and_await_first_run(&mut admin, "fresh", Duration::from_secs(cadence_s + 5))
+        .await;
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
     Published {
         published,
@@ -206,20 +194,9 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
         )
         .await;
     assert_eq!(cut, 1, "one listener backend terminated");
-    let published = db.now_ms().await;
-    manage::publish_trigger(
-        &mut admin,
-        &TriggerSpec::new("in-gap", "proj", "task", "* * * * * *", "UTC"),
-    )
-    .await
-    .unwrap();
-    wait_until(
-        "the trigger published in the gap admitted",
-        Duration::from_secs(cadence_s + 5),
-        || async { db.count("SELECT count(*) FROM qlsched.runs").await >= 1 },
-    )
-    .await;
-    let (scheduled, queued) = db.first_run("in-gap").await;
+    let (published, scheduled, queued) = db
+        .publish_and_await_first_run(&mut admin, "in-gap", Duration::from_secs(cadence_s + 5))
+        .await;
     assert_on_time(
         published,
         scheduled,
@@ -232,24 +209,9 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
     })
     .await;
     let before = metrics.notifications.get();
-    let published = db.now_ms().await;
-    manage::publish_trigger(
-        &mut admin,
-        &TriggerSpec::new("after-gap", "proj", "task", "* * * * * *", "UTC"),
-    )
-    .await
-    .unwrap();
-    wait_until(
-        "the trigger published after the gap admitted",
-        Duration::from_secs(cadence_s + 5),
-        || async {
-            db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'after-gap'")
-                .await
-                >= 1
-        },
-    )
-    .await;
-    let (scheduled, queued) = db.first_run("after-gap").await;
+    let (published, scheduled, queued) = db
+        .publish_and_await_first_run(&mut admin, "after-gap", Duration::from_secs(cadence_s + 5))
+        .await;
     assert!(
         metrics.notifications.get() > before,
         "no notification after the listener came back"

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::helpers::pgbouncer::PgBouncer;
 use crate::helpers::replica::ReplicaProc;
-use qlsched::store::manage::{self, TriggerSpec};
 
 use crate::helpers::{assert_on_time, cluster, wait_until, TestDb};
 
@@ -83,19 +82,10 @@ async fn behind_session_pooling_a_published_trigger_wakes_a_sleeping_replica() {
         db.listeners().await >= 1
     })
     .await;
-    let published = db.now_ms().await;
-    manage::publish_trigger(
-        &mut admin,
-        &TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC"),
-    )
-    .await
-    .unwrap();
     // Well inside the 10 s cadence: only the notification can have woken the replica.
-    wait_until("the first run", Duration::from_secs(5), || async {
-        db.count("SELECT count(*) FROM qlsched.runs").await >= 1
-    })
-    .await;
-    let (scheduled, queued) = db.first_run("fresh").await;
+    let (published, scheduled, queued) = db
+        .publish_and_await_first_run(&mut admin, "fresh", Duration::from_secs(5))
+        .await;
     assert_on_time(
         published,
         scheduled,

@@ -198,6 +198,30 @@ impl TestDb {
         )
         .await
     }
+    /// Publishes the every-second trigger `trigger` in project `proj` and waits (up to
+    /// `within`) for its first run: (database clock at the publish, the run's scheduled_for,
+    /// its queued_at).
+    pub async fn publish_and_await_first_run(
+        &self,
+        admin: &mut tokio_postgres::Client,
+        trigger: &str,
+        within: Duration,
+    ) -> (i64, i64, i64) {
+        let published = self.now_ms().await;
+        manage::publish_trigger(
+            admin,
+            &TriggerSpec::new(trigger, "proj", "task", "* * * * * *", "UTC"),
+        )
+        .await
+        .unwrap();
+        let runs = format!("SELECT count(*) FROM qlsched.runs WHERE trigger_id = '{trigger}'");
+        wait_until(&format!("the first run of {trigger}"), within, || async {
+            self.count(&runs).await >= 1
+        })
+        .await;
+        let (scheduled, queued) = self.first_run(trigger).await;
+        (published, scheduled, queued)
+    }
     /// (scheduled_for, queued_at) of the first run of `trigger`.
     pub async fn first_run(&self, trigger: &str) -> (i64, i64) {
         let r = self
