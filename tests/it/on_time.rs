@@ -10,7 +10,7 @@ use qlsched::actors::supervisor::{Drain, Supervisor};
 use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
 
-use crate::helpers::{assert_on_time, discard_log, wait_until, TestDb};
+use crate::helpers::{discard_log, wait_until, FirstRun, TestDb};
 
 fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
     Settings {
@@ -30,10 +30,7 @@ fn start(s: Settings) -> (Addr<Supervisor>, Metrics) {
 /// What happened to an every-second trigger published while a replica (cadence
 /// `cadence_s`, listening or not) was idle.
 struct Published {
-    /// Database clock at the publish, the first run's occurrence and its admission.
-    published: i64,
-    scheduled: i64,
-    queued: i64,
+    run: FirstRun,
     notifications: u64,
 }
 
@@ -53,14 +50,12 @@ async fn publish_while_idle(cadence_s: u64, listen: bool) -> Published {
         })
         .await;
     }
-    let (published, scheduled, queued) = db
+    let run = db
         .publish_and_await_first_run(&mut admin, "fresh", Duration::from_secs(cadence_s + 5))
         .await;
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
     Published {
-        published,
-        scheduled,
-        queued,
+        run,
         notifications: metrics.notifications.get(),
     }
 }
@@ -71,13 +66,7 @@ async fn publish_while_idle(cadence_s: u64, listen: bool) -> Published {
 async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_notify() {
     let _one = crate::drills::exclusive().await;
     let p = publish_while_idle(10, true).await;
-    assert_on_time(
-        p.published,
-        p.scheduled,
-        p.queued,
-        2_000,
-        "not the first after it",
-    );
+    p.run.assert_on_time(2_000, "not the first after it");
     assert!(p.notifications >= 1, "no notification arrived");
 }
 
@@ -87,13 +76,8 @@ async fn a_trigger_published_while_replicas_sleep_is_admitted_on_time_through_no
 async fn without_notifications_a_new_trigger_is_picked_up_within_one_cadence() {
     let _one = crate::drills::exclusive().await;
     let p = publish_while_idle(3, false).await;
-    assert_on_time(
-        p.published,
-        p.scheduled,
-        p.queued,
-        3_000 + 1_000,
-        "more than one cadence (3 s) + one period",
-    );
+    p.run
+        .assert_on_time(3_000 + 1_000, "more than one cadence (3 s) + one period");
     assert_eq!(p.notifications, 0);
 }
 
@@ -194,35 +178,23 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
         )
         .await;
     assert_eq!(cut, 1, "one listener backend terminated");
-    let (published, scheduled, queued) = db
+    let run = db
         .publish_and_await_first_run(&mut admin, "in-gap", Duration::from_secs(cadence_s + 5))
         .await;
-    assert_on_time(
-        published,
-        scheduled,
-        queued,
-        4_000 + 1_000,
-        "more than one cadence (4 s) + one period",
-    );
+    run.assert_on_time(4_000 + 1_000, "more than one cadence (4 s) + one period");
     wait_until("the listener back", Duration::from_secs(20), || async {
         db.listeners().await >= 1
     })
     .await;
     let before = metrics.notifications.get();
-    let (published, scheduled, queued) = db
+    let run = db
         .publish_and_await_first_run(&mut admin, "after-gap", Duration::from_secs(cadence_s + 5))
         .await;
     assert!(
         metrics.notifications.get() > before,
         "no notification after the listener came back"
     );
-    assert_on_time(
-        published,
-        scheduled,
-        queued,
-        2_000,
-        "not the first after it",
-    );
+    run.assert_on_time(2_000, "not the first after it");
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
     db.assert_invariants().await;
 }

@@ -199,14 +199,13 @@ impl TestDb {
         .await
     }
     /// Publishes the every-second trigger `trigger` in project `proj` and waits (up to
-    /// `within`) for its first run: (database clock at the publish, the run's scheduled_for,
-    /// its queued_at).
+    /// `within`) for its first run.
     pub async fn publish_and_await_first_run(
         &self,
         admin: &mut tokio_postgres::Client,
         trigger: &str,
         within: Duration,
-    ) -> (i64, i64, i64) {
+    ) -> FirstRun {
         let published = self.now_ms().await;
         manage::publish_trigger(
             admin,
@@ -220,7 +219,11 @@ impl TestDb {
         })
         .await;
         let (scheduled, queued) = self.first_run(trigger).await;
-        (published, scheduled, queued)
+        FirstRun {
+            published,
+            scheduled,
+            queued,
+        }
     }
     /// (scheduled_for, queued_at) of the first run of `trigger`.
     pub async fn first_run(&self, trigger: &str) -> (i64, i64) {
@@ -398,26 +401,30 @@ where
     }
 }
 
-/// A trigger published at `published` (database clock) fired on time: its first occurrence,
-/// `scheduled`, came at most `first_within_ms` after the publish (`why` names that bound) and
-/// was admitted (`queued`) within 100 ms of its time.
-pub fn assert_on_time(
-    published: i64,
-    scheduled: i64,
-    queued: i64,
-    first_within_ms: i64,
-    why: &str,
-) {
-    assert!(
-        scheduled - published <= first_within_ms,
-        "first occurrence {} ms after the publish: {why}",
-        scheduled - published
-    );
-    assert!(
-        queued - scheduled <= 100,
-        "admitted {} ms after its time",
-        queued - scheduled
-    );
+/// The first run of a trigger published during a test, by the database clock: when it was
+/// published, the first occurrence's instant and when that was admitted.
+#[derive(Clone, Copy, Debug)]
+pub struct FirstRun {
+    pub published: i64,
+    pub scheduled: i64,
+    pub queued: i64,
+}
+
+impl FirstRun {
+    /// Fired on time: the first occurrence came at most `first_within_ms` after the publish
+    /// (`why` names that bound) and was admitted within 100 ms of its time.
+    pub fn assert_on_time(&self, first_within_ms: i64, why: &str) {
+        assert!(
+            self.scheduled - self.published <= first_within_ms,
+            "first occurrence {} ms after the publish: {why}",
+            self.scheduled - self.published
+        );
+        assert!(
+            self.queued - self.scheduled <= 100,
+            "admitted {} ms after its time",
+            self.queued - self.scheduled
+        );
+    }
 }
 
 pub fn unique_owner(tag: &str) -> String {
