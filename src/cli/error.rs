@@ -84,15 +84,19 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Manage(m) => match m {
-                ManageError::UnknownTrigger { .. } | ManageError::UnknownProject { .. } => 3,
+                ManageError::UnknownTrigger { .. }
+                | ManageError::UnknownProject { .. }
+                | ManageError::UnknownTask { .. } => 3,
                 ManageError::Deleted { .. }
+                | ManageError::PublishedDisabled { .. }
                 | ManageError::Disabled { .. }
                 | ManageError::ProjectInactive { .. }
                 | ManageError::RevisionChanged { .. }
                 | ManageError::CorruptExecutionRevision { .. } => 4,
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }
-                | ManageError::MisfireGrace { .. } => 2,
+                | ManageError::MisfireGrace { .. }
+                | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },
             CliError::Unreachable { .. }

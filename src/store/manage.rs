@@ -89,7 +89,7 @@ pub async fn set_project(
 }
 
 /// The database clock in Unix milliseconds.
-pub async fn db_now(client: &tokio_postgres::Client) -> Result<i64, StoreError> {
+pub async fn db_now(client: &impl tokio_postgres::GenericClient) -> Result<i64, StoreError> {
     Ok(client
         .query_one(concat!("SELECT ", db_now_ms!()), &[])
         .await?
@@ -97,23 +97,34 @@ pub async fn db_now(client: &tokio_postgres::Client) -> Result<i64, StoreError> 
 }
 
 /// Creates or updates a task; a changed spec pins a new immutable execution revision and
-/// bumps the task revision. Returns (task revision, execution revision id).
+/// bumps the task revision. Returns (task revision, execution revision id). A task stays in
+/// the project it was first published in: publishing its id under another project is
+/// refused (its execution revisions, and the triggers that run it, are that project's).
 pub async fn publish_task(
     client: &mut tokio_postgres::Client,
     project_id: &str,
     task_id: &str,
     spec: &str,
-) -> Result<(i64, Uuid), StoreError> {
+) -> Result<(i64, Uuid), ManageError> {
     let tx = client.transaction().await?;
     let spec_digest = sha256_hex(spec.as_bytes());
     let content_digest = sha256_hex(format!("task:v1\n{project_id}\n{spec_digest}").as_bytes());
     let current = tx
         .query_opt(
-            "SELECT revision, content_digest, execution_revision_id FROM qlsched.tasks WHERE task_id = $1 FOR UPDATE",
+            "SELECT revision, content_digest, execution_revision_id, project_id FROM qlsched.tasks
+              WHERE task_id = $1 FOR UPDATE",
             &[&task_id],
         )
         .await?;
     if let Some(r) = &current {
+        let task_project: String = r.get(3);
+        if task_project != project_id {
+            return Err(ManageError::TaskInOtherProject {
+                task: task_id.into(),
+                task_project,
+                project: project_id.into(),
+            });
+        }
         if r.get::<_, String>(1) == content_digest {
             let out = (r.get(0), r.get(2));
             tx.commit().await?;
@@ -246,6 +257,21 @@ pub enum ManageError {
         "trigger {id}: the task's execution revision is missing or corrupt; nothing was written"
     )]
     CorruptExecutionRevision { id: String },
+    #[error("unknown task `{id}` (publish it first: `qlsched task publish --project P --id {id} --spec ...`)")]
+    UnknownTask { id: String },
+    /// A task belongs to the project it was first published in; a trigger must be in it too.
+    #[error("task {task} belongs to project {task_project}, not {project}; nothing was written")]
+    TaskInOtherProject {
+        task: String,
+        task_project: String,
+        project: String,
+    },
+    /// `trigger enable` of a trigger its publisher disabled: only a publish turns it on.
+    #[error(
+        "trigger {id} was published disabled; `trigger enable` only withdraws an operator's \
+         disable: publish it without --disabled to start it; nothing was written"
+    )]
+    PublishedDisabled { id: String },
 }
 
 impl From<tokio_postgres::Error> for ManageError {
@@ -256,15 +282,20 @@ impl From<tokio_postgres::Error> for ManageError {
 
 /// Upserts the trigger and its schedule row in one transaction. The expression and zone are
 /// validated first, and an expression with no occurrence after now (database clock) is
-/// refused (nothing is written for either). A changed definition is a new revision: the
-/// cursor and any claim are cleared and `state_version` and `claim_version` bumped, so no
-/// claim taken under an older revision can ever commit. An operator's `trigger disable`
-/// stays in force across a republish; a deleted trigger id is refused.
+/// refused (nothing is written for either), as is a task of another project. A changed
+/// definition is a new revision: any claim is cleared and `state_version` and
+/// `claim_version` bumped, so no claim taken under an older revision can ever commit, and
+/// the cursor is set to the first occurrence after this transaction's clock reading — so an
+/// occurrence that falls due between the publish and the first claim is admitted, not
+/// skipped. The publisher's `enabled` and an operator's `trigger disable` are separate
+/// switches (docs/design.md, "Who turns a trigger on and off"); a deleted trigger id is
+/// refused.
 ///
 /// Locking: the trigger row `FOR UPDATE` (one publish at a time per trigger, serialised
 /// with disable/enable/delete), then the project row `FOR SHARE` while the status decides
 /// `claimable_at_ms` and until commit, so a concurrent `project set` cannot change the status
-/// between that read and this schedule row becoming visible (see [`set_project`]).
+/// between that read and this schedule row becoming visible (see [`set_project`]); the task
+/// row `FOR SHARE` while its project is compared.
 pub async fn publish_trigger(
     client: &mut tokio_postgres::Client,
     spec: &TriggerSpec,
@@ -275,8 +306,8 @@ pub async fn publish_trigger(
     let tx = client.transaction().await?;
     let current = tx
         .query_opt(
-            "SELECT revision, content_digest, deleted_at_ms IS NOT NULL FROM qlsched.triggers
-              WHERE trigger_id = $1 FOR UPDATE",
+            "SELECT revision, content_digest, deleted_at_ms IS NOT NULL, published_enabled
+               FROM qlsched.triggers WHERE trigger_id = $1 FOR UPDATE",
             &[id],
         )
         .await?;
@@ -286,19 +317,19 @@ pub async fn publish_trigger(
         }
     }
     let project_active = lock_project_status(&tx, &spec.project_id).await? == "active";
-    let now: i64 = tx
-        .query_one(concat!("SELECT ", db_now_ms!()), &[])
-        .await?
-        .get(0);
-    if schedule.next_after_ms(now).is_none() {
+    lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
+    let now = db_now(&tx).await?;
+    let Some(first) = schedule.next_after_ms(now) else {
         return Err(ManageError::NeverFiresAgain {
             id: id.clone(),
             expr: spec.cron_expr.clone(),
             zone: spec.timezone.clone(),
         });
-    }
+    };
     if let Some(r) = &current {
-        if r.get::<_, String>(1) == digest {
+        // The digest encodes the publisher's `enabled`; comparing the column as well catches
+        // a row an operator enabled against a publish-disabled definition before V8.
+        if r.get::<_, String>(1) == digest && r.get::<_, bool>(3) == spec.enabled {
             let revision = r.get(0);
             tx.commit().await?;
             return Ok(Published {
@@ -310,15 +341,17 @@ pub async fn publish_trigger(
     let row = tx
         .query_one(
             concat!(
-                "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, cron_expr,
-                                               timezone, misfire_policy, misfire_grace_ms, content_digest, updated_at_ms)
-                 VALUES ($1, $2, $3, 1, 'cron', $4, $5, $6, $7, $8, $9, ",
+                "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, published_enabled,
+                                               cron_expr, timezone, misfire_policy, misfire_grace_ms, content_digest,
+                                               updated_at_ms)
+                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, ",
                 db_now_ms!(),
                 ")
                  ON CONFLICT (trigger_id) DO UPDATE
                    SET project_id = EXCLUDED.project_id, task_id = EXCLUDED.task_id,
                        revision = qlsched.triggers.revision + 1,
-                       enabled = EXCLUDED.enabled AND NOT qlsched.triggers.operator_disabled,
+                       published_enabled = EXCLUDED.published_enabled,
+                       enabled = EXCLUDED.published_enabled AND NOT qlsched.triggers.operator_disabled,
                        cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone,
                        misfire_policy = EXCLUDED.misfire_policy, misfire_grace_ms = EXCLUDED.misfire_grace_ms,
                        content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms
@@ -339,16 +372,41 @@ pub async fn publish_trigger(
         .await?;
     let revision: i64 = row.get(0);
     let claimable = row.get::<_, bool>(1) && project_active;
-    upsert_schedule(&tx, spec, revision, claimable).await?;
+    upsert_schedule(&tx, spec, revision, claimable, first).await?;
     if claimable {
-        // The new revision needs its first cursor now: wake the replicas.
-        super::wake::notify(&tx, None).await?;
+        // Wake the replicas for the first occurrence (delivered at commit).
+        super::wake::notify(&tx, Some(first)).await?;
     }
     tx.commit().await?;
     Ok(Published {
         revision,
         changed: true,
     })
+}
+
+/// The task exists and is in `project_id`, its row held `FOR SHARE` until the transaction
+/// ends. A trigger whose task is in another project could never be admitted (the admission
+/// requires one project for trigger, task and execution revision): refused here instead.
+async fn lock_task_in_project(
+    tx: &tokio_postgres::Transaction<'_>,
+    task_id: &str,
+    project_id: &str,
+) -> Result<(), ManageError> {
+    let row = tx
+        .query_opt(
+            "SELECT project_id FROM qlsched.tasks WHERE task_id = $1 FOR SHARE",
+            &[&task_id],
+        )
+        .await?;
+    match row {
+        None => Err(ManageError::UnknownTask { id: task_id.into() }),
+        Some(r) if r.get::<_, &str>(0) != project_id => Err(ManageError::TaskInOtherProject {
+            task: task_id.into(),
+            task_project: r.get(0),
+            project: project_id.into(),
+        }),
+        Some(_) => Ok(()),
+    }
 }
 
 /// The expression and zone parse, and the misfire grace is in bounds.
@@ -369,29 +427,31 @@ fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
     Ok(schedule)
 }
 
-/// Creates the schedule row of a new revision, or resets an existing one to it (cursor and
-/// claim cleared, versions bumped).
+/// Creates the schedule row of a new revision, or resets an existing one to it: the cursor
+/// at `first` (claimable then, if `claimable`), the claim cleared, versions bumped.
 async fn upsert_schedule(
     tx: &tokio_postgres::Transaction<'_>,
     spec: &TriggerSpec,
     revision: i64,
     claimable: bool,
+    first: i64,
 ) -> Result<(), ManageError> {
     let id = &spec.trigger_id;
     tx.execute(
         concat!(
-            "INSERT INTO qlsched.trigger_schedules AS s (trigger_id, project_id, trigger_revision, claimable_at_ms, updated_at_ms)
-             VALUES ($1, $2, $3, CASE WHEN $4 THEN 0 END, ",
+            "INSERT INTO qlsched.trigger_schedules AS s (trigger_id, project_id, trigger_revision, next_fire_at_ms,
+                                                         claimable_at_ms, updated_at_ms)
+             VALUES ($1, $2, $3, $5, CASE WHEN $4 THEN $5::bigint END, ",
             db_now_ms!(),
             ")
              ON CONFLICT (trigger_id) DO UPDATE
                SET project_id = EXCLUDED.project_id, trigger_revision = EXCLUDED.trigger_revision,
-                   next_fire_at_ms = NULL, last_scheduled_at_ms = NULL,
+                   next_fire_at_ms = EXCLUDED.next_fire_at_ms, last_scheduled_at_ms = NULL,
                    claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
                    claim_version = s.claim_version + 1, state_version = s.state_version + 1,
                    claimable_at_ms = EXCLUDED.claimable_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
         ),
-        &[id, &spec.project_id, &revision, &claimable],
+        &[id, &spec.project_id, &revision, &claimable, &first],
     )
     .await?;
     Ok(())

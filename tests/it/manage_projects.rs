@@ -6,7 +6,7 @@ use std::time::Duration;
 use qlsched::store::manage::{self, TriggerSpec};
 use qlsched::store::{self, claim};
 
-use crate::helpers::{wait_until, TestDb};
+use crate::helpers::{poll_until, wait_until, TestDb};
 
 /// Backends of this test database waiting for a lock (any kind).
 async fn lock_waiters(db: &TestDb) -> i64 {
@@ -86,18 +86,28 @@ async fn a_trigger_published_while_its_project_is_resumed_becomes_claimable() {
         "enabled trigger of an active project left out of the claim index"
     );
     let pool = db.runtime_pool(1);
-    let conn = store::conn(&pool).await.unwrap();
-    let rows = claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
+    let rows = poll_until(
+        "the trigger claimed once due",
+        Duration::from_secs(5),
+        || {
+            let pool = pool.clone();
+            async move {
+                let conn = store::conn(&pool).await.unwrap();
+                let rows = claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+                    .await
+                    .unwrap();
+                (!rows.is_empty()).then_some(rows)
+            }
+        },
+    )
+    .await;
     assert_eq!(rows.len(), 1, "the trigger is claimable");
 }
 
 /// Setting an active project to `active` again is no change: live claims stay.
 #[tokio::test]
 async fn setting_an_active_project_active_again_keeps_live_claims() {
-    let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
+    let db = TestDb::with_due(2).await;
     let pool = db.runtime_pool(1);
     let conn = store::conn(&pool).await.unwrap();
     let claimed = claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())

@@ -269,7 +269,7 @@ async fn show_prints_definition_state_claim_upcoming_occurrences_and_last_runs()
         "{text}"
     );
     assert!(text.contains("last 1 runs:"), "{text}");
-    assert!(text.contains("ql3:manual:v1:nightly:1:r1"), "{text}");
+    assert!(text.contains("ql3:manual:v2:nightly:r1"), "{text}");
     let j: serde_json::Value =
         serde_json::from_str(&ok(ql(&db, &["trigger", "show", "nightly", "--json"]))).unwrap();
     assert_eq!(j["revision"], 1);
@@ -428,10 +428,7 @@ async fn fire_twice_with_one_request_id_admits_one_run_while_a_replica_runs() {
     )))
     .unwrap();
     assert_eq!(first["admitted"], true);
-    assert_eq!(
-        first["idempotency_key"],
-        "ql3:manual:v1:trg-00000:1:deploy-7"
-    );
+    assert_eq!(first["idempotency_key"], "ql3:manual:v2:trg-00000:deploy-7");
     let second = ok(ql(
         &db,
         &["trigger", "fire", id, "--request-id", "deploy-7"],

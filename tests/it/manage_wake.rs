@@ -27,9 +27,11 @@ async fn enable_and_project_resume_wake_a_sleeping_replica() {
     let _one = crate::drills::exclusive().await;
     let db = TestDb::new().await;
     let mut admin = db.admin_with_project().await;
-    let mut spec = TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC");
-    spec.enabled = false;
+    let spec = TriggerSpec::new("fresh", "proj", "task", "* * * * * *", "UTC");
     manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    triggers::disable(&mut admin, "fresh", None, "test")
+        .await
+        .unwrap();
     let metrics = Metrics::default();
     let settings = Settings {
         lease: Duration::from_secs(60),

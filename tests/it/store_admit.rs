@@ -288,7 +288,13 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
     );
     assert_eq!(written(&db).await, (0, 0, 0));
     let row = db.superuser().await.query_one("SELECT next_fire_at_ms, claim_owner, claim_version, claimable_at_ms FROM qlsched.trigger_schedules", &[]).await.unwrap();
-    assert_eq!(row.get::<_, Option<i64>>(0), None, "cursor cleared");
+    let cursor = row
+        .get::<_, Option<i64>>(0)
+        .expect("the new revision's first cursor");
+    assert!(
+        cursor > c.row().observed_at_ms && cursor % 2_000 == 0,
+        "the first */2 occurrence after the republish: {cursor}"
+    );
     assert_eq!(row.get::<_, Option<String>>(1), None, "claim cleared");
     assert_eq!(
         row.get::<_, i64>(2),
@@ -297,8 +303,8 @@ async fn a_republished_trigger_fences_out_an_old_claim() {
     );
     assert_eq!(
         row.get::<_, Option<i64>>(3),
-        Some(0),
-        "pending initialisation"
+        Some(cursor),
+        "claimable at its first occurrence"
     );
 }
 
@@ -441,8 +447,7 @@ async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
 
 #[tokio::test]
 async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
-    let db = TestDb::new().await;
-    db.seed(3, "* * * * * *").await;
+    let db = TestDb::with_due(3).await;
     let claims = Claimed::up_to(&db, "a", 30_000, 3).await;
     let conn = claims.conn().await;
     let mut batch: Vec<_> = claims

@@ -10,12 +10,22 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
     let db = TestDb::new().await;
     let ids = db.seed(6, "0 0 0 1 1 *").await;
     let su = db.superuser().await;
-    // trg-00000..02 due 30 s, 20 s, 10 s ago; 03..04 pending initialisation; 05 in the future.
+    // trg-00000..02 due 30 s, 20 s, 10 s ago; 03..04 pending initialisation (rows written
+    // before V8 have no cursor); 05 in the future.
     for (i, off) in [(0, -30_000i64), (1, -20_000), (2, -10_000), (5, 60_000)] {
         su.execute(
             "UPDATE qlsched.trigger_schedules SET next_fire_at_ms = (extract(epoch FROM clock_timestamp())*1000)::bigint + $2,
                     claimable_at_ms = (extract(epoch FROM clock_timestamp())*1000)::bigint + $2 WHERE trigger_id = $1",
             &[&ids[i], &off],
+        )
+        .await
+        .unwrap();
+    }
+    for i in [3, 4] {
+        su.execute(
+            "UPDATE qlsched.trigger_schedules SET next_fire_at_ms = NULL, claimable_at_ms = 0
+              WHERE trigger_id = $1",
+            &[&ids[i]],
         )
         .await
         .unwrap();
@@ -49,8 +59,7 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
 
 #[tokio::test]
 async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_expiry() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
+    let db = TestDb::with_due(1).await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
     let first = claim::claim_due(&conn, &unique_owner("a"), 700, 10, uuid::Uuid::new_v4())
@@ -87,8 +96,7 @@ async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_
 
 #[tokio::test]
 async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
-    let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
+    let db = TestDb::with_due(2).await;
     let mut admin = db.admin().await;
     let mut spec =
         qlsched::store::manage::TriggerSpec::new("trg-00000", "proj", "task", "* * * * * *", "UTC");

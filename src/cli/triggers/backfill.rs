@@ -93,9 +93,11 @@ pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
             now: render::utc(Some(now)),
         });
     }
-    let v = triggers::show(&client, &a.id).await?;
-    let revision = triggers::admittable_revision(&mut client, &a.id).await?;
-    let schedule = Schedule::parse(&v.cron_expr, &v.timezone)?;
+    // Expression, zone and revision from one row version; each chunk re-checks the revision
+    // under the trigger's lock (store::triggers::backfill_definition).
+    let def = triggers::backfill_definition(&mut client, &a.id).await?;
+    let revision = def.revision;
+    let schedule = Schedule::parse(&def.cron_expr, &def.timezone)?;
     let occurrences =
         occurrences_in(&schedule, from, to, a.max).ok_or(CliError::WindowOverCap { max: a.max })?;
     let by = format!("backfill:{}", actor(&client, a.actor.as_deref()).await?);

@@ -4,14 +4,24 @@
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::lock_trigger;
+use super::{lock_trigger, LockedTrigger};
 use crate::db_now_ms;
 use crate::store::admit::{idempotency_key, mint_run_id};
 use crate::store::manage::{lock_project_status, ManageError};
 
-/// The key of a run fired by hand.
-pub fn manual_key(trigger_id: &str, revision: i64, request_id: &str) -> String {
-    format!("ql3:manual:v1:{trigger_id}:{revision}:{request_id}")
+/// The key of a run fired by hand: one request id is one run of the trigger, whatever its
+/// revision (a fire retried after a republish finds the first one).
+pub fn manual_key(trigger_id: &str, request_id: &str) -> String {
+    format!("ql3:manual:v2:{trigger_id}:{request_id}")
+}
+
+/// The keys a fire with `request_id` had under revisions `1..=revision` before V8 (the
+/// revision was part of the key then); a fire looks them up so a request id used before the
+/// upgrade still admits nothing new.
+fn legacy_manual_keys(trigger_id: &str, revision: i64, request_id: &str) -> Vec<String> {
+    (1..=revision)
+        .map(|r| format!("ql3:manual:v1:{trigger_id}:{r}:{request_id}"))
+        .collect()
 }
 
 /// What `trigger fire` did.
@@ -67,34 +77,49 @@ SELECT run_id, scheduled_for_ms FROM run"
 
 /// Checks that the trigger may have runs admitted now, with its row `FOR SHARE` and its
 /// project `FOR SHARE` until the transaction ends (a disable, delete, republish or project
-/// suspension waits for us, or we for it). Returns the revision.
+/// suspension waits for us, or we for it), and that its task's execution revision is intact
+/// (a run is never written that the admission would refuse). Returns the trigger as read.
 async fn lock_admittable(
     tx: &tokio_postgres::Transaction<'_>,
     id: &str,
-) -> Result<i64, ManageError> {
-    let (enabled, deleted, revision, project) = lock_trigger(tx, id, "SHARE").await?;
-    if deleted {
+) -> Result<LockedTrigger, ManageError> {
+    let t = lock_trigger(tx, id, "SHARE").await?;
+    if t.deleted {
         return Err(ManageError::Deleted { id: id.into() });
     }
-    if !enabled {
+    if !t.enabled {
         return Err(ManageError::Disabled { id: id.into() });
     }
-    let status = lock_project_status(tx, &project).await?;
+    let status = lock_project_status(tx, &t.project).await?;
     if status != "active" {
         return Err(ManageError::ProjectInactive {
             id: id.into(),
-            project,
+            project: t.project,
             status,
         });
     }
-    Ok(revision)
+    let intact: bool = tx.query_one(EXECUTION_INTACT_SQL, &[&id]).await?.get(0);
+    if !intact {
+        return Err(ManageError::CorruptExecutionRevision { id: id.into() });
+    }
+    Ok(t)
 }
+
+/// Whether the trigger's task pins an execution revision of the trigger's project whose
+/// digest matches its spec: the same test [`ADMIT_MANUAL_SQL`] (and a cron admission)
+/// applies, asked once so that a refusal is named instead of counted as "already existed".
+const EXECUTION_INTACT_SQL: &str = "SELECT EXISTS (
+    SELECT 1 FROM qlsched.triggers t
+      JOIN qlsched.tasks k ON k.task_id = t.task_id
+      JOIN qlsched.execution_revisions e ON e.execution_revision_id = k.execution_revision_id
+     WHERE t.trigger_id = $1 AND e.kind = 'remote_worker' AND e.project_id = t.project_id
+       AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex'))";
 
 /// `trigger fire`: admits one occurrence now (scheduled = queued = the database clock) in
 /// one transaction: a queued run, its claimed attempt, run.created and run.queued, under
-/// the key `ql3:manual:v1:<trigger>:<revision>:<request id>`. The same request id again
-/// admits nothing and returns the existing run. A disabled or deleted trigger, or an
-/// inactive project, is refused.
+/// the key `ql3:manual:v2:<trigger>:<request id>`. The same request id again — before or
+/// after a republish — admits nothing and returns the existing run. A disabled or deleted
+/// trigger, an inactive project or a corrupt execution revision is refused.
 pub async fn fire(
     client: &mut tokio_postgres::Client,
     id: &str,
@@ -102,8 +127,25 @@ pub async fn fire(
     by: &str,
 ) -> Result<Fired, ManageError> {
     let tx = client.transaction().await?;
-    let revision = lock_admittable(&tx, id).await?;
-    let key = manual_key(id, revision, request_id);
+    let t = lock_admittable(&tx, id).await?;
+    let legacy = tx
+        .query_opt(
+            "SELECT run_id, scheduled_for_ms, idempotency_key FROM qlsched.runs
+              WHERE idempotency_key = ANY($1) LIMIT 1",
+            &[&legacy_manual_keys(id, t.revision, request_id)],
+        )
+        .await?;
+    if let Some(r) = legacy {
+        let fired = Fired {
+            run_id: r.get(0),
+            scheduled_for_ms: r.get(1),
+            idempotency_key: r.get(2),
+            admitted: false,
+        };
+        tx.commit().await?;
+        return Ok(fired);
+    }
+    let key = manual_key(id, request_id);
     // Run ids laid out like a replica's (see `mint_run_id`), in the operator's own key range.
     let (run_id, attempt_id) = (mint_run_id(by), Uuid::new_v4());
     let rows = tx
@@ -167,7 +209,7 @@ pub async fn backfill_chunk(
     by: &str,
 ) -> Result<BackfillCount, ManageError> {
     let tx = client.transaction().await?;
-    let now_rev = lock_admittable(&tx, id).await?;
+    let now_rev = lock_admittable(&tx, id).await?.revision;
     if now_rev != revision {
         return Err(ManageError::RevisionChanged {
             id: id.into(),
@@ -197,14 +239,55 @@ pub async fn backfill_chunk(
     })
 }
 
-/// The current revision of a live trigger (for a backfill to pin), refusing what
-/// [`backfill_chunk`] would refuse before anything is computed or written.
-pub async fn admittable_revision(
+/// The definition a backfill computes its instants from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackfillDefinition {
+    pub revision: i64,
+    pub cron_expr: String,
+    pub timezone: String,
+}
+
+/// Expression, zone and revision of a live trigger from one row version (one statement),
+/// refusing what [`backfill_chunk`] would refuse before anything is computed or written.
+/// The read takes no lock and so never waits for a publish in flight: it is the definition
+/// last committed, and every chunk then holds the trigger `FOR SHARE` and refuses if its
+/// revision is no longer this one — instants are never admitted under another revision's
+/// keys.
+pub async fn backfill_definition(
     client: &mut tokio_postgres::Client,
     id: &str,
-) -> Result<i64, ManageError> {
-    let tx = client.transaction().await?;
-    let revision = lock_admittable(&tx, id).await?;
-    tx.commit().await?;
-    Ok(revision)
+) -> Result<BackfillDefinition, ManageError> {
+    let row = client
+        .query_opt(
+            "SELECT t.enabled, t.deleted_at_ms IS NOT NULL, t.revision, t.cron_expr, t.timezone,
+                    t.project_id, p.status
+               FROM qlsched.triggers t JOIN qlsched.projects p ON p.project_id = t.project_id
+              WHERE t.trigger_id = $1",
+            &[&id],
+        )
+        .await?
+        .ok_or_else(|| ManageError::UnknownTrigger { id: id.into() })?;
+    if row.get::<_, bool>(1) {
+        return Err(ManageError::Deleted { id: id.into() });
+    }
+    if !row.get::<_, bool>(0) {
+        return Err(ManageError::Disabled { id: id.into() });
+    }
+    let status: String = row.get(6);
+    if status != "active" {
+        return Err(ManageError::ProjectInactive {
+            id: id.into(),
+            project: row.get(5),
+            status,
+        });
+    }
+    let intact: bool = client.query_one(EXECUTION_INTACT_SQL, &[&id]).await?.get(0);
+    if !intact {
+        return Err(ManageError::CorruptExecutionRevision { id: id.into() });
+    }
+    Ok(BackfillDefinition {
+        revision: row.get(2),
+        cron_expr: row.get(3),
+        timezone: row.get(4),
+    })
 }

@@ -12,7 +12,9 @@ mod admit;
 mod state;
 mod view;
 
-pub use admit::{admittable_revision, backfill_chunk, fire, manual_key, BackfillCount, Fired};
+pub use admit::{
+    backfill_chunk, backfill_definition, fire, manual_key, BackfillCount, BackfillDefinition, Fired,
+};
 pub use state::{delete, disable, enable};
 pub use view::{list, show, ListQuery, StateFilter, TriggerView, LIST_SQL};
 
@@ -25,19 +27,43 @@ pub enum Changed {
     AlreadyThatWay,
 }
 
-/// The trigger row, locked in `mode` until the transaction ends: (enabled, deleted,
-/// revision, project). `UnknownTrigger` if absent.
+/// A trigger row as the management commands read it, under a row lock.
+#[derive(Clone, Debug)]
+pub(super) struct LockedTrigger {
+    /// Running: published enabled and not disabled by an operator (and not deleted).
+    pub enabled: bool,
+    pub published_enabled: bool,
+    pub operator_disabled: bool,
+    pub deleted: bool,
+    pub revision: i64,
+    pub project: String,
+    pub cron_expr: String,
+    pub timezone: String,
+}
+
+/// The trigger row, locked in `mode` until the transaction ends. One read, so expression,
+/// zone and revision are of one row version. `UnknownTrigger` if absent.
 pub(super) async fn lock_trigger(
     tx: &tokio_postgres::Transaction<'_>,
     id: &str,
     mode: &str,
-) -> Result<(bool, bool, i64, String), ManageError> {
+) -> Result<LockedTrigger, ManageError> {
     let sql = format!(
-        "SELECT enabled, deleted_at_ms IS NOT NULL, revision, project_id
+        "SELECT enabled, published_enabled, operator_disabled, deleted_at_ms IS NOT NULL, revision,
+                project_id, cron_expr, timezone
            FROM qlsched.triggers WHERE trigger_id = $1 FOR {mode}"
     );
     match tx.query_opt(&sql, &[&id]).await? {
-        Some(r) => Ok((r.get(0), r.get(1), r.get(2), r.get(3))),
+        Some(r) => Ok(LockedTrigger {
+            enabled: r.get(0),
+            published_enabled: r.get(1),
+            operator_disabled: r.get(2),
+            deleted: r.get(3),
+            revision: r.get(4),
+            project: r.get(5),
+            cron_expr: r.get(6),
+            timezone: r.get(7),
+        }),
         None => Err(ManageError::UnknownTrigger { id: id.into() }),
     }
 }

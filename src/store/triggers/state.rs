@@ -2,6 +2,7 @@
 
 use super::{lock_trigger, Changed};
 use crate::db_now_ms;
+use crate::schedule::Schedule;
 use crate::store::manage::{lock_project_status, ManageError};
 
 /// Takes the schedule row out of the claim index and fences out any live claim: the
@@ -20,7 +21,9 @@ const FENCE_OUT: &str = concat!(
 );
 
 /// `trigger disable`: takes effect at once (see [`FENCE_OUT`]); keeps the note, who and
-/// when. Disabling a disabled trigger changes nothing.
+/// when. The operator's switch is recorded even when the publisher has the trigger disabled
+/// already, so a later publish with `enabled` does not start it (docs/design.md, "Who turns
+/// a trigger on and off"). Disabling an operator-disabled trigger changes nothing.
 pub async fn disable(
     client: &mut tokio_postgres::Client,
     id: &str,
@@ -28,11 +31,11 @@ pub async fn disable(
     by: &str,
 ) -> Result<Changed, ManageError> {
     let tx = client.transaction().await?;
-    let (enabled, deleted, _, _) = lock_trigger(&tx, id, "UPDATE").await?;
-    if deleted {
+    let t = lock_trigger(&tx, id, "UPDATE").await?;
+    if t.deleted {
         return Err(ManageError::Deleted { id: id.into() });
     }
-    if !enabled {
+    if t.operator_disabled {
         tx.commit().await?;
         return Ok(Changed::AlreadyThatWay);
     }
@@ -52,10 +55,12 @@ pub async fn disable(
     Ok(Changed::Yes)
 }
 
-/// `trigger enable`: the cursor is cleared, so the next claim decides the first occurrence
-/// after now (the disabled span is never replayed, whatever the misfire policy). Keeps who
-/// and when (the last disable's note stays on record). Enabling an enabled trigger changes
-/// nothing.
+/// `trigger enable`: withdraws an operator's disable. The cursor moves to the first
+/// occurrence after this transaction's clock reading, so the disabled span is never
+/// replayed (whatever the misfire policy) and an occurrence due just after the enable is
+/// admitted. Keeps who and when (the last disable's note stays on record). Enabling a
+/// running trigger changes nothing; a trigger its publisher disabled is refused (only a
+/// publish turns it on; docs/design.md, "Who turns a trigger on and off").
 ///
 /// Locking: trigger row `FOR UPDATE`, then the project row `FOR SHARE` while its status
 /// decides whether the row is claimable (as in publish).
@@ -65,15 +70,24 @@ pub async fn enable(
     by: &str,
 ) -> Result<Changed, ManageError> {
     let tx = client.transaction().await?;
-    let (enabled, deleted, _, project) = lock_trigger(&tx, id, "UPDATE").await?;
-    if deleted {
+    let t = lock_trigger(&tx, id, "UPDATE").await?;
+    if t.deleted {
         return Err(ManageError::Deleted { id: id.into() });
     }
-    if enabled {
+    if !t.published_enabled {
+        return Err(ManageError::PublishedDisabled { id: id.into() });
+    }
+    if t.enabled && !t.operator_disabled {
         tx.commit().await?;
         return Ok(Changed::AlreadyThatWay);
     }
-    let active = lock_project_status(&tx, &project).await? == "active";
+    let active = lock_project_status(&tx, &t.project).await? == "active";
+    // A stored definition that no longer parses (or never fires again) gets no cursor: the
+    // claim then rejects it with back-off and a diagnostic, as any corrupt definition.
+    let now = crate::store::manage::db_now(&tx).await?;
+    let first = Schedule::parse(&t.cron_expr, &t.timezone)
+        .ok()
+        .and_then(|s| s.next_after_ms(now));
     tx.execute(
         concat!(
             "UPDATE qlsched.triggers
@@ -87,19 +101,19 @@ pub async fn enable(
     tx.execute(
         concat!(
             "UPDATE qlsched.trigger_schedules s
-                SET next_fire_at_ms = NULL, claimable_at_ms = CASE WHEN $2 THEN 0 END,
+                SET next_fire_at_ms = $3::bigint, claimable_at_ms = CASE WHEN $2 THEN coalesce($3::bigint, 0) END,
                     claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
                     claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
                     state_version = s.state_version + 1, updated_at_ms = ",
             db_now_ms!(),
             " WHERE s.trigger_id = $1"
         ),
-        &[&id, &active],
+        &[&id, &active, &first],
     )
     .await?;
     if active {
-        // The row needs its first cursor now: wake the replicas (delivered at commit).
-        crate::store::wake::notify(&tx, None).await?;
+        // Wake the replicas for the first occurrence (delivered at commit).
+        crate::store::wake::notify(&tx, first).await?;
     }
     tx.commit().await?;
     Ok(Changed::Yes)
@@ -114,8 +128,7 @@ pub async fn delete(
     by: &str,
 ) -> Result<Changed, ManageError> {
     let tx = client.transaction().await?;
-    let (_, deleted, _, _) = lock_trigger(&tx, id, "UPDATE").await?;
-    if deleted {
+    if lock_trigger(&tx, id, "UPDATE").await?.deleted {
         tx.commit().await?;
         return Ok(Changed::AlreadyThatWay);
     }
