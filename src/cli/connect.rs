@@ -39,19 +39,31 @@ pub fn resolve(t: &Target) -> Result<store::Target, CliError> {
     if let Some(path) = &t.config {
         return Ok(Config::load(path)?.database.pg);
     }
-    let dsn = match &t.dsn {
-        Some(d) => d.clone(),
-        None => std::env::var("QLSCHED_DSN").map_err(|_| CliError::NoTarget)?,
+    let dsn = match (&t.dsn, std::env::var("QLSCHED_DSN")) {
+        (Some(d), _) => d.clone(),
+        (None, Ok(d)) => d,
+        // libpq's environment alone is a target too (`PGHOST=/var/run/postgresql ...`).
+        (None, Err(_))
+            if LIBPQ_TARGET_VARS
+                .iter()
+                .any(|v| std::env::var_os(v).is_some()) =>
+        {
+            String::new()
+        }
+        (None, Err(_)) => return Err(CliError::NoTarget),
     };
     with_password(&dsn, t.password_file.as_deref())
 }
+
+/// Variables that name a target on their own when no DSN is given.
+const LIBPQ_TARGET_VARS: [&str; 3] = ["PGHOST", "PGHOSTADDR", "PGDATABASE"];
 
 /// Parses a DSN (with its TLS keywords `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, the
 /// way a replica's `database.dsn` is) and fills in the password from the file, the
 /// environment or the passfile.
 pub fn with_password(dsn: &str, password_file: Option<&Path>) -> Result<store::Target, CliError> {
-    let mut pg =
-        crate::config::parse_dsn_with_password(dsn).map_err(|source| CliError::Dsn { source })?;
+    let mut pg = crate::config::parse_dsn_with_env(dsn, |k| std::env::var(k).ok())
+        .map_err(|source| CliError::Dsn { source })?;
     if pg.get_password().is_some() {
         eprintln!(
             "qlsched: warning: the DSN carries a password, visible in the process list and shell \

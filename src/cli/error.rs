@@ -17,7 +17,7 @@ use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("give --config FILE, --dsn DSN, or set QLSCHED_DSN")]
+    #[error("give --config FILE, --dsn DSN, or set QLSCHED_DSN (or libpq's PGHOST, PGHOSTADDR or PGDATABASE)")]
     NoTarget,
     #[error("invalid DSN ({source})")]
     Dsn { source: crate::config::DsnError },

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use regex::Regex;
 
 use crate::store::tls::{SslMode, Tls, TlsError, TlsSettings};
-use crate::store::Target;
+use crate::store::{SessionAttrs, Target};
 
 /// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
 #[derive(Clone, PartialEq, Eq)]
@@ -30,9 +30,24 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// The DSN keywords that configure TLS (libpq's names). tokio-postgres knows only
-/// `sslmode` (and not its verify modes), so these are taken out before it parses the rest.
-const TLS_KEYWORDS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// The DSN keywords qlsched implements itself (libpq's names), taken out before the driver
+/// parses the rest: TLS (the driver knows only `sslmode`, and not its verify modes) and
+/// `target_session_attrs` (the driver knows three of libpq's six values).
+const OWN_KEYWORDS: [&str; 5] = [
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "target_session_attrs",
+];
+
+/// What the own keywords of a DSN said; `None`: not given.
+#[derive(Debug, Default)]
+struct Own {
+    mode: Option<SslMode>,
+    tls: TlsSettings,
+    attrs: Option<SessionAttrs>,
+}
 
 /// Why a DSN was refused.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +57,14 @@ pub enum DsnError {
     Driver(tokio_postgres::Error),
     #[error("sslmode {0:?} is not one of disable, prefer, require, verify-ca, verify-full")]
     SslMode(String),
+    #[error("target_session_attrs {0:?} is not one of any, read-write, read-only, primary, standby, prefer-standby")]
+    SessionAttrs(String),
+    #[error("{var}={value:?} is not a valid {what}")]
+    Environment {
+        var: &'static str,
+        value: String,
+        what: &'static str,
+    },
     #[error(transparent)]
     Tls(#[from] TlsError),
 }
@@ -67,32 +90,136 @@ pub(super) fn parse(dsn: &str) -> Result<Target, String> {
 
 /// Like [`parse`], but a password in the DSN is accepted (command-line DSNs).
 pub fn parse_with_password(dsn: &str) -> Result<Target, DsnError> {
-    let (rest, tls) = split_tls(dsn)?;
-    let pg = tokio_postgres::Config::from_str(&rest).map_err(DsnError::Driver)?;
-    Ok(Target::new(pg, Tls::new(tls)?))
+    parse_with_env(dsn, |_| None)
 }
 
-/// Takes the TLS keywords out of a DSN: the rest of the text, and the settings.
-fn split_tls(dsn: &str) -> Result<(String, TlsSettings), DsnError> {
-    let mut tls = TlsSettings::default();
+/// Where libpq looks when neither the DSN nor the environment names a host: the socket
+/// directory of Debian's and Ubuntu's PostgreSQL packages when it exists, else `localhost`.
+pub const DEFAULT_SOCKET_DIR: &str = "/var/run/postgresql";
+
+/// Parses a DSN as [`parse_with_password`] does, then fills in each keyword the DSN leaves
+/// out from libpq's environment variable for it, as libpq does: the DSN wins, the
+/// environment fills in. `env` returns a variable's value; the variables are `PGHOST`,
+/// `PGHOSTADDR` (both only when the DSN names no host at all), `PGPORT`, `PGUSER`,
+/// `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`,
+/// `PGCONNECT_TIMEOUT`, `PGAPPNAME` and `PGTARGETSESSIONATTRS`. With no host anywhere, the
+/// default socket directory (or `localhost`) is used.
+pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result<Target, DsnError> {
+    let (rest, mut own) = split_own(dsn)?;
+    let mut pg = tokio_postgres::Config::from_str(&rest).map_err(DsnError::Driver)?;
+    let var = |name: &'static str| env(name).filter(|v| !v.is_empty()).map(|v| (name, v));
+    let bad = |var: &'static str, value: &str, what: &'static str| DsnError::Environment {
+        var,
+        value: value.to_owned(),
+        what,
+    };
+    let no_host = pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty();
+    if no_host {
+        if let Some((_, v)) = var("PGHOST") {
+            for h in v.split(',') {
+                pg.host(h.trim());
+            }
+        }
+        if let Some((n, v)) = var("PGHOSTADDR") {
+            for a in v.split(',') {
+                pg.hostaddr(
+                    a.trim()
+                        .parse()
+                        .map_err(|_| bad(n, &v, "IP address list"))?,
+                );
+            }
+        }
+    }
+    if pg.get_ports().is_empty() {
+        if let Some((n, v)) = var("PGPORT") {
+            for p in v.split(',') {
+                pg.port(p.trim().parse().map_err(|_| bad(n, &v, "port list"))?);
+            }
+        }
+    }
+    if pg.get_user().is_none() {
+        if let Some((_, v)) = var("PGUSER") {
+            pg.user(v);
+        }
+    }
+    if pg.get_dbname().is_none() {
+        if let Some((_, v)) = var("PGDATABASE") {
+            pg.dbname(v);
+        }
+    }
+    if pg.get_connect_timeout().is_none() {
+        if let Some((n, v)) = var("PGCONNECT_TIMEOUT") {
+            let secs: u64 = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(n, &v, "number of seconds"))?;
+            // libpq: zero means wait forever; a time-out below 2 s counts as 2 s.
+            if secs > 0 {
+                pg.connect_timeout(std::time::Duration::from_secs(secs.max(2)));
+            }
+        }
+    }
+    if pg.get_application_name().is_none() {
+        if let Some((_, v)) = var("PGAPPNAME") {
+            pg.application_name(v);
+        }
+    }
+    if own.mode.is_none() {
+        if let Some((n, v)) = var("PGSSLMODE") {
+            own.mode = Some(SslMode::parse(&v).ok_or_else(|| bad(n, &v, "sslmode"))?);
+        }
+    }
+    for (name, slot) in [
+        ("PGSSLROOTCERT", &mut own.tls.root_cert),
+        ("PGSSLCERT", &mut own.tls.cert),
+        ("PGSSLKEY", &mut own.tls.key),
+    ] {
+        if slot.is_none() {
+            *slot = var(name).map(|(_, v)| v.into());
+        }
+    }
+    if own.attrs.is_none() {
+        if let Some((n, v)) = var("PGTARGETSESSIONATTRS") {
+            own.attrs =
+                Some(SessionAttrs::parse(&v).ok_or_else(|| bad(n, &v, "target_session_attrs"))?);
+        }
+    }
+    if pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty() {
+        if std::path::Path::new(DEFAULT_SOCKET_DIR).is_dir() {
+            pg.host_path(DEFAULT_SOCKET_DIR);
+        } else {
+            pg.host("localhost");
+        }
+    }
+    own.tls.mode = own.mode.unwrap_or_default();
+    Ok(Target::new(pg, Tls::new(own.tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
+}
+
+/// Takes the keywords qlsched implements itself out of a DSN: the rest of the text, and
+/// what they said.
+fn split_own(dsn: &str) -> Result<(String, Own), DsnError> {
+    let mut own = Own::default();
     let mut set = |key: &str, value: String| -> Result<(), DsnError> {
         match key {
-            "sslmode" => tls.mode = SslMode::parse(&value).ok_or(DsnError::SslMode(value))?,
-            "sslrootcert" => tls.root_cert = Some(value.into()),
-            "sslcert" => tls.cert = Some(value.into()),
-            _ => tls.key = Some(value.into()),
+            "sslmode" => own.mode = Some(SslMode::parse(&value).ok_or(DsnError::SslMode(value))?),
+            "sslrootcert" => own.tls.root_cert = Some(value.into()),
+            "sslcert" => own.tls.cert = Some(value.into()),
+            "sslkey" => own.tls.key = Some(value.into()),
+            _ => {
+                own.attrs = Some(SessionAttrs::parse(&value).ok_or(DsnError::SessionAttrs(value))?)
+            }
         }
         Ok(())
     };
     let trimmed = dsn.trim_start();
     if trimmed.starts_with("postgres://") || trimmed.starts_with("postgresql://") {
         let Some((base, query)) = trimmed.split_once('?') else {
-            return Ok((dsn.to_owned(), tls));
+            return Ok((dsn.to_owned(), own));
         };
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            if TLS_KEYWORDS.contains(&k) {
+            if OWN_KEYWORDS.contains(&k) {
                 set(k, percent_decode(v))?;
             } else {
                 kept.push(pair);
@@ -103,17 +230,17 @@ fn split_tls(dsn: &str) -> Result<(String, TlsSettings), DsnError> {
         } else {
             format!("{base}?{}", kept.join("&"))
         };
-        return Ok((rest, tls));
+        return Ok((rest, own));
     }
     let mut kept = Vec::new();
     for (key, value, text) in kv_pairs(dsn) {
-        if TLS_KEYWORDS.contains(&key.as_str()) {
+        if OWN_KEYWORDS.contains(&key.as_str()) {
             set(&key, value)?;
         } else {
             kept.push(text);
         }
     }
-    Ok((kept.join(" "), tls))
+    Ok((kept.join(" "), own))
 }
 
 /// The `key = value` pairs of a libpq string: (key, unquoted value, original text). Text
@@ -225,6 +352,12 @@ pub(super) fn redacted(target: &Target) -> String {
     if let Some(cert) = &tls.cert {
         parts.push(format!("sslcert={}", cert.display()));
     }
+    if target.session_attrs() != SessionAttrs::Any {
+        parts.push(format!(
+            "target_session_attrs={}",
+            target.session_attrs().as_str()
+        ));
+    }
     if pg.get_password().is_some() {
         parts.push("password=***".to_owned());
     }
@@ -290,6 +423,13 @@ mod tests {
 
     #[test]
     fn tls_keywords_come_out_of_both_dsn_shapes() {
+        let split_tls = |dsn: &str| {
+            split_own(dsn).map(|(rest, own)| {
+                let mut tls = own.tls;
+                tls.mode = own.mode.unwrap_or_default();
+                (rest, tls)
+            })
+        };
         let (rest, tls) = split_tls(
             "host=db sslmode=verify-full sslrootcert='/etc/my ca.crt' user=u sslcert=/c sslkey=/k",
         )
@@ -310,6 +450,99 @@ mod tests {
             .to_string()
             .contains("verify-full"));
         assert_eq!(split_tls("host=db").unwrap().1.mode, SslMode::Prefer);
+    }
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn libpq_environment_fills_in_what_the_dsn_leaves_out_and_the_dsn_wins() {
+        use tokio_postgres::config::Host;
+        let vars = [
+            ("PGHOST", "/run/a,db2"),
+            ("PGPORT", "5433,5434"),
+            ("PGUSER", "envuser"),
+            ("PGDATABASE", "envdb"),
+            ("PGSSLMODE", "verify-full"),
+            ("PGCONNECT_TIMEOUT", "1"),
+            ("PGAPPNAME", "envapp"),
+            ("PGTARGETSESSIONATTRS", "prefer-standby"),
+        ];
+        let t = parse_with_env("", env(&vars)).unwrap();
+        assert_eq!(
+            t.get_hosts(),
+            &[Host::Unix("/run/a".into()), Host::Tcp("db2".into())]
+        );
+        assert_eq!(t.get_ports(), &[5433, 5434]);
+        assert_eq!(t.get_user(), Some("envuser"));
+        assert_eq!(t.get_dbname(), Some("envdb"));
+        assert_eq!(t.tls().settings().mode, SslMode::VerifyFull);
+        assert_eq!(
+            t.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(2)),
+            "libpq's minimum of 2 s"
+        );
+        assert_eq!(t.get_application_name(), Some("envapp"));
+        assert_eq!(t.session_attrs(), SessionAttrs::PreferStandby);
+        // Whatever the DSN says wins, keyword by keyword.
+        let t = parse_with_env(
+            "host=db port=6000 user=u dbname=d sslmode=disable connect_timeout=7 \
+             application_name=a target_session_attrs=read-write",
+            env(&vars),
+        )
+        .unwrap();
+        assert_eq!(t.get_hosts(), &[Host::Tcp("db".into())]);
+        assert_eq!(t.get_ports(), &[6000]);
+        assert_eq!(t.get_user(), Some("u"));
+        assert_eq!(t.get_dbname(), Some("d"));
+        assert_eq!(t.tls().settings().mode, SslMode::Disable);
+        assert_eq!(t.session_attrs(), SessionAttrs::ReadWrite);
+        // A URL is filled in the same way.
+        let t = parse_with_env("postgresql:///q?sslmode=require", env(&vars)).unwrap();
+        assert_eq!(t.get_dbname(), Some("q"));
+        assert_eq!(t.get_user(), Some("envuser"));
+        assert_eq!(t.tls().settings().mode, SslMode::Require);
+        // Without a variable, sslmode is libpq's default, never something weaker than asked.
+        assert_eq!(
+            parse_with_env("host=db", env(&[]))
+                .unwrap()
+                .tls()
+                .settings()
+                .mode,
+            SslMode::Prefer
+        );
+    }
+
+    #[test]
+    fn a_bad_environment_value_is_named_and_no_host_means_the_default_socket_or_localhost() {
+        for (var, value) in [
+            ("PGSSLMODE", "verify"),
+            ("PGPORT", "x"),
+            ("PGCONNECT_TIMEOUT", "soon"),
+            ("PGTARGETSESSIONATTRS", "master"),
+            ("PGHOSTADDR", "db1"),
+        ] {
+            let e = parse_with_env("", env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(var) && e.contains(value), "{e}");
+        }
+        let t = parse_with_env("user=u", env(&[])).unwrap();
+        let expected = if std::path::Path::new(DEFAULT_SOCKET_DIR).is_dir() {
+            tokio_postgres::config::Host::Unix(DEFAULT_SOCKET_DIR.into())
+        } else {
+            tokio_postgres::config::Host::Tcp("localhost".into())
+        };
+        assert_eq!(t.get_hosts(), &[expected]);
+        let e = parse_with_env("host=db target_session_attrs=master", env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("prefer-standby"), "{e}");
     }
 
     #[test]

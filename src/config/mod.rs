@@ -25,7 +25,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use dsn::{parse_with_password as parse_dsn_with_password, DsnError, Secret};
+pub use dsn::{
+    parse_with_env as parse_dsn_with_env, parse_with_password as parse_dsn_with_password, DsnError,
+    Secret,
+};
 pub use error::{ConfigError, ConfigProblem};
 pub use layers::ENV_PREFIX;
 
@@ -75,6 +78,8 @@ pub struct DatabaseConfig {
     pub pg: crate::store::Target,
     /// 2..=64 connections: at least the claim connection and the admit connection.
     pub pool_size: u32,
+    /// The bound on one connection attempt over all the DSN's hosts: each host's
+    /// `connect_timeout` (the DSN's, else `database.connect_timeout`) times the hosts tried.
     pub connect_timeout: Duration,
     /// The connection target without secrets, for logs.
     pub dsn_redacted: String,

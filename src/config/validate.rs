@@ -131,7 +131,12 @@ fn database(c: &mut Checker<'_>, raw: RawDatabase) -> Option<DatabaseConfig> {
     );
     let (mut pg, password, pool_size, (connect_timeout, _)) =
         (pg?, password?, pool_size?, connect_timeout?);
-    pg.connect_timeout(connect_timeout);
+    // The DSN's own connect_timeout, when it has one, bounds each host; the key does
+    // otherwise. One connection attempt tries every host (docs/design.md, "Connecting").
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(connect_timeout);
+    }
+    let connect_timeout = pg.attempt_bound();
     if let Some(app) = raw.application_name.filter(|a| !a.is_empty()) {
         pg.application_name(app);
     }

@@ -6,6 +6,7 @@
 
 pub mod admit;
 pub mod claim;
+pub mod hosts;
 pub mod manage;
 pub mod migrate;
 pub mod pooler;
@@ -24,30 +25,104 @@ use std::time::Duration;
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::error::SqlState;
 
+pub use hosts::SessionAttrs;
 pub use tls::Tls;
 
 /// The connection pool every replica component shares.
-pub type Pool = bb8::Pool<PostgresConnectionManager<Tls>>;
+pub type Pool = bb8::Pool<Manager>;
 /// A pooled connection.
-pub type Conn<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<Tls>>;
+pub type Conn<'a> = bb8::PooledConnection<'a, Manager>;
 
-/// Where and how to connect: the driver's settings and the TLS connector that goes with
-/// them (built from the DSN's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`). Derefs to the
-/// driver's settings so callers can adjust time-outs and keepalives.
+/// Where and how to connect: the driver's settings, the TLS connector that goes with them
+/// (built from the DSN's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`), the session
+/// attributes asked for (`target_session_attrs`) and which of its hosts answered last.
+/// Derefs to the driver's settings so callers can adjust time-outs and keepalives.
 #[derive(Clone, Debug)]
 pub struct Target {
     pg: tokio_postgres::Config,
     tls: Tls,
+    attrs: SessionAttrs,
+    last_good: hosts::LastGood,
 }
 
 impl Target {
     pub fn new(mut pg: tokio_postgres::Config, tls: Tls) -> Target {
         tls.apply(&mut pg);
-        Target { pg, tls }
+        Target {
+            pg,
+            tls,
+            attrs: SessionAttrs::default(),
+            last_good: hosts::LastGood::default(),
+        }
+    }
+
+    /// The same target, asking for sessions with `attrs` (`target_session_attrs`).
+    pub fn with_session_attrs(mut self, attrs: SessionAttrs) -> Target {
+        self.attrs = attrs;
+        self
+    }
+
+    pub fn session_attrs(&self) -> SessionAttrs {
+        self.attrs
     }
 
     pub fn tls(&self) -> &Tls {
         &self.tls
+    }
+
+    /// How long one connection attempt may take at most: each host's `connect_timeout` for
+    /// every host, once per pass of the session attributes (5 s per host when unset).
+    pub fn attempt_bound(&self) -> Duration {
+        let per_host = self
+            .pg
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(5));
+        let tries = hosts::host_count(&self.pg).max(1) * self.attrs.pass_count();
+        per_host * tries as u32
+    }
+
+    /// Opens one connection: the hosts in turn, the last good one first (see [`hosts`]).
+    /// The caller drives the returned connection (spawns it, or polls its messages).
+    pub async fn connect_raw(
+        &self,
+    ) -> Result<
+        (
+            tokio_postgres::Client,
+            tokio_postgres::Connection<tokio_postgres::Socket, hosts::Stream>,
+        ),
+        tokio_postgres::Error,
+    > {
+        hosts::connect(&self.pg, &self.tls, self.attrs, &self.last_good).await
+    }
+}
+
+/// The pool's connection manager: bb8-postgres's, for one host at a time in the order
+/// [`hosts`] gives, so the pool follows the DSN's hosts like every other connection of the
+/// replica (bb8-postgres alone would hand the whole host list to the driver, which neither
+/// starts at the last good host nor knows libpq's socket and `target_session_attrs` rules).
+#[derive(Clone, Debug)]
+pub struct Manager(Target);
+
+impl bb8::ManageConnection for Manager {
+    type Connection = tokio_postgres::Client;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<Self::Connection, Self::Error> {
+        let t = &self.0;
+        hosts::first_that_connects(&t.pg, t.attrs, &t.last_good, |one| {
+            let manager = PostgresConnectionManager::new(one, t.tls.clone());
+            async move { bb8::ManageConnection::connect(&manager).await }
+        })
+        .await
+    }
+
+    async fn is_valid(&self, conn: &mut Self::Connection) -> Result<(), Self::Error> {
+        conn.simple_query("").await.map(|_| ())
+    }
+
+    fn has_broken(&self, conn: &mut Self::Connection) -> bool {
+        conn.is_closed()
     }
 }
 
@@ -244,8 +319,7 @@ pub fn build_pool(
     connect_timeout: Duration,
     log: &slog::Logger,
 ) -> Pool {
-    let Target { pg, tls } = target.into();
-    let manager = PostgresConnectionManager::new(pg, tls);
+    let manager = Manager(target.into());
     bb8::Pool::builder()
         .max_size(max_size)
         .min_idle(Some(0))
@@ -281,8 +355,7 @@ pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
 
 /// Connects a single client outside any pool (management commands, migrations).
 pub async fn connect(target: impl Into<Target>) -> Result<tokio_postgres::Client, StoreError> {
-    let Target { pg, tls } = target.into();
-    let (client, connection) = pg.connect(tls).await?;
+    let (client, connection) = target.into().connect_raw().await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });

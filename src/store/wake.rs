@@ -37,7 +37,7 @@ pub async fn listen(
     let (client, mut connection) = super::session::bounded(
         "connecting the listener",
         connector.connect_timeout,
-        async { Ok(connector.pg.connect(connector.pg.tls().clone()).await?) },
+        async { Ok(connector.pg.connect_raw().await?) },
     )
     .await?;
     let (tx, rx) = mpsc::unbounded_channel();

@@ -3,6 +3,7 @@
 mod helpers;
 
 mod config_validation;
+mod connect;
 mod contrib;
 mod coordinator;
 mod daemon;

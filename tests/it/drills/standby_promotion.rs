@@ -292,3 +292,106 @@ fn promote(standby: &Server) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Drill 4b, fail-over through the DSN: replicas whose DSN lists the primary and its
+/// streaming standby (`host=…,… port=…,… target_session_attrs=read-write`) keep running
+/// while the primary is stopped for good and the standby promoted. Without a config change
+/// or a restart they reconnect to the promoted server (the standby was refused while it was
+/// read-only) and go on admitting; 0 duplicates, 0 lost. Reports the time from the
+/// promotion to the first admission on the promoted server.
+#[tokio::test]
+async fn replicas_whose_dsn_lists_both_servers_follow_the_promotion_without_a_restart() {
+    let mut drill = Drill::begin("failover_dsn", (1, 0), (1, 0), |_, _| {
+        format!(
+            "primary + streaming standby in one DSN (target_session_attrs=read-write, \
+             connect_timeout=2), 2 replicas started once, {TRIGGERS} every-second triggers"
+        )
+    })
+    .await;
+    let primary = OwnPg::start("primary", "fsync = off").await;
+    primary.db.seed(TRIGGERS, EVERY_SECOND).await;
+    let standby = make_standby(&primary).await;
+    let dsn = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=qlsched_runtime dbname=qlsched \
+         target_session_attrs=read-write connect_timeout=2",
+        primary.server.port, standby.server.port
+    );
+    let mut fleet = Fleet::new(&dsn, "", &[]);
+    fleet.start(&["a", "b"]).await;
+    let old = primary.db.superuser().await;
+    wait_until(
+        "admissions on the primary",
+        Duration::from_secs(30),
+        || async { scalar(&old, "SELECT count(*) FROM qlsched.runs").await >= 2 * TRIGGERS as i64 },
+    )
+    .await;
+    let pids: Vec<u32> = ["a", "b"].iter().map(|id| fleet.get(id).pid()).collect();
+    drop(old);
+
+    let mut primary = primary;
+    primary.server.stop("immediate");
+    promote(&standby.server);
+    let promoted = standby.db.superuser().await;
+    wait_until("the standby promoted", Duration::from_secs(30), || async {
+        !promoted
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    })
+    .await;
+    let promoted_at = db_now(&promoted).await;
+    let first_admission = crate::helpers::poll_until(
+        "an admission on the promoted server",
+        Duration::from_secs(60),
+        || async {
+            let q = promoted
+                .query_one(
+                    "SELECT min(queued_at_ms) FROM qlsched.runs WHERE queued_at_ms >= $1",
+                    &[&promoted_at],
+                )
+                .await
+                .unwrap()
+                .get::<_, Option<i64>>(0);
+            q
+        },
+    )
+    .await;
+    // Every trigger admitting again, on the promoted server, from the same processes.
+    wait_until(
+        "every trigger admitted on the promoted server",
+        Duration::from_secs(30),
+        || async {
+            promoted
+                .query_one(
+                    "SELECT count(DISTINCT trigger_id) FROM qlsched.runs WHERE queued_at_ms >= $1",
+                    &[&promoted_at],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                >= TRIGGERS as i64
+        },
+    )
+    .await;
+    for (id, pid) in ["a", "b"].iter().zip(&pids) {
+        assert_eq!(fleet.get(id).pid(), *pid, "replica {id} was restarted");
+        assert!(
+            fleet
+                .get(id)
+                .get("/readyz")
+                .is_some_and(|(code, _)| code == 200),
+            "replica {id} is not ready on the promoted server"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fleet.stop_all().await;
+    drill.report.note(format!(
+        "promotion → first admission on the promoted server: {} ms (no restart, no config change)",
+        first_admission - promoted_at
+    ));
+    drill
+        .report
+        .finish(&promoted, &Expect::every_second(), &fleet)
+        .await;
+}

@@ -5,6 +5,7 @@
 
 pub mod claimed;
 pub mod cli;
+pub mod deadhost;
 pub mod delay;
 pub mod netns;
 pub mod pg;
