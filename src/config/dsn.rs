@@ -33,11 +33,12 @@ impl fmt::Debug for Secret {
 /// The DSN keywords qlsched implements itself (libpq's names), taken out before the driver
 /// parses the rest: TLS (the driver knows only `sslmode`, and not its verify modes) and
 /// `target_session_attrs` (the driver knows three of libpq's six values).
-const OWN_KEYWORDS: [&str; 5] = [
+const OWN_KEYWORDS: [&str; 6] = [
     "sslmode",
     "sslrootcert",
     "sslcert",
     "sslkey",
+    "sslpassword",
     "target_session_attrs",
 ];
 
@@ -191,7 +192,19 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
             pg.host("localhost");
         }
     }
-    own.tls.mode = own.mode.unwrap_or_default();
+    // libpq 16: the system trust store is for verify-full only, and implies it.
+    let system_roots = own
+        .tls
+        .root_cert
+        .as_ref()
+        .is_some_and(|p| p.as_os_str() == "system");
+    own.tls.mode = match (own.mode, system_roots) {
+        (None, true) => SslMode::VerifyFull,
+        (Some(m), true) if m != SslMode::VerifyFull => {
+            return Err(TlsError::WeakModeWithSystemRoots(m.as_str()).into())
+        }
+        (m, _) => m.unwrap_or_default(),
+    };
     Ok(Target::new(pg, Tls::new(own.tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
 }
 
@@ -205,6 +218,7 @@ fn split_own(dsn: &str) -> Result<(String, Own), DsnError> {
             "sslrootcert" => own.tls.root_cert = Some(value.into()),
             "sslcert" => own.tls.cert = Some(value.into()),
             "sslkey" => own.tls.key = Some(value.into()),
+            "sslpassword" => own.tls.key_password = Some(value),
             _ => {
                 own.attrs = Some(SessionAttrs::parse(&value).ok_or(DsnError::SessionAttrs(value))?)
             }
@@ -463,7 +477,15 @@ mod tests {
     #[test]
     fn libpq_environment_fills_in_what_the_dsn_leaves_out_and_the_dsn_wins() {
         use tokio_postgres::config::Host;
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.crt");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(&ca_file, p.self_signed(&key).unwrap().pem()).unwrap();
+        let ca = ca_file.display().to_string();
         let vars = [
+            ("PGSSLROOTCERT", ca.as_str()),
             ("PGHOST", "/run/a,db2"),
             ("PGPORT", "5433,5434"),
             ("PGUSER", "envuser"),
@@ -482,6 +504,10 @@ mod tests {
         assert_eq!(t.get_user(), Some("envuser"));
         assert_eq!(t.get_dbname(), Some("envdb"));
         assert_eq!(t.tls().settings().mode, SslMode::VerifyFull);
+        assert_eq!(
+            t.tls().settings().root_cert.as_deref(),
+            Some(ca_file.as_path())
+        );
         assert_eq!(
             t.get_connect_timeout(),
             Some(&std::time::Duration::from_secs(2)),
@@ -543,6 +569,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("prefer-standby"), "{e}");
+    }
+
+    #[test]
+    fn sslrootcert_system_means_verify_full_and_refuses_weaker_modes() {
+        let t = parse_with_env("host=db sslrootcert=system", env(&[])).unwrap();
+        assert_eq!(t.tls().settings().mode, SslMode::VerifyFull);
+        for weak in ["disable", "prefer", "require", "verify-ca"] {
+            let e = parse_with_env(
+                &format!("host=db sslrootcert=system sslmode={weak}"),
+                env(&[]),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(&format!("weak sslmode \"{weak}\"")) && e.contains("verify-full"),
+                "{e}"
+            );
+        }
+        // The key passphrase is a keyword of ours, and masked in any message.
+        assert!(!mask_text("host=db sslpassword=hunter2").contains("hunter2"));
     }
 
     #[test]

@@ -159,8 +159,9 @@ async fn an_unreadable_key_file_is_a_config_error_naming_the_keyword_and_file() 
     std::fs::write(
         &path,
         format!(
-            "[replica]\nid = \"a\"\n[database]\ndsn = \"host=db sslmode=verify-full sslcert={c} \
-             sslkey=/nonexistent/client.key\"\n",
+            "[replica]\nid = \"a\"\n[database]\ndsn = \"host=db sslmode=verify-full sslrootcert={ca} \
+             sslcert={c} sslkey=/nonexistent/client.key\"\n",
+            ca = tls_cluster().ca().display(),
             c = tls_cluster().client_cert().display()
         ),
     )
@@ -210,4 +211,88 @@ async fn a_replica_admits_over_verify_full_tls() {
     let status = a.terminate(Duration::from_secs(20)).await;
     assert!(status.success(), "exit {status}; log:\n{}", a.log());
     db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn an_encrypted_client_key_authenticates_with_sslpassword() {
+    use pkcs8::der::Decode;
+    let c = tls_cluster();
+    let _db = tls_db().await;
+    let plain = std::fs::read_to_string(c.client_key()).unwrap();
+    let (_, der) = pkcs8::SecretDocument::from_pem(&plain).unwrap();
+    let info = pkcs8::PrivateKeyInfo::from_der(der.as_bytes()).unwrap();
+    let params = pkcs8::pkcs5::pbes2::Parameters::pbkdf2_sha256_aes256cbc(
+        2048,
+        b"0123456789abcdef",
+        b"fedcba9876543210",
+    )
+    .unwrap();
+    let pem = info
+        .encrypt_with_params(params, "pass phrase")
+        .unwrap()
+        .to_pem("ENCRYPTED PRIVATE KEY", pkcs8::LineEnding::LF)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("client.key");
+    std::fs::write(&key, pem.as_bytes()).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let dsn = format!(
+        "host=localhost hostaddr=127.0.0.1 port={} user={CERT_USER} dbname=postgres \
+         sslmode=verify-full sslrootcert={} sslcert={} sslkey={} sslpassword='pass phrase'",
+        c.port,
+        c.ca().display(),
+        c.client_cert().display(),
+        key.display()
+    );
+    let client = store::connect(&parse_dsn_with_password(&dsn).unwrap())
+        .await
+        .expect("the decrypted key authenticates");
+    let who: String = client
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(who, CERT_USER);
+    let without = dsn.replace("sslpassword='pass phrase'", "");
+    let e = parse_dsn_with_password(&without).unwrap_err().to_string();
+    assert!(e.contains("give its passphrase as sslpassword"), "{e}");
+}
+
+#[tokio::test]
+async fn verify_full_reads_the_root_file_in_home_or_refuses_naming_it() {
+    let c = tls_cluster();
+    let db = tls_db().await;
+    let home = tempfile::tempdir().unwrap();
+    let dsn = format!(
+        "host=localhost hostaddr=127.0.0.1 port={} user=qlsched_admin dbname={} sslmode=verify-full",
+        c.port, db.name
+    );
+    let run = || {
+        std::process::Command::new(crate::helpers::replica::binary())
+            .args(["trigger", "list", "--dsn", &dsn])
+            .env("HOME", home.path())
+            .env_remove("PGSSLROOTCERT")
+            .env_remove("PGPASSWORD")
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "root certificate file {}/.postgresql/root.crt does not exist",
+            home.path().display()
+        )),
+        "{err}"
+    );
+    std::fs::create_dir_all(home.path().join(".postgresql")).unwrap();
+    std::fs::copy(c.ca(), home.path().join(".postgresql/root.crt")).unwrap();
+    let out = run();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -85,6 +85,13 @@ fn make_certs(dir: &Path) {
     let client = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
     write(&dir.join("client.crt"), &client.pem(), false);
     write(&dir.join("client.key"), &key.serialize_pem(), false);
+    // A client key must not be readable by others (libpq's rule, which qlsched applies).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.join("client.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
 }
 
 /// The TLS cluster, started on first use with a migrated template database.
