@@ -6,39 +6,31 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use slog::{debug, o, warn, Logger};
+use slog::{debug, o, Logger};
 use uuid::Uuid;
 
-use super::admission::{Action, AdmitError, Outcome};
-use super::admit::{AdmitActor, Apply};
+use super::admit::AdmitActor;
+pub use crate::engine::Kind;
+use crate::engine::{Action, AdmitError, Job, Outcome};
 use crate::metrics::Metrics;
-use crate::schedule::{self, Decision, MisfirePolicy};
+use crate::schedule::{self, Decision};
 use crate::store::admit::Admission;
 use crate::store::claim::ClaimedRow;
 
-/// What the decision was, for the actor to count and log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Initialise,
-    Fire,
-    FireOnce,
-    Skip,
-    NotDue,
-    Reject(String),
-}
-
-/// The decision for one claimed row, as an action for the admit actor. Pure: a function of
-/// the claimed row (and the reject back-off); ids are minted only for admissions.
+/// The decision for one claimed row, as an action for the admit actor and the kind it is
+/// counted as once it committed. Pure: a function of the claimed row (and the reject
+/// back-off); ids are minted only for admissions. A misfire policy that did not parse
+/// where the row was read is a reject (released with back-off, diagnosed when released).
 pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
     let def = &claim.def;
-    let policy = match def.misfire_policy.parse::<MisfirePolicy>() {
-        Ok(p) => p,
+    let policy = match &def.misfire_policy {
+        Ok(p) => *p,
         Err(e) => {
             return (
                 Action::Release {
                     backoff: reject_backoff,
                 },
-                Kind::Reject(e.to_string()),
+                Kind::Reject(e.clone().into()),
             )
         }
     };
@@ -133,7 +125,6 @@ pub struct ClaimActor {
     args: ClaimArgs,
     admit: Addr<AdmitActor>,
     supervisor: Recipient<ClaimFinished>,
-    metrics: Metrics,
     log: Logger,
     reported: bool,
     /// The cursor an admission moves to, if this claim admits.
@@ -148,7 +139,9 @@ impl ClaimActor {
         args: ClaimArgs,
         admit: Addr<AdmitActor>,
         supervisor: Recipient<ClaimFinished>,
-        metrics: Metrics,
+        // Unused: outcomes are counted where they commit, in the engine. Kept in the
+        // signature until the supervisor's call site is next edited.
+        _metrics: Metrics,
         log: &Logger,
     ) -> Self {
         let log = log.new(
@@ -159,28 +152,10 @@ impl ClaimActor {
             args,
             admit,
             supervisor,
-            metrics,
             log,
             reported: false,
             next_after_admit: None,
             next_cursor_ms: None,
-        }
-    }
-
-    fn count(&self, kind: &Kind) {
-        match kind {
-            Kind::Initialise => {
-                self.metrics.initialisations.inc();
-            }
-            Kind::Skip => {
-                self.metrics.skips.inc();
-            }
-            Kind::Reject(reason) => {
-                self.metrics.rejects.inc();
-                warn!(self.log, "definition rejected; releasing with back-off";
-                      "reason" => reason, "backoff_ms" => self.args.reject_backoff.as_millis() as u64);
-            }
-            Kind::Fire | Kind::FireOnce | Kind::NotDue => {}
         }
     }
 
@@ -227,7 +202,6 @@ impl Actor for ClaimActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         let (action, kind) = plan(&self.args.claim, self.args.reject_backoff);
         debug!(self.log, "decided"; "decision" => ?kind);
-        self.count(&kind);
         match &action {
             Action::Admit(a) => {
                 self.next_after_admit = Some(a.next_fire_at_ms);
@@ -241,9 +215,10 @@ impl Actor for ClaimActor {
             ctx.stop();
             return;
         }
-        let msg = Apply {
+        let msg = Job {
             claim: self.args.claim.clone(),
             action,
+            kind,
             lease_deadline: self.args.claimed_at + self.args.lease,
             error_backoff: self.args.error_backoff,
         };

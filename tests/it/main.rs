@@ -8,6 +8,7 @@ mod coordinator;
 mod daemon;
 mod drills;
 mod edges;
+mod engine;
 mod integrity;
 mod lifecycle;
 mod manage_projects;
