@@ -14,7 +14,7 @@ pub use crate::engine::Kind;
 use crate::engine::{Action, AdmitError, Job, Outcome};
 use crate::metrics::Metrics;
 use crate::schedule::{self, Decision};
-use crate::store::admit::Admission;
+use crate::store::admit::Occurrence;
 use crate::store::claim::ClaimedRow;
 
 /// The decision for one claimed row, as an action for the admit actor and the kind it is
@@ -43,14 +43,12 @@ pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
         claim.observed_at_ms,
     );
     let admit = |scheduled_for_ms: i64, next_fire_at_ms: i64| {
-        Action::Admit(Box::new(Admission {
-            claim: claim.clone(),
+        Action::Admit(Occurrence {
             scheduled_for_ms,
             next_fire_at_ms,
             run_id: crate::store::admit::mint_run_id(&claim.fence.owner),
             attempt_id: Uuid::new_v4(),
-            admitted_by: claim.fence.owner.clone(),
-        }))
+        })
     };
     match decision {
         Decision::Initialise { next_fire_at_ms } => {

@@ -29,16 +29,17 @@ use slog::{debug, warn, Logger};
 
 use crate::metrics::Metrics;
 use crate::schedule::RejectReason;
-use crate::store::admit::{self, Admission, AdmitOutcome, Refusal, Resolution};
+use crate::store::admit::{self, Admission, AdmitOutcome, Occurrence, Refusal, Resolution};
 use crate::store::claim::ClaimedRow;
 use crate::store::session::{bounded, Session};
 use crate::store::{release, StoreError};
 
-/// What to do with one leased row, as the claim actor decided.
+/// What to do with one leased row, as the claim actor decided. The row itself is the job's
+/// `claim` (it travels once).
 #[derive(Clone, Debug)]
 pub enum Action {
     /// Admit the occurrence (fire, or misfired fire_once).
-    Admit(Box<Admission>),
+    Admit(Occurrence),
     /// Move the cursor only (initialise, misfired skip).
     Advance { next_fire_at_ms: i64 },
     /// Give the lease back, claimable again after `backoff` (reject, not due).
@@ -175,9 +176,11 @@ impl Batch<'_> {
         self.results[at] = Some(r);
     }
 
-    fn admission(&self, m: Member) -> &Admission {
-        match &self.jobs[m.at].action {
-            Action::Admit(a) => a,
+    /// The admission statement's input for member `m`: its claimed row and occurrence.
+    fn admission(&self, m: Member) -> Admission {
+        let job = &self.jobs[m.at];
+        match &job.action {
+            Action::Admit(o) => Admission::new(job.claim.clone(), *o),
             _ => unreachable!("only admissions are members"),
         }
     }
@@ -320,10 +323,7 @@ impl Engine {
         pending: &[Member],
         remaining: Duration,
     ) -> Result<Vec<AdmitOutcome>, Arc<StoreError>> {
-        let group: Vec<Admission> = pending
-            .iter()
-            .map(|&m| batch.admission(m).clone())
-            .collect();
+        let group: Vec<Admission> = pending.iter().map(|&m| batch.admission(m)).collect();
         let bound = self.admit_timeout.min(remaining);
         let started = Instant::now();
         // Prepared once per connection: no planning per batch; its cached plans keep the TID
@@ -595,10 +595,7 @@ impl Engine {
         members: &[Member],
         deadline: Instant,
     ) -> Result<Vec<Resolution>, StoreError> {
-        let group: Vec<Admission> = members
-            .iter()
-            .map(|&m| batch.admission(m).clone())
-            .collect();
+        let group: Vec<Admission> = members.iter().map(|&m| batch.admission(m)).collect();
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let bound = self
@@ -630,7 +627,7 @@ impl Engine {
     /// Our run committed: counted, and its lag observed by kind (on time or misfired).
     fn admitted(&self, job: &Job, queued_at_ms: i64) -> Outcome {
         let scheduled_for_ms = match &job.action {
-            Action::Admit(a) => a.scheduled_for_ms,
+            Action::Admit(o) => o.scheduled_for_ms,
             _ => unreachable!("only admissions are admitted"),
         };
         let lag_ms = queued_at_ms - scheduled_for_ms;

@@ -35,7 +35,18 @@ pub fn mint_run_id(owner: &str) -> Uuid {
     Uuid::new_v8(b)
 }
 
-/// A decided occurrence, ready to admit.
+/// What a decision to admit adds to its claimed row: the occurrence, where the cursor goes,
+/// and the ids minted for it. The claimed row itself travels beside it once (in the engine's
+/// job); [`Admission::new`] joins the two for the statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Occurrence {
+    pub scheduled_for_ms: i64,
+    pub next_fire_at_ms: i64,
+    pub run_id: Uuid,
+    pub attempt_id: Uuid,
+}
+
+/// A decided occurrence of a claimed row, ready to admit.
 #[derive(Clone, Debug)]
 pub struct Admission {
     pub claim: ClaimedRow,
@@ -47,6 +58,28 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// The occurrence `o` of `claim`, admitted by the claim's owner.
+    pub fn new(claim: ClaimedRow, o: Occurrence) -> Admission {
+        Admission {
+            admitted_by: claim.fence.owner.clone(),
+            claim,
+            scheduled_for_ms: o.scheduled_for_ms,
+            next_fire_at_ms: o.next_fire_at_ms,
+            run_id: o.run_id,
+            attempt_id: o.attempt_id,
+        }
+    }
+
+    /// The occurrence, without its claimed row.
+    pub fn occurrence(&self) -> Occurrence {
+        Occurrence {
+            scheduled_for_ms: self.scheduled_for_ms,
+            next_fire_at_ms: self.next_fire_at_ms,
+            run_id: self.run_id,
+            attempt_id: self.attempt_id,
+        }
+    }
+
     pub fn key(&self) -> String {
         idempotency_key(
             &self.claim.trigger_id,

@@ -399,7 +399,7 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
             reject_backoff: Duration::from_secs(60),
         };
         let job = Job {
-            action: Action::Admit(Box::new(c.admission())),
+            action: Action::Admit(c.admission().occurrence()),
             kind: Kind::Fire,
             claim: c.row().clone(),
             lease_deadline: Instant::now() + Duration::from_secs(20),
@@ -466,7 +466,7 @@ async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
         .rows
         .into_iter()
         .map(|c| Job {
-            action: Action::Admit(Box::new(admission(&c))),
+            action: Action::Admit(admission(&c).occurrence()),
             kind: Kind::Fire,
             claim: c,
             lease_deadline: deadline,

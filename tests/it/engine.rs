@@ -46,7 +46,7 @@ fn job(claim: &ClaimedRow, action: Action, kind: Kind, deadline: Instant) -> Job
 fn admit_job(claim: &ClaimedRow, kind: Kind, deadline: Instant) -> Job {
     job(
         claim,
-        Action::Admit(Box::new(admission(claim))),
+        Action::Admit(admission(claim).occurrence()),
         kind,
         deadline,
     )
@@ -506,5 +506,44 @@ async fn decisions_are_counted_when_committed_under_one_cause() {
         (m.rejects.get(), m.fence_losses.get()),
         (0, 1),
         "counted once, as a fence loss"
+    );
+}
+
+/// E20. The misfire policy is parsed where the claimed row is read; a stored spelling this
+/// replica does not know (e.g. written by a newer version during a rolling upgrade) fails
+/// closed: the row is released with the reject back-off and counted as a reject, nothing
+/// admitted, no panic.
+#[actix_rt::test]
+async fn an_unknown_stored_misfire_policy_is_rejected_with_back_off() {
+    let db = TestDb::with_due(1).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "ALTER TABLE qlsched.triggers DROP CONSTRAINT triggers_misfire_policy_check;
+             UPDATE qlsched.triggers SET misfire_policy = 'fire_all'",
+        )
+        .await
+        .unwrap();
+    let c = Claimed::new(&db, "a", 30_000).await;
+    assert!(c.row().def.misfire_policy.is_err(), "{:?}", c.row().def);
+    let m = Metrics::default();
+    let r = run_claim(&db, db.connector(), c.row().clone(), &m).await;
+    assert!(
+        matches!(r, Report::Done(Outcome::Released { backoff }) if backoff == Duration::from_secs(60)),
+        "{r:?}"
+    );
+    assert_eq!(m.rejects.get(), 1);
+    assert_eq!(claim_owned(&db).await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+    let wait = db
+        .count(concat!(
+            "SELECT claimable_at_ms - ",
+            qlsched::db_now_ms!(),
+            " FROM qlsched.trigger_schedules"
+        ))
+        .await;
+    assert!(
+        (55_000..=60_000).contains(&wait),
+        "claimable again in {wait} ms"
     );
 }
