@@ -300,7 +300,12 @@ impl Engine {
                     self.metrics.serialization_retries.inc();
                     debug!(self.log, "serialization failure, retrying"; "attempt" => attempt, "batch" => pending.len());
                 }
-                Err(e) if !e.reached_server() => return self.unreachable(batch, &pending, e),
+                // Nothing sent because the database could not be reached: nothing to
+                // resolve. (Nothing sent because the session's setup or a prepare failed with
+                // a statement error is a statement error, handled below.)
+                Err(e) if !e.reached_server() && e.is_connection_lost() => {
+                    return self.unreachable(batch, &pending, e)
+                }
                 Err(e) if e.is_connection_lost() => {
                     pending = self
                         .on_unknown_outcome(batch, pending, e, attempt, deadline)
