@@ -23,25 +23,19 @@ use crate::store::claim::ClaimedRow;
 /// where the row was read is a reject (released with back-off, diagnosed when released).
 pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
     let def = &claim.def;
-    let policy = match &def.misfire_policy {
-        Ok(p) => *p,
-        Err(e) => {
-            return (
-                Action::Release {
-                    backoff: reject_backoff,
-                },
-                Kind::Reject(e.clone().into()),
-            )
-        }
+    let decision = match &def.misfire_policy {
+        Ok(policy) => schedule::decide(
+            &def.cron_expr,
+            &def.timezone,
+            *policy,
+            def.misfire_grace_ms,
+            claim.next_fire_at_ms,
+            claim.observed_at_ms,
+        ),
+        Err(e) => Decision::Reject {
+            reason: e.clone().into(),
+        },
     };
-    let decision = schedule::decide(
-        &def.cron_expr,
-        &def.timezone,
-        policy,
-        def.misfire_grace_ms,
-        claim.next_fire_at_ms,
-        claim.observed_at_ms,
-    );
     let admit = |scheduled_for_ms: i64, next_fire_at_ms: i64| {
         Action::Admit(Occurrence {
             scheduled_for_ms,
