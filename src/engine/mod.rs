@@ -541,7 +541,9 @@ impl Engine {
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
             for o in owed {
-                batch.set(o.at, Err(AdmitError::LeaseOver));
+                // A failed member keeps its own error (the supervisor grows its back-off).
+                let r = o.then.and(Err(AdmitError::LeaseOver));
+                batch.set(o.at, r);
             }
             return;
         }
@@ -586,7 +588,8 @@ impl Engine {
                 warn!(self.log, "releasing claims failed; the leases will expire"; "error" => %e, "batch" => owed.len());
                 let e = Arc::new(e);
                 for o in owed {
-                    batch.set(o.at, Err(AdmitError::Store(e.clone())));
+                    let r = o.then.and(Err(AdmitError::Store(e.clone())));
+                    batch.set(o.at, r);
                 }
             }
         }
