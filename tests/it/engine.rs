@@ -554,3 +554,91 @@ async fn an_unknown_stored_misfire_policy_is_rejected_with_back_off() {
         "claimable again in {wait} ms"
     );
 }
+
+/// B7, the split path. Two admissions whose first attempt's outcome was unknown (the backend
+/// died under it) are retried; the retry fails on a statement error of one member, so the
+/// batch is split and each member is tried alone. A member whose earlier COMMIT may have
+/// landed must keep its `uncertain` flag on the split path: its refusal alone is resolved by
+/// reading, and our run found under its key and run id is our admission, not a refusal.
+///
+/// Staged in the database, deterministically: a row trigger on the schedule fires for the
+/// first row an admission updates and acts through `dblink` (autonomous, so its writes survive
+/// the rollbacks): 1st time it terminates its own backend (outcome unknown); 2nd time it
+/// deploys a new task revision and commits member A's run as A's earlier COMMIT would have
+/// (same key, same run id), then raises (the statement error that splits the batch). Alone,
+/// both members are refused (the task moved on): A's refusal is resolved to our run, B's
+/// stands and B is released.
+#[tokio::test]
+async fn a_member_retried_alone_keeps_its_uncertain_flag() {
+    let db = TestDb::with_due(2).await;
+    let claims = Claimed::up_to(&db, "a", 30_000, 2).await;
+    assert_eq!(claims.rows.len(), 2);
+    let (a, b) = (&claims.rows[0], &claims.rows[1]);
+    let a_adm = admission(a);
+    let dsn = format!(
+        "host=127.0.0.1 port={} dbname={} user=postgres",
+        db.port, db.name
+    );
+    let su = db.superuser().await;
+    su.batch_execute(&format!(
+        "CREATE EXTENSION IF NOT EXISTS dblink;
+         CREATE TABLE qlsched.test_phase (n int); INSERT INTO qlsched.test_phase VALUES (0);
+         CREATE TABLE qlsched.test_late AS
+           SELECT '{run}'::uuid AS run_id, '{key}'::text AS ikey, {sf}::bigint AS sf;
+         CREATE FUNCTION qlsched.test_stage() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $f$
+         DECLARE n int;
+         BEGIN
+           SELECT t.n INTO n FROM dblink('{dsn}',
+             'UPDATE qlsched.test_phase SET n = n + 1 RETURNING n') AS t(n int);
+           IF n = 1 THEN
+             PERFORM pg_terminate_backend(pg_backend_pid());
+             PERFORM pg_sleep(5);
+           ELSIF n = 2 THEN
+             PERFORM dblink_exec('{dsn}',
+               'UPDATE qlsched.tasks SET revision = revision + 1, content_digest = repeat(''c'', 64)');
+             PERFORM dblink_exec('{dsn}',
+               'INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                     task_revision, execution_revision_id, idempotency_key, status, scheduled_for_ms,
+                     queued_at_ms, admitted_by)
+                SELECT l.run_id, t.project_id, t.trigger_id, t.revision, t.task_id, 1,
+                       k.execution_revision_id, l.ikey, ''queued'', l.sf, l.sf, ''a''
+                  FROM qlsched.test_late l, qlsched.triggers t, qlsched.tasks k
+                 WHERE t.trigger_id = ''{a_id}'' AND k.task_id = t.task_id');
+             RAISE EXCEPTION 'staged statement error';
+           END IF;
+           RETURN NEW;
+         END $f$;
+         CREATE TRIGGER test_stage BEFORE UPDATE ON qlsched.trigger_schedules
+           FOR EACH ROW EXECUTE FUNCTION qlsched.test_stage();",
+        run = a_adm.run_id,
+        key = a_adm.key(),
+        sf = a_adm.scheduled_for_ms,
+        a_id = a.trigger_id,
+    ))
+    .await
+    .unwrap();
+    let mut engine = engine_for(&db);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let jobs = vec![
+        job(a, Action::Admit(a_adm.occurrence()), Kind::Fire, deadline),
+        admit_job(b, Kind::Fire, deadline),
+    ];
+    let out = engine.process(jobs).await;
+    assert_eq!(engine.metrics.unknown_outcomes.get(), 1);
+    assert!(
+        matches!(out[0], Ok(Outcome::Admitted { .. })),
+        "A, whose run is ours: {:?}",
+        out[0]
+    );
+    assert_eq!(
+        out[1].as_ref().unwrap(),
+        &Outcome::Refused(Refusal::DefinitionChanged),
+        "B"
+    );
+    assert_eq!(engine.metrics.admits.get(), 1);
+    assert_eq!(
+        db.count("SELECT n::bigint FROM qlsched.test_phase").await,
+        3,
+        "staged: unknown outcome, statement error, B's release (alone, A and B match no row)"
+    );
+}
