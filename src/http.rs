@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
 
-use crate::actors::health::Health;
+use crate::health::Health;
 use crate::metrics::Metrics;
 
 #[derive(Clone)]

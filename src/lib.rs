@@ -21,6 +21,8 @@
 pub mod actors;
 pub mod cli;
 pub mod config;
+pub mod engine;
+pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod schedule;

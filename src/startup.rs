@@ -16,10 +16,10 @@ use slog::{crit, error, info, warn, Logger};
 use uuid::Uuid;
 
 use crate::actors::derived;
-use crate::actors::health::Health;
 use crate::actors::supervisor::{Drain, Heartbeat, Supervisor};
 use crate::actors::Settings;
 use crate::config::{Config, LogFormat};
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::session::Connector;
 use crate::store::{self, migrate, recovery, release, replicas, Pool};

@@ -3,29 +3,16 @@
 //! decisions that arrive while a batch runs go together into the next one (one round trip
 //! and one WAL flush for many occurrences).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use slog::{debug, o, warn, Logger};
 use tokio::sync::oneshot;
 
-use super::admission::{Action, AdmitError, Engine, Job, JobResult};
 use super::Settings;
+use crate::engine::{AdmitError, Engine, Job, JobResult};
 use crate::metrics::Metrics;
-use crate::store::claim::ClaimedRow;
 use crate::store::session::Session;
-
-/// A decision message from a claim actor.
-#[derive(Message, Debug)]
-#[rtype(result = "JobResult")]
-pub struct Apply {
-    pub claim: ClaimedRow,
-    pub action: Action,
-    /// Local monotonic instant after which the lease is surely expired (claim time + lease).
-    pub lease_deadline: Instant,
-    /// Back-off for a release after an admission error of this row.
-    pub error_backoff: Duration,
-}
 
 pub struct AdmitActor {
     /// The engine, absent while a batch runs (it is moved into the batch's future).
@@ -41,7 +28,8 @@ impl AdmitActor {
         let log = log.new(o!("actor" => "admit"));
         AdmitActor {
             engine: Some(Engine {
-                session: Session::new(settings.connector.clone()),
+                // The server cancels what the engine abandons (statement_timeout = the bound).
+                session: Session::bounded(settings.connector.clone(), settings.admit_timeout),
                 log: log.clone(),
                 metrics,
                 admit_timeout: settings.admit_timeout,
@@ -75,7 +63,7 @@ impl AdmitActor {
                 act.engine = Some(engine);
                 let admitted = results
                     .iter()
-                    .any(|r| matches!(r, Ok(super::admission::Outcome::Admitted { .. })));
+                    .any(|r| matches!(r, Ok(crate::engine::Outcome::Admitted { .. })));
                 if admitted && super::faults::admit_actor_should_die() {
                     // Fault drill: the transaction committed, the replies are never sent.
                     ctx.stop();
@@ -102,17 +90,11 @@ impl Actor for AdmitActor {
 /// Mailbox bound: at most one message per live claim actor, which the hard cap bounds.
 pub const HARD_MAILBOX: usize = super::HARD_CLAIM_CAP as usize * 2;
 
-impl Handler<Apply> for AdmitActor {
+impl Handler<Job> for AdmitActor {
     type Result = ResponseFuture<JobResult>;
 
-    fn handle(&mut self, msg: Apply, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, job: Job, ctx: &mut Self::Context) -> Self::Result {
         let (reply, rx) = oneshot::channel();
-        let job = Job {
-            claim: msg.claim,
-            action: msg.action,
-            lease_deadline: msg.lease_deadline,
-            error_backoff: msg.error_backoff,
-        };
         self.queue.push((job, reply));
         if !self.busy {
             // Start on the next turn of the event loop, so that the decisions the claim

@@ -6,59 +6,43 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use slog::{debug, o, warn, Logger};
+use slog::{debug, o, Logger};
 use uuid::Uuid;
 
-use super::admission::{Action, AdmitError, Outcome};
-use super::admit::{AdmitActor, Apply};
+use super::admit::AdmitActor;
+pub use crate::engine::Kind;
+use crate::engine::{Action, AdmitError, Job, Outcome};
 use crate::metrics::Metrics;
-use crate::schedule::{self, Decision, MisfirePolicy};
-use crate::store::admit::Admission;
+use crate::schedule::{self, Decision};
+use crate::store::admit::Occurrence;
 use crate::store::claim::ClaimedRow;
 
-/// What the decision was, for the actor to count and log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Initialise,
-    Fire,
-    FireOnce,
-    Skip,
-    NotDue,
-    Reject(String),
-}
-
-/// The decision for one claimed row, as an action for the admit actor. Pure: a function of
-/// the claimed row (and the reject back-off); ids are minted only for admissions.
+/// The decision for one claimed row, as an action for the admit actor and the kind it is
+/// counted as once it committed. Pure: a function of the claimed row (and the reject
+/// back-off); ids are minted only for admissions. A misfire policy that did not parse
+/// where the row was read is a reject (released with back-off, diagnosed when released).
 pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
     let def = &claim.def;
-    let policy = match def.misfire_policy.parse::<MisfirePolicy>() {
-        Ok(p) => p,
-        Err(e) => {
-            return (
-                Action::Release {
-                    backoff: reject_backoff,
-                },
-                Kind::Reject(e.to_string()),
-            )
-        }
+    let decision = match &def.misfire_policy {
+        Ok(policy) => schedule::decide(
+            &def.cron_expr,
+            &def.timezone,
+            *policy,
+            def.misfire_grace_ms,
+            claim.next_fire_at_ms,
+            claim.observed_at_ms,
+        ),
+        Err(e) => Decision::Reject {
+            reason: e.clone().into(),
+        },
     };
-    let decision = schedule::decide(
-        &def.cron_expr,
-        &def.timezone,
-        policy,
-        def.misfire_grace_ms,
-        claim.next_fire_at_ms,
-        claim.observed_at_ms,
-    );
     let admit = |scheduled_for_ms: i64, next_fire_at_ms: i64| {
-        Action::Admit(Box::new(Admission {
-            claim: claim.clone(),
+        Action::Admit(Occurrence {
             scheduled_for_ms,
             next_fire_at_ms,
             run_id: crate::store::admit::mint_run_id(&claim.fence.owner),
             attempt_id: Uuid::new_v4(),
-            admitted_by: claim.fence.owner.clone(),
-        }))
+        })
     };
     match decision {
         Decision::Initialise { next_fire_at_ms } => {
@@ -133,7 +117,6 @@ pub struct ClaimActor {
     args: ClaimArgs,
     admit: Addr<AdmitActor>,
     supervisor: Recipient<ClaimFinished>,
-    metrics: Metrics,
     log: Logger,
     reported: bool,
     /// The cursor an admission moves to, if this claim admits.
@@ -148,7 +131,9 @@ impl ClaimActor {
         args: ClaimArgs,
         admit: Addr<AdmitActor>,
         supervisor: Recipient<ClaimFinished>,
-        metrics: Metrics,
+        // Unused: outcomes are counted where they commit, in the engine. Kept in the
+        // signature until the supervisor's call site is next edited.
+        _metrics: Metrics,
         log: &Logger,
     ) -> Self {
         let log = log.new(
@@ -159,28 +144,10 @@ impl ClaimActor {
             args,
             admit,
             supervisor,
-            metrics,
             log,
             reported: false,
             next_after_admit: None,
             next_cursor_ms: None,
-        }
-    }
-
-    fn count(&self, kind: &Kind) {
-        match kind {
-            Kind::Initialise => {
-                self.metrics.initialisations.inc();
-            }
-            Kind::Skip => {
-                self.metrics.skips.inc();
-            }
-            Kind::Reject(reason) => {
-                self.metrics.rejects.inc();
-                warn!(self.log, "definition rejected; releasing with back-off";
-                      "reason" => reason, "backoff_ms" => self.args.reject_backoff.as_millis() as u64);
-            }
-            Kind::Fire | Kind::FireOnce | Kind::NotDue => {}
         }
     }
 
@@ -227,7 +194,6 @@ impl Actor for ClaimActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         let (action, kind) = plan(&self.args.claim, self.args.reject_backoff);
         debug!(self.log, "decided"; "decision" => ?kind);
-        self.count(&kind);
         match &action {
             Action::Admit(a) => {
                 self.next_after_admit = Some(a.next_fire_at_ms);
@@ -241,9 +207,10 @@ impl Actor for ClaimActor {
             ctx.stop();
             return;
         }
-        let msg = Apply {
+        let msg = Job {
             claim: self.args.claim.clone(),
             action,
+            kind,
             lease_deadline: self.args.claimed_at + self.args.lease,
             error_backoff: self.args.error_backoff,
         };

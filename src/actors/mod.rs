@@ -7,13 +7,13 @@
 //!   ([`claim::plan`]), sends the decision to the admit actor, reports the outcome and stops.
 //!   It never touches the database.
 //! - [`admit::AdmitActor`] is the single actor per replica that writes leases: admissions,
-//!   cursor moves and releases, through the [`admission::Engine`] on its own connection.
+//!   cursor moves and releases, through the [`crate::engine::Engine`] on its own connection
+//!   (the engine and the health state are not actors: they live in `crate::engine` and
+//!   `crate::health`).
 
-pub mod admission;
 pub mod admit;
 pub mod claim;
 pub mod faults;
-pub mod health;
 pub mod supervisor;
 
 use std::time::Duration;

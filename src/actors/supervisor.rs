@@ -21,11 +21,11 @@ use slog::{debug, error, info, o, warn, Logger};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::admission::{AdmitError, Outcome};
 use super::admit::AdmitActor;
 use super::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
-use super::health::Health;
 use super::Settings;
+use crate::engine::{AdmitError, Outcome};
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::claim::{self, ClaimRound, ClaimedRow};
 use crate::store::session::{bounded, Session};
@@ -146,7 +146,11 @@ impl Supervisor {
         health: Health,
     ) -> Self {
         Supervisor {
-            session: Some(Session::new(settings.connector.clone())),
+            // The server cancels a claim statement the round abandoned (its bound).
+            session: Some(Session::bounded(
+                settings.connector.clone(),
+                settings.claim_bound(),
+            )),
             settings,
             metrics,
             root_log: log.clone(),

@@ -73,7 +73,22 @@ pub enum Decision {
     NotDue { next_fire_at_ms: i64 },
     /// definition cannot be evaluated: nothing admitted; the caller releases the claim with
     /// back-off.
-    Reject { reason: String },
+    Reject { reason: RejectReason },
+}
+
+/// Why a definition cannot be evaluated.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    /// The expression, the zone or the misfire policy does not parse.
+    #[error(transparent)]
+    Invalid(#[from] ScheduleError),
+    /// The expression has no occurrence after the instant the decision needs one after.
+    #[error("expression `{expression}` in {timezone} has no occurrence after {after_ms} ms")]
+    NoOccurrenceAfter {
+        expression: String,
+        timezone: String,
+        after_ms: i64,
+    },
 }
 
 /// Pure: no clock reads, no I/O. Parses the expression and zone (`Reject` on error or an
@@ -89,9 +104,7 @@ pub fn decide(
 ) -> Decision {
     match Schedule::parse(expr, timezone) {
         Ok(schedule) => decide_with(&schedule, policy, grace_ms, cursor_ms, observed_at_ms),
-        Err(e) => Decision::Reject {
-            reason: e.to_string(),
-        },
+        Err(e) => Decision::Reject { reason: e.into() },
     }
 }
 
@@ -112,11 +125,11 @@ pub fn decide_with(
         schedule
             .next_after_ms(from)
             .ok_or_else(|| Decision::Reject {
-                reason: format!(
-                    "expression `{}` in {} has no occurrence after {from} ms",
-                    schedule.expression(),
-                    schedule.timezone().name()
-                ),
+                reason: RejectReason::NoOccurrenceAfter {
+                    expression: schedule.expression().to_string(),
+                    timezone: schedule.timezone().name().to_string(),
+                    after_ms: from,
+                },
             })
     };
     let decided = match cursor_ms {

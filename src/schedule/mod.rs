@@ -60,7 +60,9 @@ mod tests_props;
 #[cfg(test)]
 mod tests_zone;
 
-pub use decision::{decide, decide_with, Decision, MisfirePolicy, DEFAULT_MISFIRE_GRACE_MS};
+pub use decision::{
+    decide, decide_with, Decision, MisfirePolicy, RejectReason, DEFAULT_MISFIRE_GRACE_MS,
+};
 pub use error::ScheduleError;
 
 use chrono_tz::Tz;

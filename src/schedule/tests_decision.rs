@@ -161,7 +161,9 @@ fn definitions_that_cannot_be_evaluated_are_rejected_with_a_reason() {
     for (expr, tz, fragment) in cases {
         for cursor in [None, Some(now - 3_600_000)] {
             match decide(expr, tz, MisfirePolicy::FireOnce, GRACE, cursor, now) {
-                Decision::Reject { reason } => assert!(reason.contains(fragment), "{reason}"),
+                Decision::Reject { reason } => {
+                    assert!(reason.to_string().contains(fragment), "{reason}")
+                }
                 other => panic!("{expr} in {tz}: expected Reject, got {other:?}"),
             }
         }
@@ -258,4 +260,30 @@ fn misfire_policy_round_trips_through_its_stored_spelling() {
         "unknown misfire policy `fire-once`: expected `skip` or `fire_once`"
     );
     assert_eq!(DEFAULT_MISFIRE_GRACE_MS, 60_000);
+}
+
+/// A reject names its cause as a type: a parse error keeps the parser's error, an
+/// expression that runs out of occurrences says after which instant.
+#[test]
+fn a_reject_carries_a_typed_reason() {
+    use super::{RejectReason, ScheduleError};
+    let now = utc("2026-05-01 10:00:00");
+    assert_eq!(
+        decide(
+            "0 * * * *",
+            "Mars/Base",
+            MisfirePolicy::Skip,
+            GRACE,
+            None,
+            now
+        ),
+        Decision::Reject {
+            reason: RejectReason::Invalid(ScheduleError::UnknownTimeZone("Mars/Base".into()))
+        }
+    );
+    assert!(matches!(
+        decide("0 0 0 1 1 * 2027", "UTC", MisfirePolicy::Skip, GRACE, None, utc("2028-01-01 00:00:00")),
+        Decision::Reject { reason: RejectReason::NoOccurrenceAfter { after_ms, .. } }
+            if after_ms == utc("2028-01-01 00:00:00")
+    ));
 }

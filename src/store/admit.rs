@@ -1,6 +1,7 @@
 //! `admit_occurrence`: the one SERIALIZABLE transaction that turns a decided occurrence into
 //! durable work, and `advance_cursor` for decisions that admit nothing.
 
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::claim::ClaimedRow;
@@ -35,7 +36,18 @@ pub fn mint_run_id(owner: &str) -> Uuid {
     Uuid::new_v8(b)
 }
 
-/// A decided occurrence, ready to admit.
+/// What a decision to admit adds to its claimed row: the occurrence, where the cursor goes,
+/// and the ids minted for it. The claimed row itself travels beside it once (in the engine's
+/// job); [`Admission::new`] joins the two for the statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Occurrence {
+    pub scheduled_for_ms: i64,
+    pub next_fire_at_ms: i64,
+    pub run_id: Uuid,
+    pub attempt_id: Uuid,
+}
+
+/// A decided occurrence of a claimed row, ready to admit.
 #[derive(Clone, Debug)]
 pub struct Admission {
     pub claim: ClaimedRow,
@@ -47,6 +59,28 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// The occurrence `o` of `claim`, admitted by the claim's owner.
+    pub fn new(claim: ClaimedRow, o: Occurrence) -> Admission {
+        Admission {
+            admitted_by: claim.fence.owner.clone(),
+            claim,
+            scheduled_for_ms: o.scheduled_for_ms,
+            next_fire_at_ms: o.next_fire_at_ms,
+            run_id: o.run_id,
+            attempt_id: o.attempt_id,
+        }
+    }
+
+    /// The occurrence, without its claimed row.
+    pub fn occurrence(&self) -> Occurrence {
+        Occurrence {
+            scheduled_for_ms: self.scheduled_for_ms,
+            next_fire_at_ms: self.next_fire_at_ms,
+            run_id: self.run_id,
+            attempt_id: self.attempt_id,
+        }
+    }
+
     pub fn key(&self) -> String {
         idempotency_key(
             &self.claim.trigger_id,
@@ -148,53 +182,9 @@ async fn admit_with(
     stmt: Option<&tokio_postgres::Statement>,
     batch: &[Admission],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
-    let text = |f: fn(&Admission) -> String| batch.iter().map(f).collect::<Vec<String>>();
-    let int = |f: fn(&Admission) -> i64| batch.iter().map(f).collect::<Vec<i64>>();
-    let uid = |f: fn(&Admission) -> Uuid| batch.iter().map(f).collect::<Vec<Uuid>>();
-    let tids = text(|a| a.claim.tid.clone());
-    let ids = text(|a| a.claim.trigger_id.clone());
-    let revs = int(|a| a.claim.def.trigger_revision);
-    let svs = int(|a| a.claim.state_version);
-    let cursors: Vec<Option<i64>> = batch.iter().map(|a| a.claim.next_fire_at_ms).collect();
-    let owners = text(|a| a.claim.fence.owner.clone());
-    let tokens = uid(|a| a.claim.fence.token);
-    let cvs = int(|a| a.claim.fence.version);
-    let obs = int(|a| a.claim.observed_at_ms);
-    let sfs = int(|a| a.scheduled_for_ms);
-    let nexts = int(|a| a.next_fire_at_ms);
-    let tdigs = text(|a| a.claim.def.trigger_digest.clone());
-    let tasks = text(|a| a.claim.def.task_id.clone());
-    let krevs = int(|a| a.claim.def.task_revision);
-    let kdigs = text(|a| a.claim.def.task_digest.clone());
-    let erevs = uid(|a| a.claim.def.execution_revision_id);
-    let runs = uid(|a| a.run_id);
-    let atts = uid(|a| a.attempt_id);
-    let keys = text(|a| a.key());
-    let bys = text(|a| a.admitted_by.clone());
-    use tokio_postgres::types::{ToSql, Type};
-    let (text_a, int8_a, uuid_a) = (Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::UUID_ARRAY);
-    let params: [(&(dyn ToSql + Sync), Type); 20] = [
-        (&tids, text_a.clone()),
-        (&ids, text_a.clone()),
-        (&revs, int8_a.clone()),
-        (&svs, int8_a.clone()),
-        (&cursors, int8_a.clone()),
-        (&owners, text_a.clone()),
-        (&tokens, uuid_a.clone()),
-        (&cvs, int8_a.clone()),
-        (&obs, int8_a.clone()),
-        (&sfs, int8_a.clone()),
-        (&nexts, int8_a.clone()),
-        (&tdigs, text_a.clone()),
-        (&tasks, text_a.clone()),
-        (&krevs, int8_a.clone()),
-        (&kdigs, text_a.clone()),
-        (&erevs, uuid_a.clone()),
-        (&runs, uuid_a.clone()),
-        (&atts, uuid_a.clone()),
-        (&keys, text_a.clone()),
-        (&bys, text_a),
-    ];
+    use tokio_postgres::types::ToSql;
+    let columns = Columns::of(batch);
+    let params = columns.params();
     let (begin, rows, commit) = futures::join!(
         // enable_seqscan off: on small tables the planner would seq-scan, and a sequential
         // scan under SERIALIZABLE takes a relation-level predicate lock that conflicts with
@@ -231,6 +221,90 @@ async fn admit_with(
     // An error of the statement: the COMMIT answered ROLLBACK, nothing of the batch was written.
     let rows = rows?;
     commit?;
+    outcomes(client, batch, &rows).await
+}
+
+/// The admission statement's parameters: one array per column, one element per member.
+struct Columns {
+    text: [Vec<String>; 8],
+    int: [Vec<i64>; 7],
+    cursors: Vec<Option<i64>>,
+    uuid: [Vec<Uuid>; 4],
+}
+
+impl Columns {
+    fn of(batch: &[Admission]) -> Columns {
+        let text = |f: fn(&Admission) -> String| batch.iter().map(f).collect::<Vec<String>>();
+        let int = |f: fn(&Admission) -> i64| batch.iter().map(f).collect::<Vec<i64>>();
+        let uid = |f: fn(&Admission) -> Uuid| batch.iter().map(f).collect::<Vec<Uuid>>();
+        Columns {
+            text: [
+                text(|a| a.claim.tid.clone()),
+                text(|a| a.claim.trigger_id.clone()),
+                text(|a| a.claim.fence.owner.clone()),
+                text(|a| a.claim.def.trigger_digest.clone()),
+                text(|a| a.claim.def.task_id.clone()),
+                text(|a| a.claim.def.task_digest.clone()),
+                text(|a| a.key()),
+                text(|a| a.admitted_by.clone()),
+            ],
+            int: [
+                int(|a| a.claim.def.trigger_revision),
+                int(|a| a.claim.state_version),
+                int(|a| a.claim.fence.version),
+                int(|a| a.claim.observed_at_ms),
+                int(|a| a.scheduled_for_ms),
+                int(|a| a.next_fire_at_ms),
+                int(|a| a.claim.def.task_revision),
+            ],
+            cursors: batch.iter().map(|a| a.claim.next_fire_at_ms).collect(),
+            uuid: [
+                uid(|a| a.claim.fence.token),
+                uid(|a| a.claim.def.execution_revision_id),
+                uid(|a| a.run_id),
+                uid(|a| a.attempt_id),
+            ],
+        }
+    }
+
+    /// `$1` … `$20` of [`ADMIT_SQL`], with their types.
+    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 20] {
+        let [tids, ids, owners, tdigs, tasks, kdigs, keys, bys] = &self.text;
+        let [revs, svs, cvs, obs, sfs, nexts, krevs] = &self.int;
+        let [tokens, erevs, runs, atts] = &self.uuid;
+        let (text_a, int8_a, uuid_a) = (Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::UUID_ARRAY);
+        [
+            (tids, text_a.clone()),
+            (ids, text_a.clone()),
+            (revs, int8_a.clone()),
+            (svs, int8_a.clone()),
+            (&self.cursors, int8_a.clone()),
+            (owners, text_a.clone()),
+            (tokens, uuid_a.clone()),
+            (cvs, int8_a.clone()),
+            (obs, int8_a.clone()),
+            (sfs, int8_a.clone()),
+            (nexts, int8_a.clone()),
+            (tdigs, text_a.clone()),
+            (tasks, text_a.clone()),
+            (krevs, int8_a.clone()),
+            (kdigs, text_a.clone()),
+            (erevs, uuid_a.clone()),
+            (runs, uuid_a.clone()),
+            (atts, uuid_a.clone()),
+            (keys, text_a.clone()),
+            (bys, text_a),
+        ]
+    }
+}
+
+/// Each member's outcome from the admission's rows: admitted (with its queued time), already
+/// admitted (key existed), or refused (absent; diagnosed after the rollback).
+async fn outcomes(
+    client: &tokio_postgres::Client,
+    batch: &[Admission],
+    rows: &[tokio_postgres::Row],
+) -> Result<Vec<AdmitOutcome>, StoreError> {
     let mut out = Vec::with_capacity(batch.len());
     for a in batch {
         let hit = rows

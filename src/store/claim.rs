@@ -22,7 +22,9 @@ pub struct TriggerDef {
     pub trigger_digest: String,
     pub cron_expr: String,
     pub timezone: String,
-    pub misfire_policy: String,
+    /// Parsed where the row is read; a stored spelling qlsched does not know stays an error
+    /// here, so the decision rejects the row (release with back-off and a diagnostic).
+    pub misfire_policy: Result<crate::schedule::MisfirePolicy, crate::schedule::ScheduleError>,
     pub misfire_grace_ms: i64,
     pub task_id: String,
     pub task_revision: i64,
@@ -237,7 +239,7 @@ fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
             trigger_digest: r.get(11),
             cron_expr: r.get(12),
             timezone: r.get(13),
-            misfire_policy: r.get(14),
+            misfire_policy: r.get::<_, String>(14).parse(),
             misfire_grace_ms: r.get(15),
             task_id: r.get(16),
             task_revision: r.get(17),

@@ -206,6 +206,11 @@ pub enum StoreError {
     /// Every pooled connection handed out had a backend that was gone.
     #[error("every pooled connection was closed (backends gone); retrying next round")]
     AllConnectionsClosed,
+    /// Getting a dedicated connection ready failed before any statement of the caller was
+    /// sent: the connect was refused or timed out, or the session's setup or a prepare
+    /// failed. Nothing of the caller's can have been written ([`StoreError::reached_server`]).
+    #[error("{0} (before any statement was sent)")]
+    NotSent(Box<StoreError>),
 }
 
 /// The connection broke (closed, I/O error, server shutting down).
@@ -258,8 +263,21 @@ impl StoreError {
     pub fn code(&self) -> Option<&SqlState> {
         match self {
             StoreError::Db(e) => e.code(),
+            StoreError::NotSent(e) => e.code(),
             _ => None,
         }
+    }
+
+    /// Whether a statement of the caller may have reached the server (and so may have
+    /// written, or may still write). `false` only when provably nothing was sent: no
+    /// connection could be had (refused, timed out while connecting, pool time-out, every
+    /// pooled connection closed) or the connection's setup failed. A time-out or a broken
+    /// connection once a statement was on its way counts as reached: its outcome is unknown.
+    pub fn reached_server(&self) -> bool {
+        !matches!(
+            self,
+            StoreError::NotSent(_) | StoreError::PoolTimeout(_) | StoreError::AllConnectionsClosed
+        )
     }
 
     /// 40001 serialization_failure or 40P01 deadlock_detected: safe to retry the transaction.
@@ -279,6 +297,7 @@ impl StoreError {
             | StoreError::OutcomeUnknown
             | StoreError::Timeout { .. }
             | StoreError::AllConnectionsClosed => true,
+            StoreError::NotSent(e) => e.is_connection_lost(),
             _ => false,
         }
     }

@@ -5,57 +5,99 @@ use super::claim::Fence;
 use super::StoreError;
 use crate::db_now_ms;
 
-/// Releases one claim if it is still exactly ours; the row becomes claimable again at
-/// `now + backoff_ms` (0 = at once, or at its cursor if that is later).
-///
-/// Locking: one autocommit UPDATE guarded by owner + token + version; a row that was taken
-/// over or republished since is left untouched (0 rows). Expiry is not required: a token
-/// that still matches means nobody else has taken the row.
+/// Where a released row goes in the claim index: at `now + backoff_ms` (0 = at once, or at
+/// its cursor if that is later), or out of the index (NULL) while its project is not active
+/// or its trigger is disabled, as `project set` and `trigger disable` leave such rows (they
+/// come back at their cursors when resumed or enabled).
+macro_rules! released_claimable_at {
+    ($backoff:expr) => {
+        concat!(
+            "CASE WHEN EXISTS (SELECT 1 FROM qlsched.triggers t JOIN qlsched.projects p
+                                 ON p.project_id = t.project_id
+                               WHERE t.trigger_id = s.trigger_id AND t.enabled AND p.status = 'active')
+                  THEN CASE WHEN ",
+            $backoff,
+            " > 0 THEN obs.now_ms + ",
+            $backoff,
+            " ELSE coalesce(s.next_fire_at_ms, 0) END
+             END"
+        )
+    };
+}
+
+/// Releases one claim if it is still exactly ours; see [`release_batch`].
 pub async fn release_claim(
     conn: &tokio_postgres::Client,
     trigger_id: &str,
     fence: &Fence,
     backoff_ms: i64,
 ) -> Result<bool, StoreError> {
-    let n = conn
-        .execute(
+    Ok(release_batch(conn, &[(trigger_id, fence, backoff_ms)]).await?[0])
+}
+
+/// Releases a batch of claims in one statement; per claim, whether it was still exactly ours
+/// (and so released). A released row becomes claimable again at `now + backoff_ms` (0 = at
+/// once, or at its cursor if that is later), or leaves the claim index while its project is
+/// not active or its trigger disabled.
+///
+/// Locking: one autocommit UPDATE by primary key guarded, per row, by owner + token +
+/// version; a row that was taken over or republished since is left untouched. Expiry is not
+/// required: a token that still matches means nobody else has taken the row.
+pub async fn release_batch(
+    conn: &tokio_postgres::Client,
+    batch: &[(&str, &Fence, i64)],
+) -> Result<Vec<bool>, StoreError> {
+    let ids: Vec<&str> = batch.iter().map(|(id, _, _)| *id).collect();
+    let owners: Vec<&str> = batch.iter().map(|(_, f, _)| f.owner.as_str()).collect();
+    let tokens: Vec<uuid::Uuid> = batch.iter().map(|(_, f, _)| f.token).collect();
+    let cvs: Vec<i64> = batch.iter().map(|(_, f, _)| f.version).collect();
+    let backoffs: Vec<i64> = batch.iter().map(|(_, _, b)| *b).collect();
+    let rows = conn
+        .query(
             concat!(
                 "WITH obs AS MATERIALIZED (SELECT ",
                 db_now_ms!(),
-                " AS now_ms)
+                " AS now_ms), d AS (
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int8[], $5::int8[])
+                     AS d(trigger_id, owner, token, cv, backoff_ms)
+             )
              UPDATE qlsched.trigger_schedules s
                 SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-                    claimable_at_ms = CASE WHEN $5::bigint > 0 THEN obs.now_ms + $5
-                                           ELSE coalesce(s.next_fire_at_ms, 0) END,
+                    claimable_at_ms = ",
+                released_claimable_at!("d.backoff_ms"),
+                ",
                     state_version = s.state_version + 1, updated_at_ms = obs.now_ms
-               FROM obs
-              WHERE s.trigger_id = $1 AND s.claim_owner = $2 AND s.claim_token = $3
-                AND s.claim_version = $4"
+               FROM obs, d
+              WHERE s.trigger_id = d.trigger_id AND s.claim_owner = d.owner
+                AND s.claim_token = d.token AND s.claim_version = d.cv
+             RETURNING s.trigger_id"
             ),
-            &[
-                &trigger_id,
-                &fence.owner,
-                &fence.token,
-                &fence.version,
-                &backoff_ms,
-            ],
+            &[&ids, &owners, &tokens, &cvs, &backoffs],
         )
         .await?;
-    Ok(n == 1)
+    Ok(ids
+        .iter()
+        .map(|id| rows.iter().any(|r| r.get::<_, &str>(0) == *id))
+        .collect())
 }
 
 /// The release of every claim under owner `$1` that also matches `extra` (a SQL condition):
-/// the row becomes free and claimable at its cursor (at once when it is pending).
+/// the row becomes free and claimable at its cursor (at once when it is pending), or leaves
+/// the claim index while its project is not active or its trigger disabled.
 macro_rules! release_owned_where {
     ($extra:expr) => {
         concat!(
-            "UPDATE qlsched.trigger_schedules s
-                SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-                    claimable_at_ms = coalesce(s.next_fire_at_ms, 0),
-                    state_version = s.state_version + 1,
-                    updated_at_ms = ",
+            "WITH obs AS MATERIALIZED (SELECT ",
             $crate::db_now_ms!(),
-            "
+            " AS now_ms)
+             UPDATE qlsched.trigger_schedules s
+                SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+                    claimable_at_ms = ",
+            released_claimable_at!("0"),
+            ",
+                    state_version = s.state_version + 1,
+                    updated_at_ms = obs.now_ms
+               FROM obs
               WHERE s.claim_owner = $1",
             $extra
         )

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use qlsched::actors::admit::Stop;
-use qlsched::actors::health::Health;
 use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
 use qlsched::actors::Settings;
+use qlsched::health::Health;
 use qlsched::metrics::Metrics;
 use qlsched::store::{self, claim, release};
 
@@ -259,8 +259,8 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
 /// none, and two admissions of the same claim get different run ids.
 #[test]
 fn ids_are_minted_only_for_admissions() {
-    use qlsched::actors::admission::Action;
     use qlsched::actors::claim::{plan, Kind};
+    use qlsched::engine::Action;
     use qlsched::store::claim::{ClaimedRow, Fence, TriggerDef};
     let row = |cursor: Option<i64>, expr: &str, policy: &str| ClaimedRow {
         trigger_id: "t".into(),
@@ -280,7 +280,7 @@ fn ids_are_minted_only_for_admissions() {
             trigger_digest: "d".into(),
             cron_expr: expr.into(),
             timezone: "UTC".into(),
-            misfire_policy: policy.into(),
+            misfire_policy: policy.parse(),
             misfire_grace_ms: 60_000,
             task_id: "k".into(),
             task_revision: 1,
@@ -333,7 +333,7 @@ fn ids_are_minted_only_for_admissions() {
     );
     let kind = plan(&row(Some(0), "not cron", "skip"), backoff).1;
     assert!(
-        matches!(&kind, Kind::Reject(why) if why.contains("`not cron`")),
+        matches!(&kind, Kind::Reject(why) if why.to_string().contains("`not cron`")),
         "{kind:?}"
     );
 }

@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use qlsched::actors::health::Health;
 use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
 use qlsched::actors::Settings;
+use qlsched::health::Health;
 use qlsched::metrics::Metrics;
 use qlsched::store::admit::{self, Refusal};
 use qlsched::store::{self, manage, recovery};
@@ -165,38 +165,30 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     db.assert_invariants().await;
 }
 
-/// A claim statement that outlives its client-side bound (here: a statement trigger makes
-/// every claim sleep 2 s while a flag is set, against a 1 s bound) still commits on the
-/// server, leasing rows no actor works on. The rounds after it release them by the round's
-/// id: every row is admitted long before its 30 s lease would have expired.
+/// A claim round whose reply never arrives (the statement committed, the connection was
+/// cut before its reply was read) leased rows no actor works on. The rounds after it release
+/// them by the round's id: every row is admitted long before its 30 s lease would have
+/// expired. (A claim statement abandoned at its client-side bound cannot commit later: the
+/// server cancels it at the same bound, `engine::an_abandoned_claim_statement_cannot_commit_later`.)
 #[actix_rt::test]
 async fn leases_of_a_claim_round_whose_reply_never_came_are_released() {
+    use crate::helpers::proxy::{Fault, Proxy};
     let db = TestDb::new().await;
     db.seed_bulk(20, "0 0 0 1 1 *", -1000).await;
-    let su = db.superuser().await;
-    su.batch_execute(
-        "CREATE TABLE qlsched.test_slow_claims (on_ boolean);
-         INSERT INTO qlsched.test_slow_claims VALUES (true);
-         CREATE FUNCTION qlsched.slow_claims() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
-         BEGIN
-           IF EXISTS (SELECT 1 FROM qlsched.test_slow_claims) THEN PERFORM pg_sleep(2); END IF;
-           RETURN NULL;
-         END $$;
-         CREATE TRIGGER slow_claims BEFORE UPDATE ON qlsched.trigger_schedules
-           FOR EACH STATEMENT EXECUTE FUNCTION qlsched.slow_claims();",
-    )
-    .await
-    .unwrap();
-    let (sup, metrics, _) = start(settings(&db, "a", 300, 30_000));
+    // Faults apply to the claim statement (the only one that skips locked rows).
+    let proxy = Proxy::start_with_marker(db.port, "SKIP LOCKED").await;
+    proxy.arm(Fault::LoseCommitReply, 1, 1);
+    let mut s = settings(&db, "a", 300, 30_000);
+    s.connector.pg = crate::helpers::pg_config(proxy.port, "qlsched_runtime", &db.name).into();
+    let (sup, metrics, _) = start(s);
     wait_until(
-        "two claim rounds timed out",
+        "a claim round lost its reply",
         Duration::from_secs(15),
-        || async { metrics.errors.get() >= 2 },
+        || async { proxy.remaining() == 0 && metrics.errors.get() >= 1 },
     )
     .await;
-    su.batch_execute("DELETE FROM qlsched.test_slow_claims")
-        .await
-        .unwrap();
+    let committed = proxy.stats().faults.iter().filter(|f| f.committed).count();
+    assert_eq!(committed, 1, "{:?}", proxy.stats().faults);
     let healed = Instant::now();
     wait_until(
         "all rows admitted well within the 30 s lease",
@@ -206,7 +198,7 @@ async fn leases_of_a_claim_round_whose_reply_never_came_are_released() {
     .await;
     assert!(healed.elapsed() < Duration::from_secs(10));
     let probe = sup.send(Probe).await.unwrap();
-    assert!(probe.orphans >= 1, "the failed rounds were not remembered");
+    assert!(probe.orphans >= 1, "the failed round was not remembered");
     assert!(
         metrics.orphan_releases.get() >= 1,
         "no orphaned row was released"
@@ -375,7 +367,7 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
 /// a corrupt definition gets the reject back-off.
 #[tokio::test]
 async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_off() {
-    use qlsched::actors::admission::{Action, Engine, Job, Outcome};
+    use qlsched::engine::{Action, Engine, Job, Kind, Outcome};
     use qlsched::store::session::Session;
     let cases = [
         ("SELECT 1", None),
@@ -407,7 +399,8 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
             reject_backoff: Duration::from_secs(60),
         };
         let job = Job {
-            action: Action::Admit(Box::new(c.admission())),
+            action: Action::Admit(c.admission().occurrence()),
+            kind: Kind::Fire,
             claim: c.row().clone(),
             lease_deadline: Instant::now() + Duration::from_secs(20),
             error_backoff: Duration::from_secs(1),
@@ -447,15 +440,15 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
 #[tokio::test]
 async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     use crate::helpers::proxy::{Fault, Proxy};
-    use qlsched::actors::admission::{Action, AdmitError, Engine, Job};
+    use qlsched::engine::{Action, AdmitError, Engine, Job, Kind};
     use qlsched::store::session::{Connector, Session};
     let db = TestDb::new().await;
     db.seed_bulk(50, "* * * * * *", -100).await;
     let claims = Claimed::up_to(&db, "a", 30_000, 50).await;
     assert_eq!(claims.rows.len(), 50);
     let proxy = Proxy::start(db.port).await;
-    let mut pg = db.config("qlsched_runtime");
-    pg.port(proxy.port);
+    // Through the proxy (a config built for its port: `Config::port` would add a second).
+    let pg = crate::helpers::pg_config(proxy.port, "qlsched_runtime", &db.name);
     let mut engine = Engine {
         session: Session::new(Connector {
             pg: pg.into(),
@@ -473,7 +466,8 @@ async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
         .rows
         .into_iter()
         .map(|c| Job {
-            action: Action::Admit(Box::new(admission(&c))),
+            action: Action::Admit(admission(&c).occurrence()),
+            kind: Kind::Fire,
             claim: c,
             lease_deadline: deadline,
             error_backoff: Duration::from_secs(1),

@@ -10,6 +10,7 @@ mod daemon;
 mod drills;
 mod edges;
 mod edits;
+mod engine;
 mod integrity;
 mod lifecycle;
 mod manage_projects;

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use actix::prelude::*;
-use qlsched::actors::health::Health;
 use qlsched::actors::supervisor::{Drain, Supervisor};
 use qlsched::actors::Settings;
+use qlsched::health::Health;
 use qlsched::metrics::Metrics;
 
 use crate::helpers::{discard_log, wait_until, FirstRun, TestDb};

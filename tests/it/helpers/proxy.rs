@@ -76,6 +76,8 @@ struct Plan {
 
 struct Shared {
     upstream: SocketAddr,
+    /// Text that identifies the statement faults apply to ([`ADMISSION_MARKER`] by default).
+    marker: &'static str,
     plan: Mutex<Plan>,
     paused: watch::Sender<bool>,
     stats: Mutex<Stats>,
@@ -106,10 +108,17 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free loopback port and forwards to `127.0.0.1:upstream_port`.
     pub async fn start(upstream_port: u16) -> Proxy {
+        Proxy::start_with_marker(upstream_port, ADMISSION_MARKER).await
+    }
+
+    /// Like [`Proxy::start`], with faults applied to the statement whose Parse text
+    /// contains `marker` instead of the admission (e.g. the claim statement).
+    pub async fn start_with_marker(upstream_port: u16, marker: &'static str) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
             upstream: format!("127.0.0.1:{upstream_port}").parse().unwrap(),
+            marker,
             plan: Mutex::new(Plan {
                 fault: None,
                 every: 1,
@@ -325,7 +334,7 @@ fn on_client(shared: &Shared, c: &mut Conn, m: &[u8], startup: bool) -> Step {
         b'P' => {
             let (name, rest) = cstr(body);
             let (query, _) = cstr(rest);
-            let is_admission = String::from_utf8_lossy(query).contains(ADMISSION_MARKER);
+            let is_admission = String::from_utf8_lossy(query).contains(shared.marker);
             if is_admission {
                 c.admission_stmts.insert(name.to_vec());
             } else {
