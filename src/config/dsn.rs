@@ -205,7 +205,26 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
         }
         (m, _) => m.unwrap_or_default(),
     };
-    Ok(Target::new(pg, Tls::new(own.tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
+    // A socket never speaks TLS (hosts::one_host), so a target of sockets only reads no
+    // certificate file, as libpq does not: sslmode=verify-full works over a socket without
+    // a root file.
+    #[cfg(unix)]
+    let sockets_only = pg
+        .get_hosts()
+        .iter()
+        .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)))
+        && pg.get_hostaddrs().is_empty();
+    #[cfg(not(unix))]
+    let sockets_only = false;
+    let tls = if sockets_only {
+        TlsSettings {
+            mode: SslMode::Disable,
+            ..TlsSettings::default()
+        }
+    } else {
+        own.tls
+    };
+    Ok(Target::new(pg, Tls::new(tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
 }
 
 /// Takes the keywords qlsched implements itself out of a DSN: the rest of the text, and

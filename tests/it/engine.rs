@@ -457,7 +457,8 @@ async fn run_claim(
 /// once. A reject whose release found the fence lost is counted as a fence loss only.
 #[actix_rt::test]
 async fn decisions_are_counted_when_committed_under_one_cause() {
-    // A misfired skip (two minutes late, policy skip) and an initialisation.
+    // A misfired skip (two minutes late, policy skip) and an initialisation (a row with no
+    // cursor, as written before V8: publishing sets the first cursor since).
     let db = TestDb::new().await;
     db.seed(2, "* * * * * *").await;
     db.superuser()
@@ -466,7 +467,10 @@ async fn decisions_are_counted_when_committed_under_one_cause() {
             "UPDATE qlsched.trigger_schedules SET next_fire_at_ms = ",
             qlsched::db_now_ms!(),
             " - 120000, claimable_at_ms = 0, state_version = state_version + 1
-              WHERE trigger_id = 'trg-00000'"
+              WHERE trigger_id = 'trg-00000';
+             UPDATE qlsched.trigger_schedules SET next_fire_at_ms = NULL, claimable_at_ms = 0,
+                    state_version = state_version + 1
+              WHERE trigger_id = 'trg-00001'"
         ))
         .await
         .unwrap();
