@@ -117,10 +117,16 @@ impl ReplicaGuard {
         !self.lost
     }
 
-    async fn retire(&self, conn: &tokio_postgres::Client) {
-        if !self.lost {
-            let _ = replicas::retire(conn, &self.owner, self.incarnation).await;
+    /// Releases every lease under the id and retires the guard, only while it is still
+    /// ours (checked in the database, in the same transaction): `None` = lost.
+    async fn hand_over(
+        &self,
+        conn: &tokio_postgres::Client,
+    ) -> Result<Option<u64>, store::StoreError> {
+        if self.lost {
+            return Ok(None);
         }
+        replicas::hand_over(conn, &self.owner, self.incarnation).await
     }
 }
 
@@ -292,24 +298,29 @@ impl Replica {
                 left = r.supervisor.send(Drain(settings.drain)).await.unwrap_or(0);
             }
         }
+        // A round that found the guard taken over may not have been noticed by the run loop
+        // yet (a stop signal came first): the lost guard still decides.
+        let mut end = end;
+        if health.is_guard_lost() {
+            end = End::GuardLost;
+        }
         match store::conn(&pool).await {
             // With the guard lost, another process owns this replica id and every lease under
-            // it: releasing "our" leases would release theirs.
-            Ok(_) if !guard.held() => {
-                warn!(log, "replica id taken over by another process; leaving every lease to it";
-                      "abandoned_actors" => left)
-            }
-            Ok(conn) => {
-                match release::release_all_owned(&conn, &settings.owner).await {
-                    Ok(n) => {
-                        info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left)
-                    }
-                    Err(e) => {
-                        warn!(log, "could not release leases; they will expire"; "error" => %e)
-                    }
+            // it: releasing "our" leases would release theirs. The hand-over itself is
+            // conditioned on the guard row, so a loss no round has seen yet counts too.
+            Ok(conn) => match guard.hand_over(&conn).await {
+                Ok(Some(n)) => {
+                    info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left)
                 }
-                guard.retire(&conn).await;
-            }
+                Ok(None) => {
+                    end = End::GuardLost;
+                    warn!(log, "replica id taken over by another process; leaving every lease to it";
+                          "abandoned_actors" => left)
+                }
+                Err(e) => {
+                    warn!(log, "could not release leases; they will expire"; "error" => %e)
+                }
+            },
             Err(e) => warn!(log, "database unreachable at stop; leases will expire"; "error" => %e),
         }
         if let Some(h) = http {

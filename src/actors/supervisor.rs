@@ -331,7 +331,7 @@ impl Supervisor {
         );
     }
 
-    /// What this round also does: extend the guard every third of its TTL.
+    /// The guard this round is conditioned on, extended every third of its TTL.
     fn round_extras(&self) -> claim::Extras {
         let every = self
             .settings
@@ -339,11 +339,9 @@ impl Supervisor {
             .map_or(Duration::MAX, |g| super::derived::guard_refresh(g.1));
         let due = !self.last_heartbeat.is_some_and(|t| t.elapsed() < every);
         claim::Extras {
-            guard: self
-                .settings
-                .guard
-                .filter(|_| due)
-                .map(|(incarnation, ttl)| (incarnation, ttl.as_millis() as i64)),
+            guard: self.settings.guard.map(|(incarnation, ttl)| {
+                (incarnation, if due { ttl.as_millis() as i64 } else { 0 })
+            }),
         }
     }
 
@@ -402,13 +400,12 @@ impl Supervisor {
                 self.failing_since = None;
                 self.health.set_db_failing(false);
                 self.clock = Some((started, round.now_ms));
-                match round.guard_extended {
-                    Some(true) => self.last_heartbeat = Some(started),
-                    Some(false) => {
-                        error!(self.log, "the replica-id guard is no longer ours (taken over after its heartbeat lapsed)");
-                        self.health.set_guard_lost();
-                    }
-                    None => {}
+                if round.guard_extended == Some(true) {
+                    self.last_heartbeat = Some(started);
+                }
+                if round.guard_held == Some(false) && !self.health.is_guard_lost() {
+                    error!(self.log, "the replica-id guard is no longer ours (taken over after its heartbeat lapsed); claiming stopped");
+                    self.health.set_guard_lost();
                 }
                 self.update_backlog(round.rows.len() as u32 >= round_limit, ctx);
                 if let Some(next) = round.next_due_ms {

@@ -118,3 +118,39 @@ pub async fn retire(
     .await?;
     Ok(())
 }
+
+/// The end of a graceful stop, conditioned on the guard: in one transaction, only while
+/// `incarnation` still holds the id (the row locked against a takeover meanwhile), release
+/// every lease under the id and retire the guard. `None` = the guard is no longer ours:
+/// another process owns the id and every lease under it, so nothing is released.
+///
+/// Locking: `FOR SHARE` on the guard row makes a concurrent takeover (an UPDATE of the row)
+/// wait for this transaction, whose releases it then finds done; a takeover that committed
+/// first leaves the row with another incarnation, and nothing is touched.
+pub async fn hand_over(
+    conn: &tokio_postgres::Client,
+    id: &str,
+    incarnation: Uuid,
+) -> Result<Option<u64>, StoreError> {
+    conn.batch_execute("BEGIN").await?;
+    let res = async {
+        let held = conn
+            .query_opt(
+                "SELECT 1 FROM qlsched.replicas
+                  WHERE replica_id = $1 AND incarnation = $2 AND stopped_at_ms IS NULL
+                    FOR SHARE",
+                &[&id, &incarnation],
+            )
+            .await?;
+        if held.is_none() {
+            return Ok(None);
+        }
+        let n = super::release::release_all_owned(conn, id).await?;
+        retire(conn, id, incarnation).await?;
+        Ok(Some(n))
+    }
+    .await;
+    let end = if res.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    conn.batch_execute(end).await?;
+    res
+}

@@ -8,6 +8,7 @@ mod coordinator;
 mod daemon;
 mod drills;
 mod edges;
+mod guard;
 mod integrity;
 mod lifecycle;
 mod manage_projects;
