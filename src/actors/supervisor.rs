@@ -27,6 +27,7 @@ use super::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
 use super::health::Health;
 use super::Settings;
 use crate::metrics::Metrics;
+use crate::store::admit::Refusal;
 use crate::store::claim::{self, ClaimRound, ClaimedRow};
 use crate::store::session::{bounded, Session};
 use crate::store::StoreError;
@@ -97,6 +98,75 @@ impl RoundGate {
     }
 }
 
+/// Consecutive strikes of one trigger's rows here: claim-actor crashes (respawned up to three
+/// times) and admission errors of the row (each doubles its error back-off). Bounded: an
+/// entry not struck for [`Settings::strike_memory`] is forgotten, since a row still ours
+/// would have come back within it (its back-off and a lease); a deleted trigger or one
+/// another replica took over leaves no entry behind.
+#[derive(Debug, Default)]
+pub struct Strikes {
+    restarts: HashMap<String, (u32, Instant)>,
+    failures: HashMap<String, (u32, Instant)>,
+}
+
+impl Strikes {
+    /// Consecutive admission errors of this trigger's row.
+    pub fn failures(&self, trigger: &str) -> u32 {
+        self.failures.get(trigger).map_or(0, |e| e.0)
+    }
+
+    /// A claim actor crashed: the number of crashes in a row.
+    pub fn crashed(&mut self, trigger: &str, now: Instant) -> u32 {
+        strike(&mut self.restarts, trigger, now)
+    }
+
+    /// A claim actor reported. A definite outcome clears both counts, except an
+    /// `Unexplained` refusal, which is an error of the row (its back-off grows); a lost
+    /// fence clears them too (the row is no longer ours). A row error strikes; an outage or
+    /// an unknown outcome leaves the counts as they are.
+    pub fn reported(&mut self, trigger: &str, report: &Report, now: Instant) {
+        match report {
+            Report::Done(Outcome::Refused(Refusal::Unexplained)) => {
+                self.restarts.remove(trigger);
+                strike(&mut self.failures, trigger, now);
+            }
+            Report::Done(_) => {
+                self.restarts.remove(trigger);
+                self.failures.remove(trigger);
+            }
+            Report::Failed(e) if e.is_row_error() => {
+                strike(&mut self.failures, trigger, now);
+            }
+            Report::Failed(_) | Report::Crashed { .. } => {}
+        }
+    }
+
+    /// Drops the entries last struck `memory` or longer before `now`.
+    pub fn forget_older_than(&mut self, now: Instant, memory: Duration) {
+        for map in [&mut self.restarts, &mut self.failures] {
+            map.retain(|_, (_, at)| now.saturating_duration_since(*at) < memory);
+        }
+    }
+
+    /// Triggers with an entry (tests and diagnostics).
+    pub fn len(&self) -> usize {
+        let mut keys: Vec<&String> = self.restarts.keys().chain(self.failures.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.restarts.is_empty() && self.failures.is_empty()
+    }
+}
+
+fn strike(map: &mut HashMap<String, (u32, Instant)>, trigger: &str, now: Instant) -> u32 {
+    let e = map.entry(trigger.to_string()).or_insert((0, now));
+    *e = (e.0 + 1, now);
+    e.0
+}
+
 pub struct Supervisor {
     settings: Settings,
     metrics: Metrics,
@@ -118,10 +188,9 @@ pub struct Supervisor {
     /// Claim statements in flight now, and the most ever in flight at once (tests assert 1).
     rounds_in_flight: u32,
     pub max_concurrent_rounds: u32,
-    /// Consecutive respawns per trigger (actor crashes).
-    restarts: HashMap<String, u32>,
-    /// Consecutive admission errors per trigger (the error back-off grows with it).
-    failures: HashMap<String, u32>,
+    /// Consecutive respawns (actor crashes) and admission errors (the error back-off grows
+    /// with them) per trigger.
+    strikes: Strikes,
     /// Rounds whose reply never came, with the instant they started.
     orphans: Vec<(Uuid, Instant)>,
     /// Since when claim rounds have been failing.
@@ -162,8 +231,7 @@ impl Supervisor {
             round_waiters: Vec::new(),
             rounds_in_flight: 0,
             max_concurrent_rounds: 0,
-            restarts: HashMap::new(),
-            failures: HashMap::new(),
+            strikes: Strikes::default(),
             orphans: Vec::new(),
             failing_since: None,
             wake: None,
@@ -286,6 +354,8 @@ impl Supervisor {
         self.metrics.ticks.inc();
         let memory = self.settings.orphan_memory();
         self.orphans.retain(|(_, at)| at.elapsed() < memory);
+        self.strikes
+            .forget_older_than(Instant::now(), self.settings.strike_memory());
         let orphans: Vec<Uuid> = self.orphans.iter().map(|(r, _)| *r).collect();
         let owner = self.settings.owner.clone();
         let lease_ms = self.settings.lease.as_millis() as i64;
@@ -440,7 +510,7 @@ impl Supervisor {
     fn spawn_claim(&mut self, claim: ClaimedRow, claimed_at: Instant, ctx: &mut Context<Self>) {
         let child = self.next_child;
         self.next_child += 1;
-        let failures = self.failures.get(&claim.trigger_id).copied().unwrap_or(0);
+        let failures = self.strikes.failures(&claim.trigger_id);
         let args = ClaimArgs {
             child,
             claim,
@@ -485,9 +555,8 @@ impl Supervisor {
         claimed_at: Instant,
         ctx: &mut Context<Self>,
     ) {
-        let n = self.restarts.entry(trigger_id.to_string()).or_insert(0);
-        *n += 1;
-        if *n <= 3 && !self.stopping {
+        let n = self.strikes.crashed(trigger_id, Instant::now());
+        if n <= 3 && !self.stopping {
             self.metrics.actor_restarts.inc();
             warn!(self.log, "claim actor stopped before reporting; restarting it"; "trigger" => trigger_id);
             self.spawn_claim(claim, claimed_at, ctx);
@@ -524,18 +593,14 @@ impl Handler<ClaimFinished> for Supervisor {
             self.wake_at(at, ctx);
         }
         let trigger = msg.trigger_id;
+        self.strikes.reported(&trigger, &msg.report, Instant::now());
         match msg.report {
             Report::Done(outcome) => {
                 if let Outcome::Admitted { lag_ms, .. } = outcome {
                     debug!(self.log, "admitted"; "trigger" => &trigger, "lag_ms" => lag_ms);
                 }
-                self.restarts.remove(&trigger);
-                self.failures.remove(&trigger);
             }
             Report::Failed(e) => {
-                if e.is_row_error() {
-                    *self.failures.entry(trigger.clone()).or_insert(0) += 1;
-                }
                 warn!(self.log, "claim ended without a definite outcome"; "trigger" => &trigger, "error" => %e);
                 if let AdmitError::ActorGone = e {
                     // Restarted on the next round; the lease expires.
@@ -642,6 +707,8 @@ pub struct ProbeReport {
     pub admit: Option<Addr<AdmitActor>>,
     /// Rounds whose reply never came, still remembered.
     pub orphans: usize,
+    /// Triggers with strikes remembered (crashes, row errors).
+    pub strikes: usize,
 }
 
 impl Handler<Probe> for Supervisor {
@@ -652,13 +719,70 @@ impl Handler<Probe> for Supervisor {
             live: self.live.len(),
             admit: self.admit.clone(),
             orphans: self.orphans.len(),
+            strikes: self.strikes.len(),
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::RoundGate;
+    use std::time::{Duration, Instant};
+
+    use super::{Report, RoundGate, Strikes};
+    use crate::actors::admission::Outcome;
+    use crate::store::admit::Refusal;
+
+    /// An `Unexplained` refusal strikes (the back-off grows) instead of clearing the count.
+    #[test]
+    fn unexplained_refusals_in_a_row_count_up() {
+        let (mut s, t0) = (Strikes::default(), Instant::now());
+        for n in 1..=3 {
+            s.reported(
+                "t",
+                &Report::Done(Outcome::Refused(Refusal::Unexplained)),
+                t0,
+            );
+            assert_eq!(s.failures("t"), n);
+        }
+        s.reported("t", &Report::Done(Outcome::Advanced), t0);
+        assert_eq!(s.failures("t"), 0, "a definite outcome clears it");
+        assert!(s.is_empty());
+    }
+
+    /// A trigger that stops reporting here (deleted, or another replica took it over) is
+    /// forgotten once its memory has passed; one struck again meanwhile is kept.
+    #[test]
+    fn strikes_of_triggers_no_longer_seen_are_forgotten() {
+        let (mut s, t0) = (Strikes::default(), Instant::now());
+        let memory = Duration::from_secs(100);
+        s.reported(
+            "gone",
+            &Report::Done(Outcome::Refused(Refusal::Unexplained)),
+            t0,
+        );
+        s.crashed("gone-too", t0);
+        s.crashed("kept", t0);
+        s.crashed("kept", t0 + Duration::from_secs(60));
+        s.forget_older_than(t0 + Duration::from_secs(99), memory);
+        assert_eq!(s.len(), 3);
+        s.forget_older_than(t0 + Duration::from_secs(100), memory);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!(s.crashed("kept", t0 + Duration::from_secs(100)), 3);
+    }
+
+    /// A lost fence: the row is someone else's now, its counts go.
+    #[test]
+    fn a_lost_fence_forgets_the_row() {
+        let (mut s, t0) = (Strikes::default(), Instant::now());
+        s.reported(
+            "t",
+            &Report::Done(Outcome::Refused(Refusal::Unexplained)),
+            t0,
+        );
+        s.crashed("t", t0);
+        s.reported("t", &Report::Done(Outcome::Refused(Refusal::FenceLost)), t0);
+        assert!(s.is_empty(), "{s:?}");
+    }
 
     /// The interleaving that lost the catch-up signal: the timer starts a round while a claim
     /// actor still admits; the actor reports "due again" while that round runs; the round

@@ -397,3 +397,63 @@ async fn suspending_a_project_fences_out_its_live_claims() {
         .unwrap();
     assert_eq!(held.claim_more("b", 30_000, 10).await.len(), 3);
 }
+
+/// An admission refused for no reason the re-read finds (`Unexplained`: here a trigger on
+/// the schedule table swallows every cursor move) is an error of the row: its back-off doubles from one cadence
+/// at each refusal in a row, as for any other row error, instead of restarting at one
+/// cadence every time.
+#[actix_rt::test]
+async fn the_back_off_of_an_unexplained_refusal_grows_with_each_refusal_in_a_row() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-100).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RETURN NULL; END $$;
+             CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
+               FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
+               EXECUTE FUNCTION qlsched.swallow();",
+        )
+        .await
+        .unwrap();
+    let (_sup, metrics) = start(&db, settings(&db, "a", 16, 200, 30_000));
+    // Each release leaves the row free with claimable_at = now + its back-off.
+    let mut backoffs: Vec<(i64, i64)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while backoffs.len() < 4 {
+        let row = db
+            .superuser()
+            .await
+            .query_opt(
+                "SELECT state_version, claimable_at_ms - updated_at_ms FROM qlsched.trigger_schedules
+                  WHERE claim_owner IS NULL AND claimable_at_ms > updated_at_ms",
+                &[],
+            )
+            .await
+            .unwrap();
+        if let Some(r) = row {
+            let seen: (i64, i64) = (r.get(0), r.get(1));
+            if backoffs.last().map(|b| b.0) != Some(seen.0) {
+                backoffs.push(seen);
+            }
+        }
+        assert!(Instant::now() < deadline, "releases seen: {backoffs:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(runs(&db).await, 0, "every admission is swallowed");
+    assert!(
+        metrics.error_backoffs.get() >= 4,
+        "{backoffs:?} redecides {} errors {} rejects {}",
+        metrics.redecides.get(),
+        metrics.errors.get(),
+        metrics.rejects.get()
+    );
+    let ms: Vec<i64> = backoffs.iter().map(|b| b.1).collect();
+    assert_eq!(
+        ms,
+        vec![200, 400, 800, 1600],
+        "back-offs of successive refusals"
+    );
+}
