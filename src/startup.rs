@@ -24,6 +24,10 @@ use crate::metrics::Metrics;
 use crate::store::session::Connector;
 use crate::store::{self, migrate, recovery, release, replicas, Pool};
 
+/// How long a replica id held by a process of this host name is asked for again before the
+/// start is refused (its holder may have just died).
+const ACQUIRE_PATIENCE: Duration = Duration::from_secs(5);
+
 /// Most recovery candidates listed one by one in the log (the count is always the true one).
 const RECOVERY_LIST_LIMIT: i64 = 100;
 
@@ -133,16 +137,35 @@ impl ReplicaGuard {
             lost: false,
         };
         let conn = store::conn(pool).await?;
-        replicas::acquire(
-            &conn,
-            owner,
-            guard.incarnation,
-            &hostname(),
-            std::process::id() as i32,
-            guard.ttl.as_millis() as i64,
-        )
-        .await?;
-        Ok(guard)
+        let host = hostname();
+        // A predecessor on this host killed a moment ago may still have its session in the
+        // database (a backend ends its statement before it notices the closed socket): a
+        // holder of this host name is asked again for a few seconds before the refusal.
+        let mut patience = ACQUIRE_PATIENCE;
+        loop {
+            let res = replicas::acquire(
+                &conn,
+                owner,
+                guard.incarnation,
+                &host,
+                std::process::id() as i32,
+                guard.ttl.as_millis() as i64,
+            )
+            .await;
+            match res {
+                Err(replicas::GuardError::InUse { ref holder, .. })
+                    if holder.hostname == host && !patience.is_zero() =>
+                {
+                    let step = Duration::from_millis(250).min(patience);
+                    tokio::time::sleep(step).await;
+                    patience -= step;
+                }
+                res => {
+                    res?;
+                    return Ok(guard);
+                }
+            }
+        }
     }
 
     /// What the claim rounds need to extend the guard: this incarnation and the TTL.

@@ -184,13 +184,18 @@ WITH obs AS MATERIALIZED (
      WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
        FOR SHARE
 ), guard AS (
-    -- The replica-id guard's heartbeat, folded into the round ($6 = 0: not this round).
+    -- The replica-id guard's heartbeat ($6 = 0: not this round), and the database session
+    -- the holder works on, recorded when it changed (a new claim connection): a successor
+    -- judges the holder alive by that session (store::replicas).
     UPDATE qlsched.replicas r
-       SET heartbeat_at_ms = obs.now_ms, expires_at_ms = obs.now_ms + $6::bigint
+       SET heartbeat_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms ELSE r.heartbeat_at_ms END,
+           expires_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms + $6::bigint ELSE r.expires_at_ms END,
+           session_pid = pg_backend_pid(),
+           session_started_at = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)
       FROM obs, held
      WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
-       AND $6::bigint > 0
-    RETURNING 1
+       AND ($6::bigint > 0 OR r.session_pid IS DISTINCT FROM pg_backend_pid())
+    RETURNING $6::bigint > 0 AS extended
 ), picked AS (
     SELECT s.trigger_id
       FROM qlsched.trigger_schedules s
@@ -232,7 +237,7 @@ SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uui
        NULL::text, NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::uuid,
        (SELECT n.claimable_at_ms FROM qlsched.trigger_schedules n
          WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1),
-       (SELECT count(*) FROM guard), (SELECT count(*) FROM held)
+       (SELECT count(*) FROM guard WHERE extended), (SELECT count(*) FROM held)
   FROM obs"
 );
 

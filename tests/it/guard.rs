@@ -116,3 +116,92 @@ async fn a_stop_right_after_the_guard_was_taken_over_releases_nothing() {
     );
     assert!(r.log().contains("leaving every lease to it"), "{}", r.log());
 }
+
+/// `unshare --pid --fork --kill-child`: the replica runs as PID 1 of a new PID namespace, as
+/// in a container, and dies with the `unshare` process.
+fn in_new_pid_namespace() -> Vec<String> {
+    ["unshare", "--pid", "--fork", "--kill-child"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// Two containers with one host name and one replica id: the second process, in another
+/// PID namespace, cannot see the first in its process table, but the first is alive (it has
+/// sessions in the database), so the second is refused and the first keeps its id.
+#[tokio::test]
+async fn a_live_holder_in_another_pid_namespace_keeps_its_id() {
+    let db = TestDb::new().await;
+    db.seed(1, YEARLY).await;
+    let dsn = db.dsn("qlsched_runtime");
+    let mut first = ReplicaProc::spawn(&dsn, "shared", "", &[]);
+    first.wait_ready(Duration::from_secs(30)).await;
+    let holder = db
+        .count("SELECT pid::bigint FROM qlsched.replicas WHERE replica_id = 'shared'")
+        .await;
+    let mut second = ReplicaProc::spawn_via(
+        &in_new_pid_namespace(),
+        "127.0.0.1",
+        &dsn,
+        "shared",
+        "",
+        &[],
+    );
+    let status = second.wait_exit(Duration::from_secs(30)).await;
+    let log = second.log();
+    assert!(!status.success(), "{status:?}: {log}");
+    assert!(
+        log.contains("replica id `shared` is held by a live process"),
+        "{log}"
+    );
+    assert_eq!(
+        db.count("SELECT pid::bigint FROM qlsched.replicas WHERE replica_id = 'shared'")
+            .await,
+        holder,
+        "the guard row changed hands"
+    );
+    assert_eq!(first.get("/readyz").map(|r| r.0), Some(200));
+    assert!(first.terminate(Duration::from_secs(20)).await.success());
+}
+
+/// A container killed and restarted: the new process is PID 1 again, like its dead
+/// predecessor, on the same host name. The predecessor has no session left in the
+/// database, so the id is taken over at once, not after the guard's TTL (30 s here).
+#[tokio::test]
+async fn a_restarted_container_takes_its_id_over_without_waiting_for_the_ttl() {
+    let db = TestDb::new().await;
+    db.seed(1, YEARLY).await;
+    let dsn = db.dsn("qlsched_runtime");
+    let toml = "lease = \"30s\"";
+    let mut first =
+        ReplicaProc::spawn_via(&in_new_pid_namespace(), "127.0.0.1", &dsn, "box", toml, &[]);
+    first.wait_ready(Duration::from_secs(30)).await;
+    assert_eq!(
+        db.count("SELECT pid::bigint FROM qlsched.replicas WHERE replica_id = 'box'")
+            .await,
+        1,
+        "the replica runs as PID 1 of its namespace"
+    );
+    first.kill();
+    wait_until(
+        "the killed replica's sessions are gone",
+        Duration::from_secs(10),
+        || async {
+            db.count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'qlsched_runtime' AND datname = current_database()")
+                .await
+                == 0
+        },
+    )
+    .await;
+    let t = std::time::Instant::now();
+    let mut second =
+        ReplicaProc::spawn_via(&in_new_pid_namespace(), "127.0.0.1", &dsn, "box", toml, &[]);
+    second.wait_ready(Duration::from_secs(20)).await;
+    assert!(
+        db.count("SELECT expires_at_ms - heartbeat_at_ms FROM qlsched.replicas WHERE replica_id = 'box' AND stopped_at_ms IS NULL")
+            .await
+            > 0
+    );
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    // (`unshare` ignores SIGTERM while it waits for its child: no graceful stop here.)
+    second.kill();
+}
