@@ -185,9 +185,6 @@ pub struct Supervisor {
     drain_waiters: Vec<oneshot::Sender<()>>,
     /// Waiting for the claim statement in flight to end (a stop past its drain).
     round_waiters: Vec<oneshot::Sender<()>>,
-    /// Claim statements in flight now, and the most ever in flight at once (tests assert 1).
-    rounds_in_flight: u32,
-    pub max_concurrent_rounds: u32,
     /// Consecutive respawns (actor crashes) and admission errors (the error back-off grows
     /// with them) per trigger.
     strikes: Strikes,
@@ -229,8 +226,6 @@ impl Supervisor {
             stopping: false,
             drain_waiters: Vec::new(),
             round_waiters: Vec::new(),
-            rounds_in_flight: 0,
-            max_concurrent_rounds: 0,
             strikes: Strikes::default(),
             orphans: Vec::new(),
             failing_since: None,
@@ -348,9 +343,6 @@ impl Supervisor {
         let (variant, free) = claim::claim_variant(free);
         let id = Uuid::new_v4();
         self.gate.started();
-        // Measured, not assumed: claim statements in flight at once (tests assert ≤ 1).
-        self.rounds_in_flight += 1;
-        self.max_concurrent_rounds = self.max_concurrent_rounds.max(self.rounds_in_flight);
         self.metrics.ticks.inc();
         let memory = self.settings.orphan_memory();
         self.orphans.retain(|(_, at)| at.elapsed() < memory);
@@ -390,7 +382,6 @@ impl Supervisor {
             fut.into_actor(self)
                 .map(move |(session, released, res), act, ctx| {
                     act.session = Some(session);
-                    act.rounds_in_flight -= 1;
                     act.gate
                         .round_done(matches!(&res, Ok(r) if r.rows.len() as u32 == free));
                     for w in act.round_waiters.drain(..) {
@@ -699,8 +690,6 @@ pub struct Probe;
 
 #[derive(Debug, Clone)]
 pub struct ProbeReport {
-    /// Most rounds ever in flight at once (never more than 1).
-    pub max_concurrent_rounds: u32,
     /// Claim actors alive now.
     pub live: usize,
     /// The current admit actor.
@@ -715,7 +704,6 @@ impl Handler<Probe> for Supervisor {
     type Result = MessageResult<Probe>;
     fn handle(&mut self, _: Probe, _: &mut Self::Context) -> Self::Result {
         MessageResult(ProbeReport {
-            max_concurrent_rounds: self.max_concurrent_rounds,
             live: self.live.len(),
             admit: self.admit.clone(),
             orphans: self.orphans.len(),
