@@ -20,6 +20,7 @@
 
 pub mod actors;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod http;
 pub mod metrics;
