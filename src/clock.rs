@@ -4,11 +4,11 @@
 //! Every decision about time is taken by the database clock inside a statement. What the
 //! replica does locally — wake at the instant a row becomes claimable, give up an admission
 //! at its lease deadline — needs the same instants on its monotonic clock. A [`DbClock`] is
-//! one observation of both clocks at once (a claim round's start, paired with the database
-//! clock its statement read) and converts by *differences of database times*: node clock
-//! skew does not enter, and an error only ever moves a local instant later by the
-//! statement's own latency (the local half is taken before the statement ran), never
-//! earlier than the database would allow.
+//! one observation of both clocks (a claim round's start, paired with the database clock its
+//! statement read) and converts by *differences of database times*: node clock skew does not
+//! enter. The local half is taken before the statement read the database clock, so a derived
+//! local instant can only be early, by at most that latency, never late: a lease deadline is
+//! conservative, and an early wake costs one empty round.
 
 use std::time::{Duration, Instant};
 
