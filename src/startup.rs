@@ -178,11 +178,6 @@ impl ReplicaGuard {
         self.lost = true;
     }
 
-    /// Whether this process still owns the id (and so the leases under its owner name).
-    pub fn held(&self) -> bool {
-        !self.lost
-    }
-
     /// Releases every lease under the id and retires the guard, only while it is still
     /// ours (checked in the database, in the same transaction): `None` = lost.
     async fn hand_over(

@@ -477,3 +477,50 @@ async fn the_back_off_of_an_unexplained_refusal_grows_with_each_refusal_in_a_row
         "back-offs of successive refusals"
     );
 }
+
+/// The strikes of a row that stops coming back here (disabled, deleted, or another
+/// replica's now) are forgotten once the strike memory has passed: the supervisor's
+/// per-trigger entries are bounded by the triggers it has recently worked on.
+#[actix_rt::test]
+async fn the_strikes_of_a_row_no_longer_claimed_here_are_forgotten() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-100).await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN RETURN NULL; END $$;
+         CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
+           FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
+           EXECUTE FUNCTION qlsched.swallow();",
+    )
+    .await
+    .unwrap();
+    let s = Settings {
+        reject_backoff: Duration::from_secs(1),
+        admit_timeout: Duration::from_secs(1),
+        ..settings(&db, "a", 16, 200, 2_000)
+    };
+    let memory = s.strike_memory();
+    let (sup, _) = start(&db, s);
+    wait_until(
+        "a strike is remembered",
+        Duration::from_secs(10),
+        || async { sup.send(Probe).await.unwrap().strikes == 1 },
+    )
+    .await;
+    // The row leaves this replica for good (as a disabled trigger's row does).
+    su.batch_execute("UPDATE qlsched.trigger_schedules SET claimable_at_ms = NULL")
+        .await
+        .unwrap();
+    let gone = Instant::now();
+    wait_until("the strike is forgotten", memory * 3, || async {
+        sup.send(Probe).await.unwrap().strikes == 0
+    })
+    .await;
+    assert!(
+        gone.elapsed() + Duration::from_secs(2) >= memory,
+        "forgotten after {:?}, before its memory {memory:?} (minus the last back-off)",
+        gone.elapsed()
+    );
+}
