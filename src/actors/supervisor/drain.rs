@@ -9,11 +9,21 @@ use tokio::sync::oneshot;
 
 use super::Supervisor;
 
+/// The stop: whether claiming has stopped, and who waits for the drain and for the claim
+/// statement in flight.
+#[derive(Default)]
+pub(super) struct DrainState {
+    pub(super) stopping: bool,
+    pub(super) waiters: Vec<oneshot::Sender<()>>,
+    /// Waiting for the claim statement in flight to end (a stop past its drain).
+    pub(super) round_waiters: Vec<oneshot::Sender<()>>,
+}
+
 impl Supervisor {
     /// Drained = no claim actor alive and no claim statement in flight.
     pub(super) fn maybe_drained(&mut self) {
         if self.live.is_empty() && self.gate.idle() {
-            for w in self.drain_waiters.drain(..) {
+            for w in self.drain.waiters.drain(..) {
                 let _ = w.send(());
             }
         }
@@ -21,7 +31,7 @@ impl Supervisor {
 
     /// The claim statement in flight ended: wake a stop waiting for it.
     pub(super) fn round_ended(&mut self) {
-        for w in self.round_waiters.drain(..) {
+        for w in self.drain.round_waiters.drain(..) {
             let _ = w.send(());
         }
     }
@@ -39,9 +49,9 @@ impl Handler<Drain> for Supervisor {
     type Result = ResponseActFuture<Self, usize>;
 
     fn handle(&mut self, msg: Drain, _ctx: &mut Self::Context) -> Self::Result {
-        self.stopping = true;
+        self.drain.stopping = true;
         let (tx, rx) = oneshot::channel();
-        self.drain_waiters.push(tx);
+        self.drain.waiters.push(tx);
         self.maybe_drained();
         let round_bound = self.settings.claim_bound() + Duration::from_secs(1);
         Box::pin(
@@ -55,7 +65,7 @@ impl Handler<Drain> for Supervisor {
                 let waiting = !act.gate.idle();
                 let (tx, rx) = oneshot::channel::<()>();
                 if waiting {
-                    act.round_waiters.push(tx);
+                    act.drain.round_waiters.push(tx);
                 }
                 async move {
                     if waiting {

@@ -30,8 +30,6 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use slog::{debug, error, info, o, warn, Logger};
-use tokio::sync::oneshot;
-use uuid::Uuid;
 
 pub use drain::Drain;
 pub use gate::{Next, Round, RoundGate, Strikes};
@@ -42,7 +40,6 @@ use super::admit::AdmitActor;
 use super::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
 use super::health::Health;
 use super::Settings;
-use crate::clock::DbClock;
 use crate::metrics::Metrics;
 use crate::store::claim::ClaimedRow;
 use crate::store::session::Session;
@@ -59,31 +56,16 @@ pub struct Supervisor {
     log: Logger,
     heartbeat: Option<Heartbeat>,
     health: Health,
-    /// The claim round's own connection; `None` while a round runs.
-    session: Option<Session>,
     admit: Option<Addr<AdmitActor>>,
     live: HashMap<u64, Addr<ClaimActor>>,
     next_child: u64,
     gate: RoundGate,
-    stopping: bool,
-    drain_waiters: Vec<oneshot::Sender<()>>,
-    /// Waiting for the claim statement in flight to end (a stop past its drain).
-    round_waiters: Vec<oneshot::Sender<()>>,
     /// Consecutive respawns (actor crashes) and admission errors (the error back-off grows
     /// with them) per trigger.
     strikes: Strikes,
-    /// Rounds whose reply never came, with the instant they started.
-    orphans: Vec<(Uuid, Instant)>,
-    /// Since when claim rounds have been failing.
-    failing_since: Option<Instant>,
-    /// The next precise wake-up (a row becomes claimable), before the next tick.
-    wake: Option<(Instant, SpawnHandle)>,
-    /// The last round's observation of the database clock: turns database instants into
-    /// local ones (`crate::clock`).
-    clock: Option<DbClock>,
-    /// When the guard was last extended and the backlog last read (by a round).
-    last_heartbeat: Option<Instant>,
-    last_backlog: Option<Instant>,
+    round: round::RoundState,
+    wake: wake::WakeState,
+    drain: drain::DrainState,
 }
 
 impl Supervisor {
@@ -96,7 +78,7 @@ impl Supervisor {
         health: Health,
     ) -> Self {
         Supervisor {
-            session: Some(Session::new(settings.connector.clone())),
+            round: round::RoundState::new(Session::new(settings.connector.clone())),
             settings,
             metrics,
             root_log: log.clone(),
@@ -107,16 +89,9 @@ impl Supervisor {
             live: HashMap::new(),
             next_child: 0,
             gate: RoundGate::default(),
-            stopping: false,
-            drain_waiters: Vec::new(),
-            round_waiters: Vec::new(),
             strikes: Strikes::default(),
-            orphans: Vec::new(),
-            failing_since: None,
-            wake: None,
-            clock: None,
-            last_heartbeat: None,
-            last_backlog: None,
+            wake: wake::WakeState::default(),
+            drain: drain::DrainState::default(),
         }
     }
 
@@ -187,7 +162,7 @@ impl Supervisor {
         ctx: &mut Context<Self>,
     ) {
         let n = self.strikes.crashed(trigger_id, Instant::now());
-        if n <= 3 && !self.stopping {
+        if n <= 3 && !self.drain.stopping {
             self.metrics.actor_restarts.inc();
             warn!(self.log, "claim actor stopped before reporting; restarting it"; "trigger" => trigger_id);
             self.spawn_claim(claim, claimed_at, ctx);
@@ -270,7 +245,7 @@ impl Handler<Probe> for Supervisor {
         MessageResult(ProbeReport {
             live: self.live.len(),
             admit: self.admit.clone(),
-            orphans: self.orphans.len(),
+            orphans: self.round.orphans.len(),
             strikes: self.strikes.len(),
         })
     }

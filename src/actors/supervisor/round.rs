@@ -15,6 +15,31 @@ use crate::store::claim::{self, ClaimRound};
 use crate::store::session::{bounded, Session};
 use crate::store::StoreError;
 
+/// The round's state between rounds.
+pub(super) struct RoundState {
+    /// The claim round's own connection; `None` while a round runs.
+    pub(super) session: Option<Session>,
+    /// Rounds whose reply never came, with the instant they started.
+    pub(super) orphans: Vec<(Uuid, Instant)>,
+    /// Since when claim rounds have been failing.
+    pub(super) failing_since: Option<Instant>,
+    /// When the guard was last extended and the backlog last read (by a round).
+    pub(super) last_heartbeat: Option<Instant>,
+    pub(super) last_backlog: Option<Instant>,
+}
+
+impl RoundState {
+    pub(super) fn new(session: Session) -> RoundState {
+        RoundState {
+            session: Some(session),
+            orphans: Vec::new(),
+            failing_since: None,
+            last_heartbeat: None,
+            last_backlog: None,
+        }
+    }
+}
+
 /// What one round asks of the database, fixed when it starts.
 struct RoundPlan {
     id: Uuid,
@@ -35,7 +60,7 @@ impl Supervisor {
     /// Starts a round unless one runs, the replica is stopping or the budget is used up.
     /// The only place a round starts; starting one clears the catch-up signal.
     pub(super) fn start_round(&mut self, ctx: &mut Context<Self>) {
-        if !self.gate.idle() || self.stopping {
+        if !self.gate.idle() || self.drain.stopping {
             return;
         }
         self.admit_addr();
@@ -47,7 +72,7 @@ impl Supervisor {
         if free == 0 {
             return;
         }
-        let Some(session) = self.session.take() else {
+        let Some(session) = self.round.session.take() else {
             return;
         };
         self.gate.started();
@@ -56,7 +81,7 @@ impl Supervisor {
         let (id, limit, started) = (plan.id, plan.limit, Instant::now());
         ctx.spawn(run_round(session, plan).into_actor(self).map(
             move |(session, released, res), act, ctx| {
-                act.session = Some(session);
+                act.round.session = Some(session);
                 act.gate
                     .round_done(matches!(&res, Ok(r) if r.rows.len() as u32 == limit));
                 act.round_ended();
@@ -68,7 +93,7 @@ impl Supervisor {
     /// Forgets what has aged out and fixes the round's terms.
     fn plan_round(&mut self, free: u32) -> RoundPlan {
         let memory = self.settings.orphan_memory();
-        self.orphans.retain(|(_, at)| at.elapsed() < memory);
+        self.round.orphans.retain(|(_, at)| at.elapsed() < memory);
         self.strikes
             .forget_older_than(Instant::now(), self.settings.strike_memory());
         // The claim is prepared with its limit as a constant: a power of two ≤ the free budget.
@@ -77,7 +102,7 @@ impl Supervisor {
             id: Uuid::new_v4(),
             variant,
             limit,
-            orphans: self.orphans.iter().map(|(r, _)| *r).collect(),
+            orphans: self.round.orphans.iter().map(|(r, _)| *r).collect(),
             owner: self.settings.owner.clone(),
             lease_ms: self.settings.lease.as_millis() as i64,
             bound: self.settings.claim_bound(),
@@ -90,7 +115,10 @@ impl Supervisor {
         let every = self.settings.guard.map_or(Duration::MAX, |g| {
             crate::actors::derived::guard_refresh(g.1)
         });
-        let due = !self.last_heartbeat.is_some_and(|t| t.elapsed() < every);
+        let due = !self
+            .round
+            .last_heartbeat
+            .is_some_and(|t| t.elapsed() < every);
         claim::Extras {
             guard: self.settings.guard.map(|(incarnation, ttl)| {
                 (incarnation, if due { ttl.as_millis() as i64 } else { 0 })
@@ -108,12 +136,13 @@ impl Supervisor {
             return;
         }
         if self
+            .round
             .last_backlog
             .is_some_and(|t| t.elapsed() < self.settings.backlog_interval)
         {
             return;
         }
-        self.last_backlog = Some(Instant::now());
+        self.round.last_backlog = Some(Instant::now());
         let (connector, metrics) = (self.settings.connector.clone(), self.metrics.clone());
         let bound = self.settings.claim_bound();
         ctx.spawn(
@@ -161,10 +190,10 @@ impl Supervisor {
         round: ClaimRound,
         ctx: &mut Context<Self>,
     ) {
-        self.failing_since = None;
+        self.round.failing_since = None;
         self.health.set_db_failing(false);
         if round.guard_extended == Some(true) {
-            self.last_heartbeat = Some(started);
+            self.round.last_heartbeat = Some(started);
         }
         if round.guard_held == Some(false) && !self.health.is_guard_lost() {
             error!(self.log, "the replica-id guard is no longer ours (taken over after its heartbeat lapsed); claiming stopped");
@@ -185,10 +214,10 @@ impl Supervisor {
     /// Whatever the statement leased (if it ran at all) belongs to no actor: the round is
     /// remembered so its rows are released. Failing for longer than a lease: not ready.
     fn round_failed(&mut self, id: Uuid, started: Instant, e: StoreError) {
-        self.orphans.push((id, started));
+        self.round.orphans.push((id, started));
         self.metrics.errors.inc();
         warn!(self.log, "claim round failed"; "error" => %e);
-        let since = *self.failing_since.get_or_insert(started);
+        let since = *self.round.failing_since.get_or_insert(started);
         if since.elapsed() >= self.settings.unready_after() && !self.health.is_db_failing() {
             error!(self.log, "claim rounds have failed for longer than a lease; not ready";
                    "failing_ms" => since.elapsed().as_millis() as u64);

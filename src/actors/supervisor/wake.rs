@@ -12,6 +12,15 @@ use slog::{debug, warn};
 use super::Supervisor;
 use crate::clock::DbClock;
 
+/// The wake state: the pending wake and the clock it is reckoned by.
+#[derive(Default)]
+pub(super) struct WakeState {
+    /// The next precise wake-up (a row becomes claimable), before the next tick.
+    pub(super) at: Option<(Instant, SpawnHandle)>,
+    /// The last round's observation of the database clock.
+    pub(super) clock: Option<DbClock>,
+}
+
 impl Supervisor {
     /// Listens for change notifications on a dedicated connection, reconnecting with a
     /// back-off; tied to this actor's life.
@@ -55,7 +64,7 @@ impl Supervisor {
         next_due_ms: Option<i64>,
         ctx: &mut Context<Self>,
     ) {
-        self.clock = Some(clock);
+        self.wake.clock = Some(clock);
         if let Some(next) = next_due_ms {
             self.wake_at(clock.local_after(next), ctx);
         }
@@ -69,19 +78,19 @@ impl Supervisor {
         if at >= now + self.settings.cadence {
             return;
         }
-        if let Some((t, h)) = self.wake {
+        if let Some((t, h)) = self.wake.at {
             if t <= at {
                 return;
             }
             ctx.cancel_future(h);
         }
         let h = ctx.run_later(at.saturating_duration_since(now), |act, ctx| {
-            act.wake = None;
+            act.wake.at = None;
             act.metrics.wakeups.inc();
             act.gate.due_again();
             act.start_round(ctx);
         });
-        self.wake = Some((at, h));
+        self.wake.at = Some((at, h));
     }
 }
 
@@ -101,10 +110,10 @@ impl Handler<Wake> for Supervisor {
     /// round at once.
     fn handle(&mut self, msg: Wake, ctx: &mut Self::Context) {
         self.metrics.notifications.inc();
-        if self.stopping {
+        if self.drain.stopping {
             return;
         }
-        let at = match (msg.at_ms, self.clock) {
+        let at = match (msg.at_ms, self.wake.clock) {
             (Some(at), Some(clock)) if clock.is_ahead(at) => Some(clock.local_at(at)),
             _ => None,
         };
