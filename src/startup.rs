@@ -7,11 +7,11 @@
 //! - [`Replica::shutdown`]: withdraw readiness → drain the actors → hand leases over (only
 //!   while the guard is still ours) → retire the guard → close the pool.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use anyhow::Context as _;
 use slog::{crit, error, info, warn, Logger};
 use uuid::Uuid;
 
@@ -24,23 +24,72 @@ use crate::metrics::Metrics;
 use crate::store::session::Connector;
 use crate::store::{self, migrate, recovery, release, replicas, Pool};
 
+/// How long a replica id held by a process of this host name is asked for again before the
+/// start is refused (its holder may have just died).
+const ACQUIRE_PATIENCE: Duration = Duration::from_secs(5);
+
 /// Most recovery candidates listed one by one in the log (the count is always the true one).
 const RECOVERY_LIST_LIMIT: i64 = 100;
 
-pub fn run(cfg: Config, format: LogFormat) -> anyhow::Result<()> {
+/// Why `qlsched run` stopped with an error (every one exits 1; the message is the log's and
+/// the terminal's).
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The schema or the role is not what this version needs (`qlsched db check`).
+    #[error("database is not ready: {}", problems.join("; "))]
+    NotReady { problems: Vec<String> },
+    /// Another live process holds this replica id.
+    #[error(transparent)]
+    GuardInUse(replicas::GuardError),
+    /// Another process took this replica id over after this one's heartbeat lapsed.
+    #[error(
+        "replica id `{id}` was taken over by another process after this one's heartbeat lapsed"
+    )]
+    GuardLost { id: String },
+    #[error("the scheduler supervisor stopped unexpectedly")]
+    SupervisorDied,
+    #[error(
+        "systemd watchdog interval (WatchdogSec) is {interval:?}; it must be at least twice \
+         scheduler.cadence ({cadence:?}), because the watchdog is pinged once per scheduler tick"
+    )]
+    Watchdog {
+        interval: Duration,
+        cadence: Duration,
+    },
+    #[error("binding HTTP on {addr}: {source}")]
+    Http {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("installing the signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+}
+
+impl From<replicas::GuardError> for StartupError {
+    fn from(e: replicas::GuardError) -> Self {
+        match e {
+            replicas::GuardError::Store(e) => StartupError::Store(e),
+            in_use => StartupError::GuardInUse(in_use),
+        }
+    }
+}
+
+pub fn run(cfg: Config, format: LogFormat) -> Result<(), StartupError> {
     let (log, guard) =
         crate::telemetry::init(format, &cfg.log.level, Some(cfg.replica_id.as_str()));
     let res = actix::System::new().block_on(async {
-        let mut signals = Signals::new()?;
+        let mut signals = Signals::new().map_err(StartupError::Signals)?;
         let Some(replica) = Replica::build(cfg, log.clone(), &mut signals).await? else {
             return Ok(());
         };
         let mut replica = replica;
-        let end = replica.run(&mut signals).await?;
+        let end = replica.run(&mut signals).await;
         replica.shutdown(end).await
     });
     if let Err(e) = &res {
-        crit!(log, "qlsched stopped with an error"; "error" => format!("{e:#}"));
+        crit!(log, "qlsched stopped with an error"; "error" => %e);
     }
     drop(log);
     drop(guard);
@@ -55,15 +104,13 @@ fn notify(state: &[sd_notify::NotifyState]) {
 /// The systemd watchdog ping, when systemd asks for one (`WatchdogSec=`). The supervisor pings
 /// once per tick, so an interval under two ticks would get a healthy replica killed after one
 /// late tick: refused before the database is touched.
-fn watchdog_heartbeat(cadence: Duration) -> anyhow::Result<Option<Heartbeat>> {
+fn watchdog_heartbeat(cadence: Duration) -> Result<Option<Heartbeat>, StartupError> {
     let Some(interval) = sd_notify::watchdog_enabled() else {
         return Ok(None);
     };
-    anyhow::ensure!(
-        interval >= cadence * 2,
-        "systemd watchdog interval (WatchdogSec) is {interval:?}; it must be at least twice \
-         scheduler.cadence ({cadence:?}), because the watchdog is pinged once per scheduler tick"
-    );
+    if interval < cadence * 2 {
+        return Err(StartupError::Watchdog { interval, cadence });
+    }
     Ok(Some(Arc::new(|| {
         notify(&[sd_notify::NotifyState::Watchdog])
     })))
@@ -82,7 +129,7 @@ pub struct ReplicaGuard {
 }
 
 impl ReplicaGuard {
-    pub async fn acquire(pool: &Pool, owner: &str, lease: Duration) -> anyhow::Result<Self> {
+    pub async fn acquire(pool: &Pool, owner: &str, lease: Duration) -> Result<Self, StartupError> {
         let guard = ReplicaGuard {
             owner: owner.to_string(),
             incarnation: Uuid::new_v4(),
@@ -90,16 +137,35 @@ impl ReplicaGuard {
             lost: false,
         };
         let conn = store::conn(pool).await?;
-        replicas::acquire(
-            &conn,
-            owner,
-            guard.incarnation,
-            &hostname(),
-            std::process::id() as i32,
-            guard.ttl.as_millis() as i64,
-        )
-        .await?;
-        Ok(guard)
+        let host = hostname();
+        // A predecessor on this host killed a moment ago may still have its session in the
+        // database (a backend ends its statement before it notices the closed socket): a
+        // holder of this host name is asked again for a few seconds before the refusal.
+        let mut patience = ACQUIRE_PATIENCE;
+        loop {
+            let res = replicas::acquire(
+                &conn,
+                owner,
+                guard.incarnation,
+                &host,
+                std::process::id() as i32,
+                guard.ttl.as_millis() as i64,
+            )
+            .await;
+            match res {
+                Err(replicas::GuardError::InUse { ref holder, .. })
+                    if holder.hostname == host && !patience.is_zero() =>
+                {
+                    let step = Duration::from_millis(250).min(patience);
+                    tokio::time::sleep(step).await;
+                    patience -= step;
+                }
+                res => {
+                    res?;
+                    return Ok(guard);
+                }
+            }
+        }
     }
 
     /// What the claim rounds need to extend the guard: this incarnation and the TTL.
@@ -112,24 +178,31 @@ impl ReplicaGuard {
         self.lost = true;
     }
 
-    /// Whether this process still owns the id (and so the leases under its owner name).
-    pub fn held(&self) -> bool {
-        !self.lost
-    }
-
-    async fn retire(&self, conn: &tokio_postgres::Client) {
-        if !self.lost {
-            let _ = replicas::retire(conn, &self.owner, self.incarnation).await;
+    /// Releases every lease under the id and retires the guard, only while it is still
+    /// ours (checked in the database, in the same transaction): `None` = lost.
+    async fn hand_over(
+        &self,
+        conn: &tokio_postgres::Client,
+    ) -> Result<Option<u64>, store::StoreError> {
+        if self.lost {
+            return Ok(None);
         }
+        replicas::hand_over(conn, &self.owner, self.incarnation).await
     }
 }
 
 /// Why the run loop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum End {
     Signal,
     GuardLost,
     SupervisorDied,
+    /// HTTP could not be bound: the replica stops as after a signal (drain, hand-over,
+    /// retire), then exits with this error.
+    Http {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A replica between build and shutdown.
@@ -156,7 +229,7 @@ impl Replica {
         cfg: Config,
         log: Logger,
         signals: &mut Signals,
-    ) -> anyhow::Result<Option<Self>> {
+    ) -> Result<Option<Self>, StartupError> {
         info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "version" => env!("CARGO_PKG_VERSION"));
         let lease = cfg.scheduler.lease;
         let watchdog = watchdog_heartbeat(cfg.scheduler.cadence)?;
@@ -214,7 +287,7 @@ impl Replica {
     }
 
     /// Starts the lifecycle and runs until a stop signal, a lost guard or a dead supervisor.
-    pub async fn run(&mut self, signals: &mut Signals) -> anyhow::Result<End> {
+    pub async fn run(&mut self, signals: &mut Signals) -> End {
         let supervisor = Supervisor::new(
             self.settings.clone(),
             self.metrics.clone(),
@@ -224,16 +297,22 @@ impl Replica {
         )
         .start();
         let http = match self.cfg.http.bind {
-            Some(addr) => Some(
-                crate::http::serve(
-                    addr,
-                    crate::http::State {
-                        health: self.health.clone(),
-                        metrics: self.metrics.clone(),
-                    },
-                )
-                .with_context(|| format!("binding HTTP on {addr}"))?,
-            ),
+            Some(addr) => {
+                let state = crate::http::State {
+                    health: self.health.clone(),
+                    metrics: self.metrics.clone(),
+                };
+                match crate::http::serve(addr, state) {
+                    Ok(h) => Some(h),
+                    Err(source) => {
+                        self.running = Some(Running {
+                            supervisor,
+                            http: None,
+                        });
+                        return End::Http { addr, source };
+                    }
+                }
+            }
             None => None,
         };
         self.running = Some(Running {
@@ -262,12 +341,12 @@ impl Replica {
                 }
             }
         };
-        Ok(end)
+        end
     }
 
     /// Withdraws readiness, drains, hands leases over (only while the guard is ours), retires
     /// the guard and closes the pool. A lost guard or a dead supervisor is an error exit.
-    pub async fn shutdown(self, end: End) -> anyhow::Result<()> {
+    pub async fn shutdown(self, end: End) -> Result<(), StartupError> {
         let Replica {
             log,
             settings,
@@ -285,31 +364,36 @@ impl Replica {
         let mut http = None;
         if let Some(r) = running {
             http = r.http;
-            if end == End::SupervisorDied {
+            if matches!(end, End::SupervisorDied) {
                 error!(log, "the scheduler supervisor stopped unexpectedly; exiting so that the service manager restarts the replica");
             } else {
                 info!(log, "stopping: draining claim actors"; "drain_ms" => settings.drain.as_millis() as u64);
                 left = r.supervisor.send(Drain(settings.drain)).await.unwrap_or(0);
             }
         }
+        // A round that found the guard taken over may not have been noticed by the run loop
+        // yet (a stop signal came first): the lost guard still decides.
+        let mut end = end;
+        if health.is_guard_lost() {
+            end = End::GuardLost;
+        }
         match store::conn(&pool).await {
             // With the guard lost, another process owns this replica id and every lease under
-            // it: releasing "our" leases would release theirs.
-            Ok(_) if !guard.held() => {
-                warn!(log, "replica id taken over by another process; leaving every lease to it";
-                      "abandoned_actors" => left)
-            }
-            Ok(conn) => {
-                match release::release_all_owned(&conn, &settings.owner).await {
-                    Ok(n) => {
-                        info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left)
-                    }
-                    Err(e) => {
-                        warn!(log, "could not release leases; they will expire"; "error" => %e)
-                    }
+            // it: releasing "our" leases would release theirs. The hand-over itself is
+            // conditioned on the guard row, so a loss no round has seen yet counts too.
+            Ok(conn) => match guard.hand_over(&conn).await {
+                Ok(Some(n)) => {
+                    info!(log, "leases handed over"; "released" => n, "abandoned_actors" => left)
                 }
-                guard.retire(&conn).await;
-            }
+                Ok(None) => {
+                    end = End::GuardLost;
+                    warn!(log, "replica id taken over by another process; leaving every lease to it";
+                          "abandoned_actors" => left)
+                }
+                Err(e) => {
+                    warn!(log, "could not release leases; they will expire"; "error" => %e)
+                }
+            },
             Err(e) => warn!(log, "database unreachable at stop; leases will expire"; "error" => %e),
         }
         if let Some(h) = http {
@@ -318,11 +402,9 @@ impl Replica {
         drop(pool);
         System::current().stop();
         match end {
-            End::GuardLost => anyhow::bail!(
-                "replica id `{}` was taken over by another process after this one's heartbeat lapsed",
-                settings.owner
-            ),
-            End::SupervisorDied => anyhow::bail!("the scheduler supervisor stopped unexpectedly"),
+            End::GuardLost => Err(StartupError::GuardLost { id: settings.owner }),
+            End::SupervisorDied => Err(StartupError::SupervisorDied),
+            End::Http { addr, source } => Err(StartupError::Http { addr, source }),
             End::Signal => {
                 info!(log, "stopped"; "admitted" => metrics.admits.get());
                 Ok(())
@@ -333,7 +415,7 @@ impl Replica {
 
 /// Waits for the database and runs the readiness gate; retries connection failures (the
 /// database may come up after us) but fails at once on a schema that is not ready.
-async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
+async fn wait_ready(pool: &Pool, log: &Logger) -> Result<(), StartupError> {
     let mut delay = Duration::from_millis(200);
     loop {
         match store::conn(pool).await {
@@ -345,7 +427,7 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> anyhow::Result<()> {
                     store::pooler::require_session_pooling(pool).await?;
                     return Ok(());
                 }
-                anyhow::bail!("database is not ready: {}", problems.join("; "));
+                return Err(StartupError::NotReady { problems });
             }
             Err(e) => {
                 warn!(log, "database not reachable yet"; "error" => %e, "retry_in_ms" => delay.as_millis() as u64);

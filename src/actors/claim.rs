@@ -165,10 +165,11 @@ impl ClaimActor {
             &report,
             Report::Done(Outcome::Admitted { .. } | Outcome::AlreadyAdmitted | Outcome::Advanced)
         );
-        let next_cursor_at = self.next_cursor_ms.filter(|_| moved).map(|next| {
-            let wait = (next - claim.observed_at_ms).max(0) as u64 + 1;
-            self.args.claimed_at + Duration::from_millis(wait)
-        });
+        let clock = crate::clock::DbClock::new(self.args.claimed_at, claim.observed_at_ms);
+        let next_cursor_at = self
+            .next_cursor_ms
+            .filter(|_| moved)
+            .map(|next| clock.local_after(next));
         self.supervisor.do_send(ClaimFinished {
             child: self.args.child,
             trigger_id: claim.trigger_id.clone(),
@@ -211,7 +212,12 @@ impl Actor for ClaimActor {
             claim: self.args.claim.clone(),
             action,
             kind,
-            lease_deadline: self.args.claimed_at + self.args.lease,
+            // The database expiry on the local clock (docs/design.md, "Lease deadline").
+            lease_deadline: crate::clock::DbClock::new(
+                self.args.claimed_at,
+                self.args.claim.observed_at_ms,
+            )
+            .local_at(self.args.claim.fence.expires_at_ms),
             error_backoff: self.args.error_backoff,
         };
         // The engine bounds its own work by the lease deadline; the extra margin covers a

@@ -87,6 +87,13 @@ impl Settings {
         self.lease * 2
     }
 
+    /// How long the supervisor remembers a trigger's strikes (crashes, row errors) since the
+    /// last one: the longest error back-off plus two leases and a cadence. A row still ours
+    /// is claimed again within it; one that is not (deleted, taken over) is forgotten.
+    pub fn strike_memory(&self) -> Duration {
+        self.reject_backoff + self.lease * 2 + self.cadence
+    }
+
     /// Claim rounds failing for longer than this make the replica not ready (`/readyz` 503).
     pub fn unready_after(&self) -> Duration {
         self.lease

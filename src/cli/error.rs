@@ -75,8 +75,8 @@ pub enum CliError {
     NotReady { problems: usize },
     #[error("writing JSON: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("{0:#}")]
-    Startup(anyhow::Error),
+    #[error(transparent)]
+    Startup(crate::startup::StartupError),
 }
 
 impl CliError {

@@ -77,11 +77,13 @@ pub async fn claim_due(
     Ok(parse_round(&rows).rows)
 }
 
-/// What else a claim round does in the same statement, so that an idle replica issues one
-/// statement per round: extend the replica-id guard.
+/// The replica-id guard a claim round is conditioned on: it leases only while `incarnation`
+/// still holds the guard row, and extends the guard in the same statement, so that an idle
+/// replica issues one statement per round.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Extras {
-    /// Extend the guard of this incarnation by this TTL (ms).
+    /// The incarnation that must hold the guard, and the TTL (ms) to extend it by this
+    /// round (0 = not this round). `None` = no guard (tests driving the actors directly).
     pub guard: Option<(Uuid, i64)>,
 }
 
@@ -119,6 +121,9 @@ pub struct ClaimRound {
     pub next_due_ms: Option<i64>,
     /// Whether the guard was extended (`None`: not asked to).
     pub guard_extended: Option<bool>,
+    /// Whether the guard row was still this incarnation's (`None`: no guard); when not,
+    /// nothing was leased.
+    pub guard_held: Option<bool>,
 }
 
 /// [`claim_due`] with a [`claim_variant`] already prepared on this connection, returning the
@@ -136,8 +141,10 @@ pub async fn claim_round(
         .query(variant, &[&owner, &lease_ms, &round, &incarnation, &ttl])
         .await?;
     let mut out = parse_round(&rows);
-    if extras.guard.is_none() {
-        out.guard_extended = None;
+    match extras.guard {
+        None => (out.guard_extended, out.guard_held) = (None, None),
+        Some((_, 0)) => out.guard_extended = None,
+        Some(_) => {}
     }
     Ok(out)
 }
@@ -148,6 +155,7 @@ fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
         now_ms: 0,
         next_due_ms: None,
         guard_extended: None,
+        guard_held: None,
     };
     for r in rows {
         match r.get::<_, Option<String>>(0) {
@@ -156,6 +164,7 @@ fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
                 out.now_ms = r.get(8);
                 out.next_due_ms = r.get(20);
                 out.guard_extended = Some(r.get::<_, i64>(21) > 0);
+                out.guard_held = Some(r.get::<_, i64>(22) > 0);
             }
         }
     }
@@ -168,14 +177,27 @@ WITH obs AS MATERIALIZED (
     SELECT ",
     db_now_ms!(),
     " AS now_ms
-), guard AS (
-    -- The replica-id guard's heartbeat, folded into the round ($6 = 0: not this round).
-    UPDATE qlsched.replicas r
-       SET heartbeat_at_ms = obs.now_ms, expires_at_ms = obs.now_ms + $6::bigint
-      FROM obs
+), held AS (
+    -- The replica-id guard, locked for the statement ($5 = the nil uuid: no guard, tests
+    -- only). A takeover committed before this statement, or while it waits for the lock,
+    -- leaves it empty, and then nothing is leased under the shared owner name; a takeover
+    -- after it waits for this statement (and then releases what it leased).
+    SELECT 1 FROM qlsched.replicas r
      WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
-       AND $6::bigint > 0
-    RETURNING 1
+       FOR SHARE
+), guard AS (
+    -- The replica-id guard's heartbeat ($6 = 0: not this round), and the database session
+    -- the holder works on, recorded when it changed (a new claim connection): a successor
+    -- judges the holder alive by that session (store::replicas).
+    UPDATE qlsched.replicas r
+       SET heartbeat_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms ELSE r.heartbeat_at_ms END,
+           expires_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms + $6::bigint ELSE r.expires_at_ms END,
+           session_pid = pg_backend_pid(),
+           session_started_at = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)
+      FROM obs, held
+     WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
+       AND ($6::bigint > 0 OR r.session_pid IS DISTINCT FROM pg_backend_pid())
+    RETURNING $6::bigint > 0 AS extended
 ), picked AS (
     SELECT s.trigger_id
       FROM qlsched.trigger_schedules s
@@ -185,6 +207,7 @@ WITH obs AS MATERIALIZED (
        AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
        AND t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision
        AND p.status = 'active'
+       AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
      ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
      LIMIT $3
        FOR UPDATE OF s SKIP LOCKED
@@ -208,7 +231,7 @@ RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
           t.misfire_policy, t.misfire_grace_ms, t.task_id, k.revision, k.content_digest,
           k.execution_revision_id
 )
-SELECT claimed.*, NULL::bigint, NULL::bigint FROM claimed
+SELECT claimed.*, NULL::bigint, NULL::bigint, NULL::bigint FROM claimed
 UNION ALL
 -- The probe row: the clock and the next instant a row becomes claimable (index head).
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint,
@@ -216,7 +239,7 @@ SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uui
        NULL::text, NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::uuid,
        (SELECT n.claimable_at_ms FROM qlsched.trigger_schedules n
          WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1),
-       (SELECT count(*) FROM guard)
+       (SELECT count(*) FROM guard WHERE extended), (SELECT count(*) FROM held)
   FROM obs"
 );
 

@@ -2,6 +2,14 @@
 //! clock. A copy-pasted config (two processes, one id) is refused at start instead of
 //! silently sharing an owner name. Exactly-once never depends on it (every write carries the
 //! claim token), but `release_all_owned` and per-replica status do.
+//!
+//! Whether a holder still lives is asked of the database, never of the local process table
+//! (which another PID namespace does not share: two containers with one host name see each
+//! other as dead, and a restarted container's new process is PID 1 like the dead one). The
+//! holder records the database session it works on — the backend pid and start of its claim
+//! connection, kept current by the claim rounds (`store::claim`) — and a holder whose
+//! session is gone from `pg_stat_activity` is gone: the kernel closes a dead process's
+//! sockets, and its backends end with them.
 
 use uuid::Uuid;
 
@@ -30,8 +38,22 @@ pub enum GuardError {
 
 const NOW: &str = crate::db_now_ms!();
 
-/// Takes the id if it is free, stopped, expired — or held by a process of this host that no
-/// longer exists (a crashed predecessor restarted by systemd need not wait for expiry).
+/// The database session running this statement, as the guard records it.
+const SESSION: &str =
+    "pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)";
+
+/// The recorded session of guard row `r` no longer exists (a holder that recorded none, from
+/// before migration V9, counts as alive: its expiry decides). A backend start the caller may
+/// not see (another role: NULL) counts as a match, so doubt always keeps the holder.
+const SESSION_GONE: &str = "r.session_pid IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM pg_stat_activity a
+         WHERE a.pid = r.session_pid
+           AND (a.backend_start IS NULL OR a.backend_start = r.session_started_at))";
+
+/// Takes the id if it is free, stopped, expired — or held by a process of this host name
+/// whose database session is gone (a crashed predecessor restarted by systemd, or a
+/// restarted container, need not wait for expiry). A holder whose session lives keeps the
+/// id, in whatever PID namespace either process runs.
 pub async fn acquire(
     conn: &tokio_postgres::Client,
     id: &str,
@@ -43,12 +65,14 @@ pub async fn acquire(
     let taken = conn
         .query_opt(
             &format!(
-                "INSERT INTO qlsched.replicas AS r (replica_id, incarnation, hostname, pid, started_at_ms, heartbeat_at_ms, expires_at_ms)
-                 VALUES ($1, $2, $3, $4, {NOW}, {NOW}, {NOW} + $5)
+                "INSERT INTO qlsched.replicas AS r (replica_id, incarnation, hostname, pid, started_at_ms, heartbeat_at_ms, expires_at_ms,
+                                                    session_pid, session_started_at)
+                 VALUES ($1, $2, $3, $4, {NOW}, {NOW}, {NOW} + $5, {SESSION})
                  ON CONFLICT (replica_id) DO UPDATE
                    SET incarnation = EXCLUDED.incarnation, hostname = EXCLUDED.hostname, pid = EXCLUDED.pid,
                        started_at_ms = EXCLUDED.started_at_ms, heartbeat_at_ms = EXCLUDED.heartbeat_at_ms,
-                       expires_at_ms = EXCLUDED.expires_at_ms, stopped_at_ms = NULL
+                       expires_at_ms = EXCLUDED.expires_at_ms, stopped_at_ms = NULL,
+                       session_pid = EXCLUDED.session_pid, session_started_at = EXCLUDED.session_started_at
                  WHERE r.stopped_at_ms IS NOT NULL OR r.expires_at_ms <= {NOW}
                  RETURNING 1"
             ),
@@ -76,14 +100,17 @@ pub async fn acquire(
         expires_in_ms: row.get(3),
     };
     let previous: Uuid = row.get(4);
-    if holder.hostname == hostname && holder.pid != pid && !process_alive(holder.pid) {
+    if holder.hostname == hostname {
+        // The holder's session is looked for in the statement that takes the row over
+        // (guarded by its incarnation): a holder whose session lives keeps the id.
         let n = conn
             .execute(
                 &format!(
-                    "UPDATE qlsched.replicas
+                    "UPDATE qlsched.replicas r
                         SET incarnation = $2, hostname = $3, pid = $4, started_at_ms = {NOW},
-                            heartbeat_at_ms = {NOW}, expires_at_ms = {NOW} + $5, stopped_at_ms = NULL
-                      WHERE replica_id = $1 AND incarnation = $6"
+                            heartbeat_at_ms = {NOW}, expires_at_ms = {NOW} + $5, stopped_at_ms = NULL,
+                            (session_pid, session_started_at) = (SELECT {SESSION})
+                      WHERE replica_id = $1 AND incarnation = $6 AND {SESSION_GONE}"
                 ),
                 &[&id, &incarnation, &hostname, &pid, &ttl_ms, &previous],
             )
@@ -99,12 +126,6 @@ pub async fn acquire(
     })
 }
 
-fn process_alive(pid: i32) -> bool {
-    // kill(pid, 0): 0 = exists; EPERM = exists but not ours; ESRCH = gone.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 /// Marks a clean stop so the id is free at once.
 pub async fn retire(
     conn: &tokio_postgres::Client,
@@ -117,4 +138,40 @@ pub async fn retire(
     )
     .await?;
     Ok(())
+}
+
+/// The end of a graceful stop, conditioned on the guard: in one transaction, only while
+/// `incarnation` still holds the id (the row locked against a takeover meanwhile), release
+/// every lease under the id and retire the guard. `None` = the guard is no longer ours:
+/// another process owns the id and every lease under it, so nothing is released.
+///
+/// Locking: `FOR SHARE` on the guard row makes a concurrent takeover (an UPDATE of the row)
+/// wait for this transaction, whose releases it then finds done; a takeover that committed
+/// first leaves the row with another incarnation, and nothing is touched.
+pub async fn hand_over(
+    conn: &tokio_postgres::Client,
+    id: &str,
+    incarnation: Uuid,
+) -> Result<Option<u64>, StoreError> {
+    conn.batch_execute("BEGIN").await?;
+    let res = async {
+        let held = conn
+            .query_opt(
+                "SELECT 1 FROM qlsched.replicas
+                  WHERE replica_id = $1 AND incarnation = $2 AND stopped_at_ms IS NULL
+                    FOR SHARE",
+                &[&id, &incarnation],
+            )
+            .await?;
+        if held.is_none() {
+            return Ok(None);
+        }
+        let n = super::release::release_all_owned(conn, id).await?;
+        retire(conn, id, incarnation).await?;
+        Ok(Some(n))
+    }
+    .await;
+    let end = if res.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    conn.batch_execute(end).await?;
+    res
 }

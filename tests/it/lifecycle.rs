@@ -213,3 +213,33 @@ async fn every_json_log_line_of_an_admitting_replica_has_unique_keys() {
         "no claim-actor line: {log}"
     );
 }
+
+/// HTTP that cannot be bound (the port is taken) stops the replica the way a signal does:
+/// drained, leases handed over and the guard retired (the id free at once), then exit 1
+/// naming the address.
+#[tokio::test]
+async fn an_http_bind_error_still_hands_leases_over_and_retires_the_guard() {
+    let db = TestDb::new().await;
+    db.seed(3, "* * * * * *").await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "unbound",
+        "cadence = \"200ms\"",
+        &[("QLSCHED__HTTP__BIND", &addr)],
+    );
+    let status = r.wait_exit(Duration::from_secs(30)).await;
+    let log = r.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains(&format!("binding HTTP on {addr}")), "{log}");
+    let retired = db
+        .count("SELECT count(*) FROM qlsched.replicas WHERE replica_id = 'unbound' AND stopped_at_ms IS NOT NULL")
+        .await;
+    assert_eq!(retired, 1, "the guard was not retired; log:\n{log}");
+    let held = db
+        .count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'unbound'")
+        .await;
+    assert_eq!(held, 0, "leases left behind; log:\n{log}");
+    drop(taken);
+}

@@ -11,6 +11,7 @@ mod drills;
 mod edges;
 mod edits;
 mod engine;
+mod guard;
 mod integrity;
 mod lifecycle;
 mod manage_projects;

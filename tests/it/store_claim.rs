@@ -173,7 +173,7 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
         .replace("$2", "30000")
         .replace("$3", "16")
         .replace("$4", "gen_random_uuid()")
-        .replace("$5", "gen_random_uuid()")
+        .replace("$5", "'00000000-0000-0000-0000-000000000000'")
         .replace("$6", "0");
     let plan: Vec<String> = su
         .query(

@@ -1,0 +1,207 @@
+//! The replica-id guard decides in the database: a claim round leases only while this
+//! incarnation holds the guard row, and a stop hands leases over only while it does.
+
+use std::time::Duration;
+
+use qlsched::store::{self, claim, replicas};
+use uuid::Uuid;
+
+use crate::helpers::replica::ReplicaProc;
+use crate::helpers::{wait_until, TestDb};
+
+/// A yearly expression: nothing fires during a test.
+const YEARLY: &str = "0 0 0 1 1 *";
+
+/// Runs one claim round as the daemon does (prepared variant, guard terms) for `incarnation`.
+async fn round(conn: &tokio_postgres::Client, incarnation: Uuid, ttl_ms: i64) -> claim::ClaimRound {
+    let (variant, _) = claim::claim_variant(16);
+    let stmt = conn.prepare(variant).await.unwrap();
+    claim::claim_round(
+        conn,
+        &stmt,
+        "twin",
+        30_000,
+        Uuid::new_v4(),
+        claim::Extras {
+            guard: Some((incarnation, ttl_ms)),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// After another process took the id over, the old incarnation's rounds lease nothing under
+/// the shared owner name (whether or not the round would also extend the guard), and say so;
+/// the new holder's round leases the due rows.
+#[tokio::test]
+async fn a_claim_round_leases_nothing_once_its_guard_was_taken_over() {
+    let db = TestDb::with_due(3).await;
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
+    replicas::acquire(&conn, "twin", old, "host", 4242, 600_000)
+        .await
+        .unwrap();
+    // The takeover (the old heartbeat lapsed): another incarnation holds the row.
+    db.superuser()
+        .await
+        .execute(
+            "UPDATE qlsched.replicas SET incarnation = $1 WHERE replica_id = 'twin'",
+            &[&new],
+        )
+        .await
+        .unwrap();
+    for ttl in [0, 600_000] {
+        let r = round(&conn, old, ttl).await;
+        assert!(
+            r.rows.is_empty(),
+            "the old incarnation leased {} row(s) after losing the guard (ttl {ttl})",
+            r.rows.len()
+        );
+        assert_eq!(r.guard_held, Some(false), "ttl {ttl}");
+    }
+    let r = round(&conn, new, 0).await;
+    assert_eq!(r.rows.len(), 3, "the holder leases the due rows");
+    assert_eq!(r.guard_held, Some(true));
+}
+
+/// A SIGTERM right after the guard was taken over, before any round of the old process has
+/// seen it: the stop must not release the new incarnation's leases under the shared id, and
+/// it is an error exit.
+#[tokio::test]
+async fn a_stop_right_after_the_guard_was_taken_over_releases_nothing() {
+    let db = TestDb::new().await;
+    db.seed(1, YEARLY).await;
+    let su = db.superuser().await;
+    // A long lease: the guard is extended (and the loss noticed by a round) only every 10 s.
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "twin",
+        "lease = \"30s\"\ncadence = \"5s\"",
+        &[],
+    );
+    r.wait_ready(Duration::from_secs(30)).await;
+    wait_until("the schedule initialised", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE next_fire_at_ms IS NOT NULL AND claim_owner IS NULL")
+            .await
+            == 1
+    })
+    .await;
+    su.batch_execute(&format!(
+        "BEGIN;
+         UPDATE qlsched.replicas SET incarnation = gen_random_uuid(), pid = 1,
+                heartbeat_at_ms = {now}, expires_at_ms = {now} + 600000 WHERE replica_id = 'twin';
+         UPDATE qlsched.trigger_schedules
+            SET claim_owner = 'twin', claim_token = '00000000-0000-0000-0000-00000000beef',
+                claim_version = claim_version + 1, claim_expires_at_ms = {now} + 600000,
+                claimable_at_ms = {now} + 600000, state_version = state_version + 1;
+         COMMIT;",
+        now = qlsched::db_now_ms!()
+    ))
+    .await
+    .unwrap();
+    let status = r.terminate(Duration::from_secs(20)).await;
+    let held = db
+        .count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'twin' AND claim_token = '00000000-0000-0000-0000-00000000beef'")
+        .await;
+    assert_eq!(
+        held,
+        1,
+        "the stop released the new incarnation's lease; log:\n{}",
+        r.log()
+    );
+    assert!(
+        !status.success(),
+        "a lost guard is an error exit: {status:?}"
+    );
+    assert!(r.log().contains("leaving every lease to it"), "{}", r.log());
+}
+
+/// `unshare --pid --fork --kill-child`: the replica runs as PID 1 of a new PID namespace, as
+/// in a container, and dies with the `unshare` process.
+fn in_new_pid_namespace() -> Vec<String> {
+    ["unshare", "--pid", "--fork", "--kill-child"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// Two containers with one host name and one replica id: the second process, in another
+/// PID namespace, cannot see the first in its process table, but the first is alive (it has
+/// sessions in the database), so the second is refused and the first keeps its id.
+#[tokio::test]
+async fn a_live_holder_in_another_pid_namespace_keeps_its_id() {
+    let db = TestDb::new().await;
+    db.seed(1, YEARLY).await;
+    let dsn = db.dsn("qlsched_runtime");
+    let mut first = ReplicaProc::spawn(&dsn, "shared", "", &[]);
+    first.wait_ready(Duration::from_secs(30)).await;
+    let holder = db
+        .count("SELECT pid::bigint FROM qlsched.replicas WHERE replica_id = 'shared'")
+        .await;
+    let mut second = ReplicaProc::spawn_via(
+        &in_new_pid_namespace(),
+        "127.0.0.1",
+        &dsn,
+        "shared",
+        "",
+        &[],
+    );
+    let status = second.wait_exit(Duration::from_secs(30)).await;
+    let log = second.log();
+    assert!(!status.success(), "{status:?}: {log}");
+    assert!(
+        log.contains("replica id `shared` is held by a live process"),
+        "{log}"
+    );
+    assert_eq!(
+        db.count("SELECT pid::bigint FROM qlsched.replicas WHERE replica_id = 'shared'")
+            .await,
+        holder,
+        "the guard row changed hands"
+    );
+    assert_eq!(first.get("/readyz").map(|r| r.0), Some(200));
+    assert!(first.terminate(Duration::from_secs(20)).await.success());
+}
+
+/// A container killed and restarted: the new process is PID 1 again, like its dead
+/// predecessor, on the same host name. The predecessor has no session left in the
+/// database, so the id is taken over at once, not after the guard's TTL (30 s here).
+#[tokio::test]
+async fn a_restarted_container_takes_its_id_over_without_waiting_for_the_ttl() {
+    let db = TestDb::new().await;
+    db.seed(1, YEARLY).await;
+    let dsn = db.dsn("qlsched_runtime");
+    let toml = "lease = \"30s\"";
+    let mut first =
+        ReplicaProc::spawn_via(&in_new_pid_namespace(), "127.0.0.1", &dsn, "box", toml, &[]);
+    first.wait_ready(Duration::from_secs(30)).await;
+    assert_eq!(
+        db.count("SELECT pid::bigint FROM qlsched.replicas WHERE replica_id = 'box'")
+            .await,
+        1,
+        "the replica runs as PID 1 of its namespace"
+    );
+    first.kill();
+    wait_until(
+        "the killed replica's sessions are gone",
+        Duration::from_secs(10),
+        || async {
+            db.count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'qlsched_runtime' AND datname = current_database()")
+                .await
+                == 0
+        },
+    )
+    .await;
+    let t = std::time::Instant::now();
+    let mut second =
+        ReplicaProc::spawn_via(&in_new_pid_namespace(), "127.0.0.1", &dsn, "box", toml, &[]);
+    second.wait_ready(Duration::from_secs(20)).await;
+    assert!(
+        db.count("SELECT expires_at_ms - heartbeat_at_ms FROM qlsched.replicas WHERE replica_id = 'box' AND stopped_at_ms IS NULL")
+            .await
+            > 0
+    );
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    // (`unshare` ignores SIGTERM while it waits for its child: no graceful stop here.)
+    second.kill();
+}
