@@ -19,6 +19,7 @@ mod operate;
 mod pgbouncer;
 mod plans;
 mod roles;
+mod status;
 mod store_admit;
 mod store_claim;
 mod tls;
