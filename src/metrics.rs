@@ -144,7 +144,7 @@ impl Metrics {
         );
         r.register(
             "notifications",
-            "Change notifications received (publish, enable, manual fire) that woke the scheduler",
+            "Change notifications received (publish, enable, project resume) that woke the scheduler",
             self.notifications.clone(),
         );
         r.register(

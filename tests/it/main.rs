@@ -6,6 +6,7 @@ mod config_validation;
 mod contrib;
 mod coordinator;
 mod daemon;
+mod docs_drift;
 mod drills;
 mod edges;
 mod integrity;
