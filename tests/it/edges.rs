@@ -355,19 +355,44 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
     let report = recovery::recover_on_startup(&conn, 10).await.unwrap();
     assert_eq!(report.candidate_count, 150);
     assert_eq!(report.candidates.len(), 10);
-    su.batch_execute("SET enable_seqscan = off").await.unwrap();
+    // History: 20,000 finished runs, each with its attempt, beside the 150 unfinished ones.
+    // The plan of the very statement recovery runs (prepared, as tokio-postgres sends it)
+    // reads runs only through the partial index of unfinished runs, both times it reads
+    // them. (Attempts are joined as the planner prices it: at this size it hashes a
+    // sequential scan of them.)
+    su.batch_execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
+                                   execution_revision_id, idempotency_key, status, scheduled_for_ms, admitted_by, queued_at_ms)
+         SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1, k.execution_revision_id,
+                'ql3:cron:v1:trg-00000:1:' || g, 'succeeded', g, 'x', g
+           FROM generate_series(1000, 20999) g, qlsched.tasks k;
+         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+         SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'succeeded', queued_at_ms
+           FROM qlsched.runs WHERE status = 'succeeded';
+         ANALYZE qlsched.runs; ANALYZE qlsched.attempts;",
+    )
+    .await
+    .unwrap();
+    su.batch_execute(&format!(
+        "PREPARE recovery(bigint) AS {}",
+        recovery::RECOVERY_SQL
+    ))
+    .await
+    .unwrap();
     let plan: Vec<String> = su
-        .query(
-            "EXPLAIN SELECT run_id FROM qlsched.runs WHERE status IN ('queued', 'dispatching', 'running')",
-            &[],
-        )
+        .query("EXPLAIN (COSTS OFF) EXECUTE recovery(10)", &[])
         .await
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
     let plan = plan.join("\n");
-    assert!(plan.contains("runs_unfinished_idx"), "{plan}");
+    assert_eq!(
+        plan.matches("runs_unfinished_idx on runs").count(),
+        2,
+        "both reads of runs go through the partial index:\n{plan}"
+    );
+    assert!(!plan.contains("Seq Scan on runs"), "{plan}");
 }
 
 /// A claimed row whose definition moved on (a task deployed) or whose physical address moved
