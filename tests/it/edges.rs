@@ -43,7 +43,8 @@ async fn holes(db: &TestDb) -> i64 {
 
 /// Deploying a new task version while its triggers are claimed re-decides them at once: no
 /// trigger stops, no occurrence is skipped, none is late by more than 2 s, and the runs after
-/// the last deployment are pinned to the new execution revision.
+/// the last deployment are pinned to the new execution revision. 200 every-second triggers,
+/// 2 replicas, the task republished 20 times within 10 s.
 #[actix_rt::test]
 async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
     // Lateness is asserted: not alongside the drills, which load both cores.
@@ -59,19 +60,30 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
             == 200
     })
     .await;
-    // The replicas wake at each whole second and admit within milliseconds of it: deploy
-    // just after a whole second (0-9 ms, varied), between their claims and their admissions.
-    for i in 0..12u64 {
-        let since_second = std::time::SystemTime::now()
+    // The task is republished 20 times within 10 s, twice a second. The replicas wake at
+    // each whole second and admit within milliseconds of it: one deployment a second lands
+    // just after a whole second (0-9 ms, varied), between their claims and their admissions;
+    // the other at the half second, between rounds.
+    let mut first_publish = None;
+    for i in 0..20u64 {
+        let phase = if i % 2 == 0 { (i / 2 % 4) * 3 } else { 500 };
+        let in_second = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64
             % 1000;
-        tokio::time::sleep(Duration::from_millis(1000 - since_second + (i % 4) * 3)).await;
+        let wait = (1000 + phase - in_second) % 1000;
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        first_publish.get_or_insert_with(Instant::now);
         manage::publish_task(&mut admin, "proj", "task", &format!("{{\"v\":{i}}}"))
             .await
             .unwrap();
     }
+    let span = first_publish.unwrap().elapsed();
+    assert!(
+        span <= Duration::from_secs(10),
+        "20 deployments took {span:?}, not within 10 s"
+    );
     let last_publish = db.count(concat!("SELECT ", qlsched::db_now_ms!())).await;
     wait_until("runs on the last revision", Duration::from_secs(20), || async {
         db.count(&format!(
@@ -124,6 +136,10 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
 
 /// A rewrite of the schedule table (`VACUUM FULL`) moves every row's physical address under
 /// live claims: the refused admissions are decided again at once, with no back-off and no loss.
+/// A rewrite lands between a claim and its admission only by chance (the gap is milliseconds),
+/// so the rewrites repeat, 150 ms apart, until at least one admission was refused for a moved
+/// row (a re-decision: nothing else changes here), and the test asserts that it happened: the
+/// path it is about has run, and every row still comes back at once.
 #[actix_rt::test]
 async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     let _one = crate::drills::exclusive().await;
@@ -136,12 +152,29 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
             == 100
     })
     .await;
+    assert_eq!(m.redecides.get(), 0, "re-decisions before any rewrite");
     let su = db.superuser().await;
-    for _ in 0..4 {
+    let mut rewrites = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while m.redecides.get() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{rewrites} rewrites in 60 s and no admission was refused for a moved row \
+             (ticks {}, claims {}, admits {}, fence losses {}, rejects {}, errors {}, error back-offs {}, unknown {})",
+            m.ticks.get(),
+            m.claims.get(),
+            m.admits.get(),
+            m.fence_losses.get(),
+            m.rejects.get(),
+            m.errors.get(),
+            m.error_backoffs.get(),
+            m.unknown_outcomes.get()
+        );
         su.batch_execute("VACUUM FULL qlsched.trigger_schedules")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        rewrites += 1;
+        tokio::time::sleep(Duration::from_millis(150)).await;
     }
     let after = db.count(concat!("SELECT ", qlsched::db_now_ms!())).await;
     wait_until("every trigger admitted after the rewrites", Duration::from_secs(10), || async {
@@ -161,7 +194,11 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
         ))
         .await;
     assert_eq!(backed_off, 0, "rows released with a back-off");
-    let _ = m;
+    assert_eq!(
+        m.rejects.get(),
+        0,
+        "a moved row was taken for a corrupt one"
+    );
     db.assert_invariants().await;
 }
 
@@ -260,7 +297,10 @@ async fn a_persistent_admission_error_backs_off_exponentially() {
 
 /// A trigger behind its schedule catches up at admission speed even when the timer starts
 /// rounds while its claim actor is still admitting (slow admissions make that certain):
-/// the catch-up signal raised by the claim actor survives the timer's round.
+/// the catch-up signal raised by the claim actor survives the timer's round. Every UPDATE
+/// statement on the schedules (a claim round's, even one that leases nothing) logs whether an
+/// admission was asleep in its slow insert at that moment: at least one round ran inside an
+/// admission, so the overlap this test is about happened.
 #[actix_rt::test]
 async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
     let db = TestDb::new().await;
@@ -271,7 +311,19 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
             "CREATE FUNCTION qlsched.slow_admission() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN PERFORM pg_sleep(0.25); RETURN NEW; END $$;
              CREATE TRIGGER slow_admission BEFORE INSERT ON qlsched.runs
-               FOR EACH ROW EXECUTE FUNCTION qlsched.slow_admission();",
+               FOR EACH ROW EXECUTE FUNCTION qlsched.slow_admission();
+             CREATE TABLE qlsched.test_schedule_updates (during_admission boolean NOT NULL);
+             CREATE FUNCTION qlsched.log_schedule_update() RETURNS trigger LANGUAGE plpgsql
+               SECURITY DEFINER AS $$
+             BEGIN
+               INSERT INTO qlsched.test_schedule_updates
+               SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                               WHERE pid <> pg_backend_pid() AND wait_event = 'PgSleep'
+                                 AND datname = current_database());
+               RETURN NULL;
+             END $$;
+             CREATE TRIGGER log_schedule_update AFTER UPDATE ON qlsched.trigger_schedules
+               FOR EACH STATEMENT EXECUTE FUNCTION qlsched.log_schedule_update();",
         )
         .await
         .unwrap();
@@ -286,6 +338,13 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
     .await;
     let elapsed = started.elapsed();
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    let overlapping = db
+        .count("SELECT count(*) FROM qlsched.test_schedule_updates WHERE during_admission")
+        .await;
+    assert!(
+        overlapping >= 1,
+        "no claim round ran while an admission was in flight: the overlap never happened"
+    );
     assert!(
         elapsed < Duration::from_secs(15),
         "20 occurrences took {elapsed:?}: the catch-up fell back to the cadence"
