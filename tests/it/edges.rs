@@ -299,8 +299,10 @@ async fn a_persistent_admission_error_backs_off_exponentially() {
 /// rounds while its claim actor is still admitting (slow admissions make that certain):
 /// the catch-up signal raised by the claim actor survives the timer's round. Every UPDATE
 /// statement on the schedules (a claim round's, even one that leases nothing) logs whether an
-/// admission was asleep in its slow insert at that moment: at least one round ran inside an
-/// admission, so the overlap this test is about happened.
+/// admission was asleep in its slow insert at that moment, and a claim round that finds one
+/// sleeps 0.6 s, so the admission ends (raising the signal) while the round is in flight: the
+/// interleaving that lost the signal before issue 10 happens at every timer round during the
+/// catch-up, and at least one must have happened.
 #[actix_rt::test]
 async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
     let db = TestDb::new().await;
@@ -315,11 +317,17 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
              CREATE TABLE qlsched.test_schedule_updates (during_admission boolean NOT NULL);
              CREATE FUNCTION qlsched.log_schedule_update() RETURNS trigger LANGUAGE plpgsql
                SECURITY DEFINER AS $$
+             DECLARE admitting boolean := EXISTS (
+               SELECT 1 FROM pg_stat_activity
+                WHERE pid <> pg_backend_pid() AND wait_event = 'PgSleep'
+                  AND datname = current_database());
              BEGIN
-               INSERT INTO qlsched.test_schedule_updates
-               SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                               WHERE pid <> pg_backend_pid() AND wait_event = 'PgSleep'
-                                 AND datname = current_database());
+               INSERT INTO qlsched.test_schedule_updates VALUES (admitting);
+               -- A claim round inside an admission outlasts it: the admission ends (and
+               -- raises the catch-up signal) while this round is still in flight.
+               IF admitting AND current_query() LIKE '%picked AS%' THEN
+                 PERFORM pg_sleep(0.6);
+               END IF;
                RETURN NULL;
              END $$;
              CREATE TRIGGER log_schedule_update AFTER UPDATE ON qlsched.trigger_schedules
@@ -327,8 +335,7 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
         )
         .await
         .unwrap();
-    // Cadence 2 s: a lost catch-up signal would fall back to one occurrence per 2 s.
-    let (sup, _, _) = start(settings(&db, "a", 2_000, 30_000));
+    let (sup, _, _) = start(settings(&db, "a", 4_000, 30_000));
     let started = Instant::now();
     wait_until(
         "the 20 missed occurrences",
@@ -341,6 +348,20 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
     let overlapping = db
         .count("SELECT count(*) FROM qlsched.test_schedule_updates WHERE during_admission")
         .await;
+    // Cadence 4 s: a lost catch-up signal leaves the trigger waiting for the next timer round,
+    // a gap of several seconds between two of the 20 admissions; kept, the longest gap is the
+    // overlapping round (0.6 s) plus one admission (0.25 s).
+    let gap = db
+        .count(
+            "SELECT max(g)::bigint FROM (
+               SELECT queued_at_ms - lag(queued_at_ms) OVER (ORDER BY queued_at_ms) AS g
+                 FROM (SELECT queued_at_ms FROM qlsched.runs ORDER BY queued_at_ms LIMIT 20) f) x",
+        )
+        .await;
+    assert!(
+        gap < 2_000,
+        "{gap} ms between two catch-up admissions: the catch-up waited for the timer"
+    );
     assert!(
         overlapping >= 1,
         "no claim round ran while an admission was in flight: the overlap never happened"
