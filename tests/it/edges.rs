@@ -4,16 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use actix::prelude::*;
-use qlsched::actors::health::Health;
-use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
+use qlsched::actors::supervisor::{Drain, Probe};
 use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
 use qlsched::store::admit::{self, Refusal};
 use qlsched::store::{self, manage, recovery};
 
 use crate::helpers::claimed::{admission, Claimed};
-use crate::helpers::{discard_log, wait_until, TestDb};
+use crate::helpers::{discard_log, start_supervisor as start, wait_until, TestDb};
 
 fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Settings {
     Settings {
@@ -23,12 +21,6 @@ fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Setting
         admit_timeout: Duration::from_secs(1),
         ..db.actor_settings(owner)
     }
-}
-
-fn start(s: Settings) -> (Addr<Supervisor>, Metrics, Health) {
-    let (metrics, health) = (Metrics::default(), Health::default());
-    let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, health.clone()).start();
-    (sup, metrics, health)
 }
 
 /// Occurrences missing between each trigger's first and last run (every-second triggers).
@@ -84,7 +76,7 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
         span <= Duration::from_secs(10),
         "20 deployments took {span:?}, not within 10 s"
     );
-    let last_publish = db.count(concat!("SELECT ", qlsched::db_now_ms!())).await;
+    let last_publish = db.now_ms().await;
     wait_until("runs on the last revision", Duration::from_secs(20), || async {
         db.count(&format!(
             "SELECT count(DISTINCT trigger_id) FROM qlsched.runs r JOIN qlsched.tasks k USING (task_id)
@@ -176,7 +168,7 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
         rewrites += 1;
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    let after = db.count(concat!("SELECT ", qlsched::db_now_ms!())).await;
+    let after = db.now_ms().await;
     wait_until("every trigger admitted after the rewrites", Duration::from_secs(10), || async {
         db.count(&format!(
             "SELECT count(DISTINCT trigger_id) FROM qlsched.runs WHERE scheduled_for_ms > {after} + 1000"
@@ -190,7 +182,7 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     let backed_off = db
         .count(&format!(
             "SELECT count(*) FROM qlsched.trigger_schedules WHERE claimable_at_ms > {} + 10000",
-            db.count(concat!("SELECT ", qlsched::db_now_ms!())).await
+            db.now_ms().await
         ))
         .await;
     assert_eq!(backed_off, 0, "rows released with a back-off");

@@ -10,7 +10,7 @@ use qlsched::store::manage::{self, TriggerSpec};
 use qlsched::store::triggers;
 
 use crate::helpers::replica::{binary, ReplicaProc};
-use crate::helpers::{wait_until, TestDb};
+use crate::helpers::{wait_until, RunsLock, TestDb};
 
 /// `qlsched <args>` with `QLSCHED_DSN` pointing at the admin role; no ambient password.
 fn ql(db: &TestDb, args: &[&str]) -> Output {
@@ -85,23 +85,6 @@ async fn runs_where(db: &TestDb, trigger: &str, cond: &str, v: i64) -> i64 {
         .await
         .unwrap()
         .get(0)
-}
-
-/// A superuser transaction holding `qlsched.runs` in EXCLUSIVE mode: claims go on, every
-/// admission waits before it touches a row. Rolled back by `release` or on drop.
-struct RunsLock(tokio_postgres::Client);
-
-impl RunsLock {
-    async fn take(db: &TestDb) -> RunsLock {
-        let c = db.superuser().await;
-        c.batch_execute("BEGIN; LOCK TABLE qlsched.runs IN EXCLUSIVE MODE")
-            .await
-            .unwrap();
-        RunsLock(c)
-    }
-    async fn release(self) {
-        self.0.batch_execute("COMMIT").await.unwrap();
-    }
 }
 
 async fn lock_waiters(db: &TestDb) -> i64 {

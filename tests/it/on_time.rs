@@ -5,12 +5,11 @@
 use std::time::Duration;
 
 use actix::prelude::*;
-use qlsched::actors::health::Health;
 use qlsched::actors::supervisor::{Drain, Supervisor};
 use qlsched::actors::Settings;
 use qlsched::metrics::Metrics;
 
-use crate::helpers::{discard_log, wait_until, FirstRun, TestDb};
+use crate::helpers::{wait_until, FirstRun, TestDb};
 
 fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
     Settings {
@@ -22,8 +21,7 @@ fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
 }
 
 fn start(s: Settings) -> (Addr<Supervisor>, Metrics) {
-    let metrics = Metrics::default();
-    let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
+    let (sup, metrics, _) = crate::helpers::start_supervisor(s);
     (sup, metrics)
 }
 
