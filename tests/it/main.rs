@@ -5,6 +5,7 @@ mod helpers;
 mod config_validation;
 mod contrib;
 mod coordinator;
+mod counting;
 mod daemon;
 mod docs_drift;
 mod drills;
