@@ -220,6 +220,22 @@ every_alert_is_tested() {
   return $bad
 }
 check "every alert has a promtool test" every_alert_is_tested
+# Two clusters in one Prometheus must not mix: the scrape job is named once (the recording
+# rule qlsched:up) and every aggregation keeps the job label.
+the_job_is_named_once_and_kept() {
+  local rules=contrib/prometheus/qlsched-alerts.yml bad=0 n
+  n=$(grep -v '^ *#' "$rules" | grep -c 'job=')
+  [ "$n" -eq 1 ] || { echo "the job is named $n times in $rules (want 1: qlsched:up)"; bad=1; }
+  if grep -v '^ *#' "$rules" | grep -E '(sum|max|min|count|avg)( by \(([a-z, ]*)\))? *\(' \
+       | grep -vE '(sum|max|min|count|avg) by \((job|job, [a-z, ]*)\)' | grep -q .; then
+    echo "an aggregation drops the job label:"
+    grep -v '^ *#' "$rules" | grep -E '(sum|max|min|count|avg)( by \(([a-z, ]*)\))? *\(' \
+      | grep -vE '(sum|max|min|count|avg) by \((job|job, [a-z, ]*)\)'
+    bad=1
+  fi
+  return $bad
+}
+check "alert rules name the scrape job once and aggregate by job" the_job_is_named_once_and_kept
 
 # ---------------------------------------------------------------- real install, upgrade, purge
 install_and_check() {

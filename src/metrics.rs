@@ -164,7 +164,7 @@ impl Metrics {
         );
         r.register(
             "notifications",
-            "Change notifications received (publish, enable, manual fire) that woke the scheduler",
+            "Change notifications received (publish, enable, project resume) that woke the scheduler",
             self.notifications.clone(),
         );
         // Labelled by the kind of run: the daemon admits only cron occurrences (manual fires

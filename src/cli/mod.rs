@@ -67,7 +67,7 @@ pub enum Command {
         target: Target,
         #[arg(long)]
         json: bool,
-        /// Lag percentiles over the last N runs.
+        /// Lag percentiles over the last N runs of each kind (cron, manual, backfill).
         #[arg(long, default_value_t = 1000)]
         last: i64,
     },

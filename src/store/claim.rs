@@ -221,8 +221,8 @@ UPDATE qlsched.trigger_schedules s
        claimable_at_ms = obs.now_ms + $2,
        state_version = s.state_version + 1,
        updated_at_ms = obs.now_ms
-  FROM picked, obs, qlsched.triggers t, qlsched.tasks k
- WHERE s.trigger_id = picked.trigger_id
+  FROM obs, qlsched.triggers t, qlsched.tasks k
+ WHERE s.trigger_id = ANY (ARRAY(SELECT trigger_id FROM picked))
    AND t.trigger_id = s.trigger_id
    AND k.task_id = t.task_id
 RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,

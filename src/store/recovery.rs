@@ -22,20 +22,10 @@ pub struct RecoveryReport {
     pub candidates: Vec<RecoveryCandidate>,
 }
 
-/// Classifies unfinished runs. Read-only: the scheduler never dispatches or repairs work, so
-/// candidates are reported (fail closed) and left to the dispatcher or an operator.
-///
-/// Unfinished means `queued`, `dispatching` or `running`; the partial index
-/// `runs_unfinished_idx` holds exactly those, so finished history is never scanned.
-///
-/// Locking: plain READ COMMITTED reads; nothing is locked.
-pub async fn recover_on_startup(
-    conn: &tokio_postgres::Client,
-    limit: i64,
-) -> Result<RecoveryReport, StoreError> {
-    let rows = conn
-        .query(
-            "WITH latest AS (
+/// The classification [`recover_on_startup`] runs (`$1`: how many candidates to list). The
+/// first row carries the counts; the rest are the candidates. Public so that a test can
+/// EXPLAIN this very statement (`runs_unfinished_idx`, `tests/it/edges.rs`).
+pub const RECOVERY_SQL: &str = "WITH latest AS (
                  SELECT DISTINCT ON (a.run_id) a.*
                    FROM qlsched.attempts a
                    JOIN qlsched.runs r ON r.run_id = a.run_id
@@ -63,10 +53,20 @@ pub async fn recover_on_startup(
                      count(*) FILTER (WHERE reason IS NOT NULL) FROM classified)
              UNION ALL
              (SELECT run_id, idempotency_key, reason, 0, 0 FROM classified WHERE reason IS NOT NULL
-               ORDER BY run_id LIMIT $1)",
-            &[&limit],
-        )
-        .await?;
+               ORDER BY run_id LIMIT $1)";
+
+/// Classifies unfinished runs. Read-only: the scheduler never dispatches or repairs work, so
+/// candidates are reported (fail closed) and left to the dispatcher or an operator.
+///
+/// Unfinished means `queued`, `dispatching` or `running`; the partial index
+/// `runs_unfinished_idx` holds exactly those, so finished history is never scanned.
+///
+/// Locking: plain READ COMMITTED reads; nothing is locked.
+pub async fn recover_on_startup(
+    conn: &tokio_postgres::Client,
+    limit: i64,
+) -> Result<RecoveryReport, StoreError> {
+    let rows = conn.query(RECOVERY_SQL, &[&limit]).await?;
     let mut report = RecoveryReport::default();
     for r in rows {
         match r.get::<_, Option<String>>(2) {

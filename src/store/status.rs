@@ -22,10 +22,56 @@ pub struct Status {
     pub live_claims: i64,
     pub due_backlog: i64,
     pub oldest_due_age_ms: Option<i64>,
+    /// Admissions and lag per kind of run: a backfill's or a manual fire's lag says nothing
+    /// about how late the cron runs.
+    pub by_kind: ByKind,
+}
+
+/// How a run came to be admitted, told from its row alone (docs/operations.md, "qlsched
+/// status"): `manual` is `trigger fire` (a `ql3:manual:` key, whatever its version),
+/// `backfill` is `trigger backfill` (the cron key, admitted by `backfill:<actor>`; a replica
+/// id cannot contain `:`), `cron` is a replica's admission of an occurrence.
+pub const RUN_KIND_SQL: &str = "CASE WHEN r.idempotency_key LIKE 'ql3:manual:%' THEN 'manual' \
+     WHEN r.admitted_by LIKE 'backfill:%' THEN 'backfill' ELSE 'cron' END";
+
+/// The kinds [`RUN_KIND_SQL`] yields, in the order `status` shows them.
+pub const RUN_KINDS: [&str; 3] = ["cron", "manual", "backfill"];
+
+/// One kind's admissions in the last minute and its lag (`queued_at − scheduled_for`) over
+/// its last runs.
+#[derive(Debug, Default, Serialize)]
+pub struct KindStatus {
     pub admitted_last_minute: i64,
     pub lag_p50_ms: Option<f64>,
     pub lag_p99_ms: Option<f64>,
+    /// How many runs the percentiles cover (at most `--last`).
     pub lag_sample: i64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ByKind {
+    pub cron: KindStatus,
+    pub manual: KindStatus,
+    pub backfill: KindStatus,
+}
+
+impl ByKind {
+    fn get_mut(&mut self, kind: &str) -> Option<&mut KindStatus> {
+        match kind {
+            "cron" => Some(&mut self.cron),
+            "manual" => Some(&mut self.manual),
+            "backfill" => Some(&mut self.backfill),
+            _ => None,
+        }
+    }
+
+    fn iter(&self) -> [(&'static str, &KindStatus); 3] {
+        [
+            ("cron", &self.cron),
+            ("manual", &self.manual),
+            ("backfill", &self.backfill),
+        ]
+    }
 }
 
 /// Due backlog (rows a claim would take now: free and due, or holding an expired lease) and
@@ -88,30 +134,48 @@ pub async fn read(client: &tokio_postgres::Client, last: i64) -> Result<Status, 
         .await?
         .get(0);
     let (due_backlog, oldest_due_age_ms) = due_backlog(client).await?;
-    let admitted_last_minute: i64 = client
-        .query_one(
-            &format!("SELECT count(*) FROM qlsched.runs WHERE queued_at_ms > {now_sql} - 60000"),
-            &[],
-        )
-        .await?
-        .get(0);
-    let lag = client
-        .query_one(
-            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag), percentile_cont(0.99) WITHIN GROUP (ORDER BY lag), count(*)
-               FROM (SELECT queued_at_ms - scheduled_for_ms AS lag FROM qlsched.runs
-                      ORDER BY queued_at_ms DESC NULLS LAST LIMIT $1) l",
-            &[&last],
+    let mut by_kind = ByKind::default();
+    // Per kind: the last minute's admissions (a range of `runs_queued_at_idx`) and the lag
+    // over that kind's last `$1` runs (the same index read backwards, filtered by kind).
+    let rows = client
+        .query(
+            &format!(
+                "WITH n AS MATERIALIZED (SELECT {now_sql} AS ms)
+                 SELECT k.kind,
+                        (SELECT count(*) FROM qlsched.runs r
+                          WHERE r.queued_at_ms > (SELECT ms FROM n) - 60000
+                            AND ({RUN_KIND_SQL}) = k.kind),
+                        l.p50, l.p99, l.sample
+                   FROM unnest($2::text[]) AS k(kind)
+                  CROSS JOIN LATERAL (
+                        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+                               percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
+                               count(*) AS sample
+                          FROM (SELECT r.queued_at_ms - r.scheduled_for_ms AS lag
+                                  FROM qlsched.runs r
+                                 WHERE r.queued_at_ms IS NOT NULL AND ({RUN_KIND_SQL}) = k.kind
+                                 ORDER BY r.queued_at_ms DESC LIMIT $1) s) l"
+            ),
+            &[&last, &RUN_KINDS.to_vec()],
         )
         .await?;
+    for r in rows {
+        let kind: String = r.get(0);
+        if let Some(k) = by_kind.get_mut(&kind) {
+            *k = KindStatus {
+                admitted_last_minute: r.get(1),
+                lag_p50_ms: r.get(2),
+                lag_p99_ms: r.get(3),
+                lag_sample: r.get(4),
+            };
+        }
+    }
     Ok(Status {
         replicas,
         live_claims,
         due_backlog,
         oldest_due_age_ms,
-        admitted_last_minute,
-        lag_p50_ms: lag.get(0),
-        lag_p99_ms: lag.get(1),
-        lag_sample: lag.get(2),
+        by_kind,
     })
 }
 
@@ -146,16 +210,19 @@ impl Status {
         );
         let _ = writeln!(
             s,
-            "admitted in the last minute: {}",
-            self.admitted_last_minute
+            "runs by kind:  admitted in the last minute  lag p50 / p99 over the kind's last runs"
         );
-        let _ = writeln!(
-            s,
-            "lag over last {} runs: p50 {}  p99 {}",
-            self.lag_sample,
-            ms(self.lag_p50_ms),
-            ms(self.lag_p99_ms)
-        );
+        for (kind, k) in self.by_kind.iter() {
+            let _ = writeln!(
+                s,
+                "  {:<9} {:>6}  p50 {:>10}  p99 {:>10}  over {} runs",
+                kind,
+                k.admitted_last_minute,
+                ms(k.lag_p50_ms),
+                ms(k.lag_p99_ms),
+                k.lag_sample
+            );
+        }
         s
     }
 }

@@ -10,7 +10,7 @@ use qlsched::store::manage::{self, TriggerSpec};
 use qlsched::store::triggers;
 
 use crate::helpers::replica::{binary, ReplicaProc};
-use crate::helpers::{wait_until, TestDb};
+use crate::helpers::{wait_until, RunsLock, TestDb};
 
 /// `qlsched <args>` with `QLSCHED_DSN` pointing at the admin role; no ambient password.
 fn ql(db: &TestDb, args: &[&str]) -> Output {
@@ -85,23 +85,6 @@ async fn runs_where(db: &TestDb, trigger: &str, cond: &str, v: i64) -> i64 {
         .await
         .unwrap()
         .get(0)
-}
-
-/// A superuser transaction holding `qlsched.runs` in EXCLUSIVE mode: claims go on, every
-/// admission waits before it touches a row. Rolled back by `release` or on drop.
-struct RunsLock(tokio_postgres::Client);
-
-impl RunsLock {
-    async fn take(db: &TestDb) -> RunsLock {
-        let c = db.superuser().await;
-        c.batch_execute("BEGIN; LOCK TABLE qlsched.runs IN EXCLUSIVE MODE")
-            .await
-            .unwrap();
-        RunsLock(c)
-    }
-    async fn release(self) {
-        self.0.batch_execute("COMMIT").await.unwrap();
-    }
 }
 
 async fn lock_waiters(db: &TestDb) -> i64 {
@@ -706,145 +689,152 @@ async fn a_backfill_killed_half_way_and_run_again_completes_without_duplicates()
     db.assert_invariants().await;
 }
 
-/// Every refusal: its exit code, the argument or id named, nothing written.
+/// Where a refused command is pointed: the admin DSN, no DSN at all, or another one.
+enum Dsn {
+    Admin,
+    Unset,
+    Given(&'static str),
+}
+
+/// One refusal: the command, its target, the exit code and what stderr must name.
+struct Refusal {
+    args: Vec<String>,
+    dsn: Dsn,
+    code: i32,
+    names: String,
+}
+
+fn refusal(args: &[&str], code: i32, names: &str) -> Refusal {
+    Refusal {
+        args: args.iter().map(|a| a.to_string()).collect(),
+        dsn: Dsn::Admin,
+        code,
+        names: names.into(),
+    }
+}
+
+/// Everything a trigger command could write (definitions, schedules, projects, runs), as one
+/// digest.
+async fn written_state(db: &TestDb) -> String {
+    db.superuser()
+        .await
+        .query_one(
+            "SELECT md5(concat_ws('|',
+                (SELECT string_agg(t::text, ',' ORDER BY trigger_id) FROM qlsched.triggers t),
+                (SELECT string_agg(s::text, ',' ORDER BY trigger_id) FROM qlsched.trigger_schedules s),
+                (SELECT string_agg(p::text, ',' ORDER BY project_id) FROM qlsched.projects p),
+                (SELECT count(*) FROM qlsched.runs)))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Runs every case and asserts its exit code, the culprit named on stderr, and that the
+/// database is exactly as before it.
+async fn assert_each_refused_writing_nothing(db: &TestDb, cases: &[Refusal]) {
+    for c in cases {
+        let before = written_state(db).await;
+        let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        let out = match c.dsn {
+            Dsn::Admin => ql(db, &args),
+            Dsn::Given(dsn) => ql_env(db, &args, &[("QLSCHED_DSN", dsn)]),
+            Dsn::Unset => Command::new(binary())
+                .args(&args)
+                .env_remove("QLSCHED_DSN")
+                .output()
+                .unwrap(),
+        };
+        let err = stderr(&out);
+        let shown = format!("`qlsched {}`", args.join(" "));
+        assert_eq!(
+            out.status.code(),
+            Some(c.code),
+            "{shown}\nstderr: {err}\nstdout: {}",
+            stdout(&out)
+        );
+        assert!(
+            err.contains(&c.names),
+            "{shown}: stderr lacks `{}`: {err}",
+            c.names
+        );
+        assert_eq!(written_state(db).await, before, "{shown} wrote something");
+    }
+}
+
+/// Every refusal: its exit code (2 bad argument, 3 unknown trigger, 4 refused by state, 1
+/// unreachable database), the argument or id named, nothing written.
 #[tokio::test]
 async fn every_refusal_exits_with_its_code_names_the_culprit_and_writes_nothing() {
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     let id = "trg-00000";
-    let win = [
-        "--from",
-        "2026-01-01T00:00:00Z",
-        "--to",
-        "2026-01-01T01:00:00Z",
-    ];
-    let with = |cmd: &[&str], extra: &[&str]| -> Vec<String> {
-        cmd.iter().chain(extra).map(|s| s.to_string()).collect()
+    let (t0, t1) = ("2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z");
+    let backfill = |extra: &[&str]| -> Vec<String> {
+        ["trigger", "backfill", id]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string())
+            .collect()
     };
-    let run = |args: Vec<String>| ql(&db, &args.iter().map(String::as_str).collect::<Vec<_>>());
-
-    // unknown trigger: 3, the id named
-    for cmd in [
-        vec!["trigger", "show", "nope"],
-        vec!["trigger", "disable", "nope"],
-        vec!["trigger", "enable", "nope"],
-        vec!["trigger", "delete", "nope"],
-        vec!["trigger", "fire", "nope"],
-    ] {
-        refused(ql(&db, &cmd), 3, "unknown trigger `nope`");
+    let long_note = "n".repeat(1001);
+    let long_actor = "w".repeat(101);
+    let mut by_argument_or_id = vec![];
+    for cmd in ["show", "disable", "enable", "delete", "fire"] {
+        by_argument_or_id.push(refusal(
+            &["trigger", cmd, "nope"],
+            3,
+            "unknown trigger `nope`",
+        ));
     }
-    refused(
-        run(with(&["trigger", "backfill", "nope"], &win)),
-        3,
-        "unknown trigger `nope`",
-    );
-
-    // bad window / times / cap: 2, the argument named
-    refused(
-        ql(
-            &db,
-            &[
-                "trigger",
-                "backfill",
-                id,
-                "--from",
-                "2026-01-01T01:00:00Z",
-                "--to",
-                "2026-01-01T00:00:00Z",
-            ],
+    by_argument_or_id.extend([
+        refusal(
+            &["trigger", "backfill", "nope", "--from", t0, "--to", t1],
+            3,
+            "unknown trigger `nope`",
         ),
-        2,
-        "--from",
-    );
-    refused(
-        ql(
-            &db,
-            &[
-                "trigger",
-                "backfill",
-                id,
-                "--from",
-                "yesterday",
-                "--to",
-                "2026-01-01T00:00:00Z",
-            ],
+        Refusal {
+            args: backfill(&["--from", t1, "--to", t0]),
+            ..refusal(&[], 2, "--from")
+        },
+        Refusal {
+            args: backfill(&["--from", "yesterday", "--to", t0]),
+            ..refusal(&[], 2, "--from `yesterday`")
+        },
+        Refusal {
+            args: backfill(&["--from", t0, "--to", "2026-13-01"]),
+            ..refusal(&[], 2, "--to `2026-13-01`")
+        },
+        Refusal {
+            args: backfill(&["--from", t0, "--to", t1]),
+            ..refusal(&[], 2, "--max 1000")
+        },
+        Refusal {
+            args: backfill(&["--from", t0, "--to", t1, "--max", "100001"]),
+            ..refusal(&[], 2, "--max 100001")
+        },
+        Refusal {
+            args: backfill(&["--from", t0, "--to", "2999-01-01T00:00:00Z"]),
+            ..refusal(&[], 2, "--to 2999-01-01T00:00:00Z is in the future")
+        },
+        refusal(
+            &["trigger", "fire", id, "--request-id", "a b"],
+            2,
+            "--request-id `a b`",
         ),
-        2,
-        "--from `yesterday`",
-    );
-    refused(
-        ql(
-            &db,
-            &[
-                "trigger",
-                "backfill",
-                id,
-                "--from",
-                "2026-01-01T00:00:00Z",
-                "--to",
-                "2026-13-01",
-            ],
+        refusal(&["trigger", "list", "--limit", "0"], 2, "--limit 0"),
+        refusal(
+            &["trigger", "disable", id, "--note", &long_note],
+            2,
+            "--note: 1001 characters",
         ),
-        2,
-        "--to `2026-13-01`",
-    );
-    refused(
-        run(with(&["trigger", "backfill", id], &win)),
-        2,
-        "--max 1000",
-    );
-    refused(
-        run(with(&["trigger", "backfill", id, "--max", "100001"], &win)),
-        2,
-        "--max 100001",
-    );
-    refused(
-        ql(
-            &db,
-            &[
-                "trigger",
-                "backfill",
-                id,
-                "--from",
-                "2026-01-01T00:00:00Z",
-                "--to",
-                "2999-01-01T00:00:00Z",
-            ],
+        refusal(
+            &["trigger", "disable", id, "--actor", &long_actor],
+            2,
+            "--actor: 101 characters",
         ),
-        2,
-        "--to 2999-01-01T00:00:00Z is in the future",
-    );
-    refused(
-        ql(&db, &["trigger", "fire", id, "--request-id", "a b"]),
-        2,
-        "--request-id `a b`",
-    );
-    refused(
-        ql(&db, &["trigger", "list", "--limit", "0"]),
-        2,
-        "--limit 0",
-    );
-    let long = "n".repeat(1001);
-    refused(
-        ql(&db, &["trigger", "disable", id, "--note", &long]),
-        2,
-        "--note: 1001 characters",
-    );
-    let who = "w".repeat(101);
-    refused(
-        ql(&db, &["trigger", "disable", id, "--actor", &who]),
-        2,
-        "--actor: 101 characters",
-    );
-    assert_eq!(
-        db.count("SELECT count(*) FROM qlsched.triggers WHERE enabled")
-            .await,
-        1,
-        "still enabled"
-    );
-    refused(
-        ql(
-            &db,
+        refusal(
             &[
                 "trigger",
                 "publish",
@@ -857,53 +847,34 @@ async fn every_refusal_exits_with_its_code_names_the_culprit_and_writes_nothing(
                 "--cron",
                 "0 0 0 1 1 ? 2020",
             ],
+            2,
+            "no occurrence after now",
         ),
-        2,
-        "no occurrence after now",
-    );
-    assert_eq!(
-        db.count("SELECT count(*) FROM qlsched.runs").await,
-        0,
-        "nothing written"
-    );
+        Refusal {
+            dsn: Dsn::Unset,
+            ..refusal(&["trigger", "list"], 2, "QLSCHED_DSN")
+        },
+        Refusal {
+            dsn: Dsn::Given("host=127.0.0.1 port=1 user=x dbname=y connect_timeout=2"),
+            ..refusal(
+                &["trigger", "list"],
+                1,
+                "cannot reach the database at 127.0.0.1:1",
+            )
+        },
+    ]);
+    assert_each_refused_writing_nothing(&db, &by_argument_or_id).await;
 
-    // refused by state: 4
+    // Refused by state: a disabled trigger is neither fired nor backfilled.
     ok(ql(&db, &["trigger", "disable", id]));
-    refused(
-        ql(&db, &["trigger", "fire", id]),
-        4,
-        "trg-00000 is disabled",
-    );
-    refused(
-        run(with(&["trigger", "backfill", id, "--max", "5000"], &win)),
-        4,
-        "trg-00000 is disabled",
-    );
-    assert_eq!(
-        db.count("SELECT count(*) FROM qlsched.runs").await,
-        0,
-        "nothing written"
-    );
-
-    // no target: 2; unreachable database: 1 with the host named
-    let out = Command::new(binary())
-        .args(["trigger", "list"])
-        .env_remove("QLSCHED_DSN")
-        .output()
-        .unwrap();
-    refused(out, 2, "QLSCHED_DSN");
-    refused(
-        ql_env(
-            &db,
-            &["trigger", "list"],
-            &[(
-                "QLSCHED_DSN",
-                "host=127.0.0.1 port=1 user=x dbname=y connect_timeout=2",
-            )],
-        ),
-        1,
-        "cannot reach the database at 127.0.0.1:1",
-    );
+    let by_state = [
+        refusal(&["trigger", "fire", id], 4, "trg-00000 is disabled"),
+        Refusal {
+            args: backfill(&["--from", t0, "--to", t1, "--max", "5000"]),
+            ..refusal(&[], 4, "trg-00000 is disabled")
+        },
+    ];
+    assert_each_refused_writing_nothing(&db, &by_state).await;
 }
 
 /// A role with a real password (scram, via a pg_hba line for it alone): the password is

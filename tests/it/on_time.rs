@@ -7,10 +7,9 @@ use std::time::Duration;
 use actix::prelude::*;
 use qlsched::actors::supervisor::{Drain, Supervisor};
 use qlsched::actors::Settings;
-use qlsched::health::Health;
 use qlsched::metrics::Metrics;
 
-use crate::helpers::{discard_log, wait_until, FirstRun, TestDb};
+use crate::helpers::{wait_until, FirstRun, TestDb};
 
 fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
     Settings {
@@ -22,8 +21,7 @@ fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
 }
 
 fn start(s: Settings) -> (Addr<Supervisor>, Metrics) {
-    let metrics = Metrics::default();
-    let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
+    let (sup, metrics, _) = crate::helpers::start_supervisor(s);
     (sup, metrics)
 }
 
@@ -141,20 +139,33 @@ async fn an_idle_replica_issues_one_statement_per_cadence() {
             .unwrap_or(-1.0)
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The window: from the first count to the second. Rounds start at least one cadence
+    // apart, so a window of `w` holds at most floor(w / cadence) + 1 of them (one at each edge
+    // only if `w` is a whole number of cadences); 24 s is just under five cadences, so at most
+    // 5 statements: 0.2 per second and no more. At least floor(w / cadence) - 1 = 3 (rounds
+    // are at most a cadence plus a statement apart).
+    let cadence_ms: u128 = 5_000;
+    // Timed from before the first count to after the second: `w` covers the real window.
+    let from = std::time::Instant::now();
     let (t0, k0) = (db.runtime_statements().await, ticks(&r));
-    tokio::time::sleep(Duration::from_secs(25)).await;
+    tokio::time::sleep(Duration::from_secs(24)).await;
     let (t1, k1) = (db.runtime_statements().await, ticks(&r));
+    let w = from.elapsed().as_millis();
     r.terminate(Duration::from_secs(20)).await;
-    // 25 s at one round per 5 s: 5 rounds (6 at most by phase).
     let statements = t1 - t0;
+    let most = (w / cadence_ms + 1) as i64;
+    assert_eq!(
+        most, 5,
+        "the window ({w} ms) ran long: the bound is for 24 s"
+    );
     assert!(
-        statements <= 6,
-        "an idle replica ran {statements} statements in 25 s ({} rounds; one statement per 5 s round expected)",
+        statements <= most,
+        "an idle replica ran {statements} statements in {w} ms ({} rounds); one per 5 s round allows {most}",
         k1 - k0
     );
     assert!(
-        statements >= 4,
-        "only {statements} statements in 25 s: is the replica running?"
+        statements >= (w / cadence_ms) as i64 - 1,
+        "only {statements} statements in {w} ms: is the replica running?"
     );
 }
 

@@ -6,27 +6,7 @@ mod notify;
 mod readiness;
 mod unit;
 
-use crate::helpers::TestDb;
-
-/// A superuser transaction holding `LOCK TABLE qlsched.runs IN EXCLUSIVE MODE`: claims go on
-/// (they never touch `runs`), every admission waits for the lock before it touches any row
-/// (the INSERT's table lock is taken when the statement starts). Not released, it rolls back
-/// when its connection closes.
-struct RunsLock(tokio_postgres::Client);
-
-impl RunsLock {
-    async fn take(db: &TestDb) -> RunsLock {
-        let c = db.superuser().await;
-        c.batch_execute("BEGIN; LOCK TABLE qlsched.runs IN EXCLUSIVE MODE")
-            .await
-            .unwrap();
-        RunsLock(c)
-    }
-
-    async fn release(&self) {
-        self.0.batch_execute("COMMIT").await.unwrap();
-    }
-}
+use crate::helpers::RunsLock;
 
 /// A count query with one text parameter (`$1`: a replica id or an application name).
 async fn count(c: &tokio_postgres::Client, sql: &str, who: &str) -> i64 {

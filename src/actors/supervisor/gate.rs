@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::engine::Outcome;
 use crate::actors::claim::Report;
+use crate::engine::Outcome;
 use crate::store::admit::Refusal;
 
 /// Whether a claim statement is in flight.

@@ -35,11 +35,11 @@ pub use drain::Drain;
 pub use gate::{Next, Round, RoundGate, Strikes};
 pub use wake::Wake;
 
-use crate::engine::{AdmitError, Outcome};
 use super::admit::AdmitActor;
 use super::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
-use crate::health::Health;
 use super::Settings;
+use crate::engine::{AdmitError, Outcome};
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::claim::ClaimedRow;
 use crate::store::session::Session;

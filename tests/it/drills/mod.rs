@@ -213,16 +213,8 @@ impl Rng {
     }
 }
 
-/// The database clock, Unix ms.
-pub async fn db_now(sql: &Client) -> i64 {
-    sql.query_one(
-        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-        &[],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
+/// The database clock, Unix ms (the helpers' one reading of it).
+pub use crate::helpers::db_now_ms as db_now;
 
 pub async fn scalar(sql: &Client, query: &str) -> i64 {
     sql.query_one(query, &[]).await.unwrap().get(0)

@@ -64,41 +64,66 @@ extern "C" fn remove_clusters_at_exit() {
     }
 }
 
+/// Starts a server under `root` (emptied first) for the rest of the test process: it is the
+/// child of a thread that lives as long as the process, so its parent-death signal fires only
+/// when the test binary exits. `prepare` runs on the initialised data directory before the
+/// start; `root` is removed at exit. Returns the port.
+pub fn start_for_the_process(
+    root: &std::path::Path,
+    conf: String,
+    what: &str,
+    prepare: impl FnOnce(&pg::Server) + Send + 'static,
+) -> u16 {
+    let _ = std::fs::remove_dir_all(root);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread_root = root.to_path_buf();
+    std::thread::spawn(move || {
+        let mut server = pg::Server::init(&thread_root, &conf);
+        prepare(&server);
+        server.start();
+        tx.send(server.port).unwrap();
+        let _keep = server;
+        loop {
+            std::thread::park();
+        }
+    });
+    let port = rx
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("{what} failed to start (see panic above)"));
+    remove_at_exit(root.to_path_buf());
+    port
+}
+
+/// Runs `f` to completion on a runtime and a thread of its own (so it can be called from
+/// inside a test's runtime), panicking with `what` if it panicked.
+pub fn on_own_runtime<F>(what: &str, f: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("{what}"));
+}
+
 /// The shared cluster, started on first use with a migrated template database.
 pub fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| {
         let root = std::env::temp_dir().join(format!("qlsched-it-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let thread_root = root.clone();
-        // The server is the child of a thread that lives as long as the process, so its
-        // parent-death signal fires only when the test binary exits.
-        std::thread::spawn(move || {
-            let mut server = pg::Server::init(
-                &thread_root,
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
-                 shared_preload_libraries = 'pg_stat_statements'\n",
-            );
-            server.start();
-            tx.send(server.port).unwrap();
-            let _keep = server;
-            loop {
-                std::thread::park();
-            }
-        });
-        let port = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("PostgreSQL failed to start (see panic above)");
-        remove_at_exit(root.clone());
-        std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(make_template(port))
-        })
-        .join()
-        .expect("template database");
+        let port = start_for_the_process(
+            &root,
+            "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
+             shared_preload_libraries = 'pg_stat_statements'\n"
+                .into(),
+            "PostgreSQL",
+            |_| {},
+        );
+        on_own_runtime("template database", make_template(port));
         Cluster { port, root }
     })
 }
@@ -128,13 +153,18 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
-        let c = cluster();
+        TestDb::from_template(cluster().port, "t").await.0
+    }
+
+    /// A fresh database `<letter><pid>_<n>` on the server at `port`, made from its migrated
+    /// template, with the superuser connection that made it.
+    pub async fn from_template(port: u16, letter: &str) -> (TestDb, tokio_postgres::Client) {
         let name = format!(
-            "t{}_{}",
+            "{letter}{}_{}",
             std::process::id(),
             NEXT_DB.fetch_add(1, Ordering::SeqCst)
         );
-        let admin = store::connect(&pg_config(c.port, "postgres", "postgres"))
+        let admin = store::connect(&pg_config(port, "postgres", "postgres"))
             .await
             .unwrap();
         admin
@@ -143,7 +173,7 @@ impl TestDb {
             ))
             .await
             .expect("create test database");
-        TestDb { name, port: c.port }
+        (TestDb { name, port }, admin)
     }
 
     pub fn config(&self, user: &str) -> tokio_postgres::Config {
@@ -190,7 +220,7 @@ impl TestDb {
     }
     /// The database clock, in ms since the epoch (the scheduler's time authority).
     pub async fn now_ms(&self) -> i64 {
-        self.count(concat!("SELECT ", qlsched::db_now_ms!())).await
+        db_now_ms(&self.superuser().await).await
     }
     /// Replicas' wake-up listeners connected to this database.
     pub async fn listeners(&self) -> i64 {
@@ -489,4 +519,58 @@ impl TestDb {
             .await
             .unwrap();
     }
+}
+
+/// The database clock on `c`, in ms since the epoch: the scheduler's time authority, read with
+/// the scheduler's own SQL fragment (`qlsched::db_now_ms!`). The one reading of it in the tests.
+pub async fn db_now_ms(c: &tokio_postgres::Client) -> i64 {
+    c.query_one(concat!("SELECT ", qlsched::db_now_ms!()), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A superuser transaction holding `LOCK TABLE qlsched.runs IN EXCLUSIVE MODE`: claims go on
+/// (they never touch `runs`), every admission waits for the lock before it touches any row
+/// (the INSERT's table lock is taken when the statement starts). `release` commits; dropped
+/// unreleased, it rolls back when its connection closes.
+pub struct RunsLock(tokio_postgres::Client);
+
+impl RunsLock {
+    pub async fn take(db: &TestDb) -> RunsLock {
+        let c = db.superuser().await;
+        c.batch_execute("BEGIN; LOCK TABLE qlsched.runs IN EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        RunsLock(c)
+    }
+
+    pub async fn release(&self) {
+        self.0.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
+/// A supervisor driven in-process with `s` (no watchdog heartbeat), with its metrics and
+/// health handles.
+pub fn start_supervisor(
+    s: qlsched::actors::Settings,
+) -> (
+    actix::Addr<qlsched::actors::supervisor::Supervisor>,
+    qlsched::metrics::Metrics,
+    qlsched::health::Health,
+) {
+    use actix::Actor;
+    let (metrics, health) = (
+        qlsched::metrics::Metrics::default(),
+        qlsched::health::Health::default(),
+    );
+    let sup = qlsched::actors::supervisor::Supervisor::new(
+        s,
+        metrics.clone(),
+        &discard_log(),
+        None,
+        health.clone(),
+    )
+    .start();
+    (sup, metrics, health)
 }

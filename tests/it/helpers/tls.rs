@@ -4,13 +4,11 @@
 //! certificate (`hostssl … cert`); every other role is trusted as on the plain cluster.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
-use super::{pg, TestDb, NEXT_DB, PREFIX, TEMPLATE};
+use super::{pg, TestDb};
 
 /// The role that may log in only with a client certificate.
 pub const CERT_USER: &str = "certuser";
@@ -98,23 +96,18 @@ fn make_certs(dir: &Path) {
 pub fn tls_cluster() -> &'static TlsCluster {
     TLS_CLUSTER.get_or_init(|| {
         let root = std::env::temp_dir().join(format!("qlsched-it-tls-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
         let dir = root.join("certs");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (thread_root, thread_dir) = (root.clone(), dir.clone());
-        std::thread::spawn(move || {
-            let mut server = pg::Server::init(
-                &thread_root,
-                &format!(
-                    "fsync = off\nsynchronous_commit = off\nssl = on\n\
-                     ssl_cert_file = '{d}/server.crt'\nssl_key_file = '{d}/server.key'\n\
-                     ssl_ca_file = '{d}/server-ca.crt'\n",
-                    d = thread_dir.display()
-                ),
-            );
-            std::fs::create_dir_all(&thread_dir).unwrap();
-            pg::chown_for_server(&thread_dir);
-            make_certs(&thread_dir);
+        let conf = format!(
+            "fsync = off\nsynchronous_commit = off\nssl = on\n\
+             ssl_cert_file = '{d}/server.crt'\nssl_key_file = '{d}/server.key'\n\
+             ssl_ca_file = '{d}/server-ca.crt'\n",
+            d = dir.display()
+        );
+        let certs = dir.clone();
+        let port = super::start_for_the_process(&root, conf, "the TLS PostgreSQL", move |server| {
+            std::fs::create_dir_all(&certs).unwrap();
+            pg::chown_for_server(&certs);
+            make_certs(&certs);
             let hba = server.data.join("pg_hba.conf");
             let rest = std::fs::read_to_string(&hba).unwrap();
             std::fs::write(
@@ -125,59 +118,29 @@ pub fn tls_cluster() -> &'static TlsCluster {
                 ),
             )
             .unwrap();
-            server.start();
-            tx.send(server.port).unwrap();
-            let _keep = server;
-            loop {
-                std::thread::park();
-            }
         });
-        let port = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("the TLS PostgreSQL failed to start (see panic above)");
-        super::remove_at_exit(root);
-        std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async {
-                    super::make_template(port).await;
-                    let su =
-                        qlsched::store::connect(&super::pg_config(port, "postgres", "postgres"))
-                            .await
-                            .unwrap();
-                    su.batch_execute(&format!("CREATE ROLE {CERT_USER} LOGIN"))
-                        .await
-                        .unwrap();
-                })
-        })
-        .join()
-        .expect("template database on the TLS cluster");
+        super::on_own_runtime("template database on the TLS cluster", async move {
+            super::make_template(port).await;
+            let su = qlsched::store::connect(&super::pg_config(port, "postgres", "postgres"))
+                .await
+                .unwrap();
+            su.batch_execute(&format!("CREATE ROLE {CERT_USER} LOGIN"))
+                .await
+                .unwrap();
+        });
         TlsCluster { port, dir }
     })
 }
 
 /// A fresh database on the TLS cluster, made from its migrated template.
 pub async fn tls_db() -> TestDb {
-    let c = tls_cluster();
-    let name = format!(
-        "s{}_{}",
-        std::process::id(),
-        NEXT_DB.fetch_add(1, Ordering::SeqCst)
-    );
-    let admin = qlsched::store::connect(&super::pg_config(c.port, "postgres", "postgres"))
-        .await
-        .unwrap();
+    let (db, admin) = TestDb::from_template(tls_cluster().port, "s").await;
     admin
         .batch_execute(&format!(
-            "CREATE DATABASE {name} TEMPLATE {TEMPLATE} OWNER {PREFIX}_owner"
+            "GRANT CONNECT ON DATABASE {} TO {CERT_USER}",
+            db.name
         ))
         .await
-        .expect("create test database");
-    admin
-        .batch_execute(&format!("GRANT CONNECT ON DATABASE {name} TO {CERT_USER}"))
-        .await
         .unwrap();
-    TestDb { name, port: c.port }
+    db
 }

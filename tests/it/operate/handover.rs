@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use super::{count, RunsLock, BACKENDS_OF, LEASES_OF, RUNS_ADMITTED_BY};
+use crate::helpers::db_now_ms;
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{poll_until, wait_until, TestDb};
 
@@ -109,16 +110,6 @@ async fn arrange() -> Arranged {
         lock,
         held,
     }
-}
-
-async fn db_now_ms(c: &tokio_postgres::Client) -> i64 {
-    c.query_one(
-        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-        &[],
-    )
-    .await
-    .unwrap()
-    .get(0)
 }
 
 /// When `b` first claimed each of `held` at or after `t0`, by trigger id; waits until it has
