@@ -420,11 +420,14 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> Result<(), StartupError> {
     loop {
         match store::conn(pool).await {
             Ok(conn) => {
+                // The pooler probe first: it speaks only the simple-query protocol, and
+                // nothing prepared may go through a transaction pooler before it refused.
+                drop(conn);
+                store::pooler::require_session_pooling(pool).await?;
+                let conn = store::conn(pool).await?;
                 let role = migrate::current_role(&conn).await?;
                 let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;
                 if problems.is_empty() {
-                    drop(conn);
-                    store::pooler::require_session_pooling(pool).await?;
                     return Ok(());
                 }
                 return Err(StartupError::NotReady { problems });

@@ -12,7 +12,6 @@ use uuid::Uuid;
 use super::admit::AdmitActor;
 pub use crate::engine::Kind;
 use crate::engine::{Action, AdmitError, Job, Outcome};
-use crate::metrics::Metrics;
 use crate::schedule::{self, Decision};
 use crate::store::admit::Occurrence;
 use crate::store::claim::ClaimedRow;
@@ -131,9 +130,6 @@ impl ClaimActor {
         args: ClaimArgs,
         admit: Addr<AdmitActor>,
         supervisor: Recipient<ClaimFinished>,
-        // Unused: outcomes are counted where they commit, in the engine. Kept in the
-        // signature until the supervisor's call site is next edited.
-        _metrics: Metrics,
         log: &Logger,
     ) -> Self {
         let log = log.new(

@@ -1,5 +1,5 @@
-//! `admit_occurrence`: the one SERIALIZABLE transaction that turns a decided occurrence into
-//! durable work, and `advance_cursor` for decisions that admit nothing.
+//! `admit_batch_prepared`: the one SERIALIZABLE transaction that turns a batch of decided
+//! occurrences into durable work, and `advance_batch` for decisions that admit nothing.
 
 use tokio_postgres::types::Type;
 use uuid::Uuid;
@@ -133,15 +133,6 @@ impl Refusal {
     }
 }
 
-/// One admission transaction for one occurrence (a batch of one).
-pub async fn admit_once(
-    conn: &tokio_postgres::Client,
-    a: &Admission,
-) -> Result<AdmitOutcome, StoreError> {
-    let mut out = admit_batch(conn, std::slice::from_ref(a)).await?;
-    Ok(out.remove(0))
-}
-
 /// One admission transaction for a batch of decided occurrences (distinct rows).
 ///
 /// Locking: SERIALIZABLE. Each schedule row is reached by its TID (`ctid = ANY(…)`: a TID
@@ -158,28 +149,20 @@ pub async fn admit_once(
 ///
 /// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
 /// flush for the whole batch. A broken connection anywhere in the three leaves the outcome
-/// unknown.
-pub async fn admit_batch(
-    client: &tokio_postgres::Client,
-    batch: &[Admission],
-) -> Result<Vec<AdmitOutcome>, StoreError> {
-    admit_with(client, None, batch).await
-}
-
-/// [`admit_batch`] with [`ADMIT_SQL`] already prepared on this connection: not planned again
-/// once its plan is cached, and still one round trip (the prepared statement's Bind and
-/// Execute go out between the pipelined BEGIN and COMMIT).
+/// unknown. [`ADMIT_SQL`] is prepared on the connection beforehand (`stmt`): not planned
+/// again once its plan is cached, and its Bind and Execute go out between the pipelined
+/// BEGIN and COMMIT.
 pub async fn admit_batch_prepared(
     client: &tokio_postgres::Client,
     stmt: &tokio_postgres::Statement,
     batch: &[Admission],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
-    admit_with(client, Some(stmt), batch).await
+    admit_with(client, stmt, batch).await
 }
 
 async fn admit_with(
     client: &tokio_postgres::Client,
-    stmt: Option<&tokio_postgres::Statement>,
+    stmt: &tokio_postgres::Statement,
     batch: &[Admission],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
     use tokio_postgres::types::ToSql;
@@ -191,18 +174,12 @@ async fn admit_with(
         // every concurrent admission (the TID scan and the definition-row probes must stay
         // point accesses).
         client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off"),
-        // `query_typed` sends Parse/Bind/Execute in one message on its first poll; plain
-        // `query` would first prepare (a round trip) and so run after the pipelined COMMIT,
-        // outside the transaction (the test
+        // The statement is prepared already, so its Bind and Execute go out in order between
+        // BEGIN and COMMIT (the test
         // `the_admission_statement_runs_inside_its_serializable_transaction` proves the order).
         async {
-            match stmt {
-                Some(stmt) => {
-                    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-                    client.query(stmt, &values).await
-                }
-                None => client.query_typed(ADMIT_SQL, &params).await,
-            }
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            client.query(stmt, &values).await
         },
         client.batch_execute("COMMIT"),
     );
@@ -499,15 +476,6 @@ pub async fn resolve_batch(
             },
         )
         .collect())
-}
-
-/// Moves the cursor without admitting (initialise, misfired skip) and clears the claim.
-pub async fn advance_cursor(
-    conn: &tokio_postgres::Client,
-    c: &ClaimedRow,
-    next_fire_at_ms: i64,
-) -> Result<bool, StoreError> {
-    Ok(advance_batch(conn, &[(c.clone(), next_fire_at_ms)]).await?[0])
 }
 
 /// Moves the cursors of a batch of claimed rows without admitting; per row, whether it moved.

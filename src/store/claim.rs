@@ -1,4 +1,4 @@
-//! `claim_due`: pick and lease due schedule rows in one autocommit statement.
+//! The claim: pick and lease due schedule rows in one autocommit statement ([`CLAIM_DUE_SQL`]).
 
 use uuid::Uuid;
 
@@ -45,36 +45,6 @@ pub struct ClaimedRow {
     /// Database clock when the claim was taken (`claimAcquiredAtMs`); the decision's input.
     pub observed_at_ms: i64,
     pub def: TriggerDef,
-}
-
-/// Leases up to `limit` due rows for `owner` for `lease_ms`.
-///
-/// Locking: one statement, autocommit READ COMMITTED. `FOR UPDATE OF s SKIP LOCKED` makes
-/// concurrent claimers take disjoint rows without waiting; a row another claimer updated
-/// after our snapshot is re-checked against the WHERE (its `claimable_at_ms` moved to the new
-/// expiry, so it drops out). The scan is a range of the partial index on
-/// `(claimable_at_ms, project_id, trigger_id)`, which holds only free-and-due rows at its
-/// head: live claims sit at their expiry, disabled rows are absent. The clock is read once
-/// (materialised CTE) and used for due-ness, expiry and the returned observation. No cron is
-/// evaluated and no id is minted while the row locks are held.
-///
-/// Every row leased is stamped with `round`, so that a round whose reply never arrived can
-/// be found and released by [`super::release::release_rounds`].
-pub async fn claim_due(
-    conn: &tokio_postgres::Client,
-    owner: &str,
-    lease_ms: i64,
-    limit: i64,
-    round: Uuid,
-) -> Result<Vec<ClaimedRow>, StoreError> {
-    let no_guard = (Uuid::nil(), 0i64);
-    let rows = conn
-        .query(
-            CLAIM_DUE_SQL,
-            &[&owner, &lease_ms, &limit, &round, &no_guard.0, &no_guard.1],
-        )
-        .await?;
-    Ok(parse_round(&rows).rows)
 }
 
 /// The replica-id guard a claim round is conditioned on: it leases only while `incarnation`
@@ -126,7 +96,7 @@ pub struct ClaimRound {
     pub guard_held: Option<bool>,
 }
 
-/// [`claim_due`] with a [`claim_variant`] already prepared on this connection, returning the
+/// One claim round: [`CLAIM_DUE_SQL`] as a [`claim_variant`] prepared on this connection, returning the
 /// round's observation and next due instant too.
 pub async fn claim_round(
     conn: &tokio_postgres::Client,
@@ -149,7 +119,8 @@ pub async fn claim_round(
     Ok(out)
 }
 
-fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
+/// What a claim statement returned, as a round (its rows, the clock, the next due instant).
+pub fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
     let mut out = ClaimRound {
         rows: Vec::with_capacity(rows.len()),
         now_ms: 0,
@@ -171,6 +142,19 @@ fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
     out
 }
 
+/// The claim statement: leases up to `$3` due rows for `$1` for `$2` ms.
+///
+/// Locking: one statement, autocommit READ COMMITTED. `FOR UPDATE OF s SKIP LOCKED` makes
+/// concurrent claimers take disjoint rows without waiting; a row another claimer updated
+/// after our snapshot is re-checked against the WHERE (its `claimable_at_ms` moved to the new
+/// expiry, so it drops out). The scan is a range of the partial index on
+/// `(claimable_at_ms, project_id, trigger_id)`, which holds only free-and-due rows at its
+/// head: live claims sit at their expiry, disabled rows are absent. The clock is read once
+/// (materialised CTE) and used for due-ness, expiry and the returned observation. No cron is
+/// evaluated and no id is minted while the row locks are held.
+///
+/// Every row leased is stamped with `round`, so that a round whose reply never arrived can
+/// be found and released by [`super::release::release_rounds`].
 pub const CLAIM_DUE_SQL: &str = concat!(
     "
 WITH obs AS MATERIALIZED (

@@ -188,9 +188,10 @@ pub enum StoreError {
     #[error(
         "one connection was served by two PostgreSQL sessions (backend pid {first}, then {now}): \
          a pooler in transaction or statement mode (PgBouncer pool_mode = transaction) sits in \
-         front of PostgreSQL, and qlsched's prepared statements do not survive it; set \
-         pool_mode = session for qlsched's database in pgbouncer.ini (per database: \
-         `qlsched = host=… pool_mode=session`), or connect to PostgreSQL directly"
+         front of PostgreSQL, and qlsched's prepared statements, session settings and LISTEN \
+         do not survive it (PgBouncer 1.21+'s max_prepared_statements carries prepared \
+         statements only); set pool_mode = session for qlsched's database in pgbouncer.ini \
+         (per database: `qlsched = host=… pool_mode=session`), or connect to PostgreSQL directly"
     )]
     TransactionPooling { first: i32, now: i32 },
     /// `SELECT pg_backend_pid()` answered without a row.

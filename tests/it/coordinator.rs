@@ -9,7 +9,7 @@ use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
 use qlsched::actors::Settings;
 use qlsched::health::Health;
 use qlsched::metrics::Metrics;
-use qlsched::store::{self, claim, release};
+use qlsched::store::{self, release};
 
 use crate::helpers::claimed::Claimed;
 use crate::helpers::{discard_log, wait_until, TestDb};
@@ -247,7 +247,7 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
     db.seed_bulk(10, ONCE, -1000).await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let held = claim::claim_due(&conn, "dead", 1500, 10, uuid::Uuid::new_v4())
+    let held = crate::helpers::drive::claim_due(&conn, "dead", 1500, 10, uuid::Uuid::new_v4())
         .await
         .unwrap();
     assert_eq!(held.len(), 10);

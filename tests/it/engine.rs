@@ -437,14 +437,7 @@ async fn run_claim(
         reject_backoff: settings.reject_backoff,
         error_backoff: Duration::from_secs(1),
     };
-    ClaimActor::new(
-        args,
-        admit,
-        reports.recipient(),
-        metrics.clone(),
-        &discard_log(),
-    )
-    .start();
+    ClaimActor::new(args, admit, reports.recipient(), &discard_log()).start();
     tokio::time::timeout(Duration::from_secs(30), rx.recv())
         .await
         .expect("the claim actor reports")

@@ -64,6 +64,18 @@ async fn a_replica_behind_transaction_pooling_refuses_to_start_naming_pool_mode(
     );
     assert!(log.contains("pool_mode = session"), "{log}");
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+    // The probe ran before anything else: none of the readiness gate's statements (role,
+    // schema, capability, grants; prepared) went through the transaction pooler.
+    let seen = db.runtime_statement_texts().await;
+    assert!(
+        seen.iter().any(|(q, _)| q.contains("pg_backend_pid()")),
+        "the probe ran: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|(q, _)| !q.contains("qlsched.") && !q.contains("current_user")),
+        "statements before the refusal: {seen:?}"
+    );
 }
 
 /// Behind session pooling the wake-up LISTEN holds a server session like any other

@@ -158,7 +158,9 @@ async fn advancing_without_admission_moves_only_the_cursor() {
     let c = Claimed::new(&db, "a", 30_000).await;
     let conn = c.conn().await;
     let next = c.row().observed_at_ms + 1000;
-    assert!(admit::advance_cursor(&conn, c.row(), next).await.unwrap());
+    assert!(crate::helpers::drive::advance_cursor(&conn, c.row(), next)
+        .await
+        .unwrap());
     assert_eq!(written(&db).await, (0, 0, 0));
     assert_eq!(
         db.count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules WHERE claim_owner IS NULL")
@@ -166,7 +168,7 @@ async fn advancing_without_admission_moves_only_the_cursor() {
         next
     );
     assert!(
-        !admit::advance_cursor(&conn, c.row(), next + 1000)
+        !crate::helpers::drive::advance_cursor(&conn, c.row(), next + 1000)
             .await
             .unwrap(),
         "a used claim advances nothing"
@@ -210,7 +212,9 @@ async fn a_failure_in_any_of_the_five_writes_rolls_back_everything() {
             .await
             .unwrap();
         let conn = c.conn().await;
-        let err = admit::admit_once(&conn, &c.admission()).await.unwrap_err();
+        let err = crate::helpers::drive::admit_once(&conn, &c.admission())
+            .await
+            .unwrap_err();
         assert!(
             err.to_string().contains("injected failure"),
             "{what}: {err}"
@@ -394,7 +398,9 @@ async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
     let mut batch = claims.admissions();
     batch[2].claim.fence.token = Uuid::new_v4();
     let conn = claims.conn().await;
-    let out = admit::admit_batch(&conn, &batch).await.unwrap();
+    let out = crate::helpers::drive::admit_batch(&conn, &batch)
+        .await
+        .unwrap();
     assert_eq!(
         out.iter()
             .filter(|o| matches!(o, AdmitOutcome::Admitted { .. }))
@@ -500,7 +506,7 @@ async fn the_admission_statement_runs_inside_its_serializable_transaction() {
         .unwrap();
     let claims = Claimed::up_to(&db, "a", 30_000, 2).await;
     let conn = claims.conn().await;
-    let out = admit::admit_batch(&conn, &claims.admissions())
+    let out = crate::helpers::drive::admit_batch(&conn, &claims.admissions())
         .await
         .unwrap();
     assert!(

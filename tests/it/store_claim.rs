@@ -32,7 +32,7 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
     }
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let a = claim::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
+    let a = crate::helpers::drive::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
         .await
         .unwrap();
     let got: Vec<&str> = a.iter().map(|r| r.trigger_id.as_str()).collect();
@@ -42,7 +42,7 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
         got.contains(&"trg-00003") && got.contains(&"trg-00004") && got.contains(&"trg-00000"),
         "{got:?}"
     );
-    let b = claim::claim_due(&conn, "b", 30_000, 10, uuid::Uuid::new_v4())
+    let b = crate::helpers::drive::claim_due(&conn, "b", 30_000, 10, uuid::Uuid::new_v4())
         .await
         .unwrap();
     let got_b: Vec<&str> = b.iter().map(|r| r.trigger_id.as_str()).collect();
@@ -62,9 +62,10 @@ async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_
     let db = TestDb::with_due(1).await;
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let first = claim::claim_due(&conn, &unique_owner("a"), 700, 10, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
+    let first =
+        crate::helpers::drive::claim_due(&conn, &unique_owner("a"), 700, 10, uuid::Uuid::new_v4())
+            .await
+            .unwrap();
     assert_eq!(first.len(), 1);
     let expiry = first[0].fence.expires_at_ms;
     let b = unique_owner("b");
@@ -76,9 +77,10 @@ async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_
             let (pool, b) = (pool.clone(), b.clone());
             async move {
                 let conn = store::conn(&pool).await.unwrap();
-                let rows = claim::claim_due(&conn, &b, 30_000, 10, uuid::Uuid::new_v4())
-                    .await
-                    .unwrap();
+                let rows =
+                    crate::helpers::drive::claim_due(&conn, &b, 30_000, 10, uuid::Uuid::new_v4())
+                        .await
+                        .unwrap();
                 (!rows.is_empty()).then_some(rows)
             }
         },
@@ -106,7 +108,7 @@ async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
         .unwrap();
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let rows = claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+    let rows = crate::helpers::drive::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
         .await
         .unwrap();
     assert_eq!(
@@ -122,7 +124,7 @@ async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
         .await
         .unwrap();
     assert!(
-        claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+        crate::helpers::drive::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
             .await
             .unwrap()
             .is_empty()
@@ -131,7 +133,7 @@ async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
         .await
         .unwrap();
     assert_eq!(
-        claim::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
+        crate::helpers::drive::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
             .await
             .unwrap()
             .len(),
@@ -160,9 +162,10 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
     .unwrap();
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();
-    let live = claim::claim_due(&conn, "holder", 600_000, 1000, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
+    let live =
+        crate::helpers::drive::claim_due(&conn, "holder", 600_000, 1000, uuid::Uuid::new_v4())
+            .await
+            .unwrap();
     assert_eq!(live.len(), 1000);
     su.batch_execute("ANALYZE qlsched.trigger_schedules")
         .await

@@ -139,13 +139,7 @@ impl Supervisor {
             error_backoff: self.settings.error_backoff(failures + 1),
         };
         let admit = self.admit_addr();
-        let actor = ClaimActor::new(
-            args,
-            admit,
-            ctx.address().recipient(),
-            self.metrics.clone(),
-            &self.root_log,
-        );
+        let actor = ClaimActor::new(args, admit, ctx.address().recipient(), &self.root_log);
         self.live.insert(child, actor.start());
     }
 

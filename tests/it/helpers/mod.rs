@@ -7,6 +7,7 @@ pub mod claimed;
 pub mod cli;
 pub mod deadhost;
 pub mod delay;
+pub mod drive;
 pub mod netns;
 pub mod pg;
 pub mod pgbouncer;
@@ -194,6 +195,16 @@ impl TestDb {
     /// (`pg_stat_statements`, read from the `postgres` database so that this database stays
     /// free of extension objects).
     pub async fn runtime_statements(&self) -> i64 {
+        self.runtime_statement_texts()
+            .await
+            .iter()
+            .map(|(_, calls)| calls)
+            .sum()
+    }
+
+    /// The runtime role's statements in this database with their calls
+    /// (`pg_stat_statements`).
+    pub async fn runtime_statement_texts(&self) -> Vec<(String, i64)> {
         let (client, connection) = pg_config(self.port, "postgres", "postgres")
             .connect(tokio_postgres::NoTls)
             .await
@@ -204,15 +215,17 @@ impl TestDb {
             .await
             .unwrap();
         client
-            .query_one(
-                "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements s
+            .query(
+                "SELECT s.query, s.calls FROM pg_stat_statements s
                    JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid
                   WHERE d.datname = $1 AND r.rolname = 'qlsched_runtime'",
                 &[&self.name],
             )
             .await
             .unwrap()
-            .get(0)
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
     }
 
     pub async fn superuser(&self) -> tokio_postgres::Client {
