@@ -338,6 +338,28 @@ pub async fn publish_trigger(
             });
         }
     }
+    let (revision, enabled) = upsert_trigger(&tx, spec, &digest).await?;
+    let claimable = enabled && project_active;
+    upsert_schedule(&tx, spec, revision, claimable, first).await?;
+    if claimable {
+        // Wake the replicas for the first occurrence (delivered at commit).
+        super::wake::notify(&tx, Some(first)).await?;
+    }
+    tx.commit().await?;
+    Ok(Published {
+        revision,
+        changed: true,
+    })
+}
+
+/// Writes the trigger row of a new revision (the first, or the next): the publisher's
+/// switch as given, the running state as both switches allow. Returns (revision, enabled).
+async fn upsert_trigger(
+    tx: &tokio_postgres::Transaction<'_>,
+    spec: &TriggerSpec,
+    digest: &str,
+) -> Result<(i64, bool), ManageError> {
+    let id = &spec.trigger_id;
     let row = tx
         .query_one(
             concat!(
@@ -370,18 +392,7 @@ pub async fn publish_trigger(
             ],
         )
         .await?;
-    let revision: i64 = row.get(0);
-    let claimable = row.get::<_, bool>(1) && project_active;
-    upsert_schedule(&tx, spec, revision, claimable, first).await?;
-    if claimable {
-        // Wake the replicas for the first occurrence (delivered at commit).
-        super::wake::notify(&tx, Some(first)).await?;
-    }
-    tx.commit().await?;
-    Ok(Published {
-        revision,
-        changed: true,
-    })
+    Ok((row.get(0), row.get(1)))
 }
 
 /// The task exists and is in `project_id`, its row held `FOR SHARE` until the transaction
