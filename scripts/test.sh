@@ -38,7 +38,7 @@ package_passed=$(sed -n 's/^package tests: \([0-9]*\) passed.*/\1/p' "$log" | ta
 package_failed=$(sed -n 's/^package tests: .* \([0-9]*\) failed$/\1/p' "$log" | tail -n1)
 passed=$((passed + ${package_passed:-0}))
 failed=$((failed + ${package_failed:-0}))
-system_version=$("$system_bindir/postgres" --version | awk '{print $NF}')
+system_version=$("$system_bindir/postgres" --version | awk '{print $3}')
 lines=("PostgreSQL $system_version (system): the whole suite")
 
 if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
@@ -61,7 +61,7 @@ if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
       failed=$((failed + 1))
       continue
     fi
-    version=$("$bindir/postgres" --version | awk '{print $NF}')
+    version=$("$bindir/postgres" --version | awk '{print $3}')
     echo
     echo "=== PostgreSQL $version ($bindir): ${filters[*]}"
     set +e
