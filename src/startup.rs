@@ -247,13 +247,13 @@ impl Replica {
         };
         let settings = Settings::from_config(&cfg, connector);
         let pool = store::build_pool(
-            pg,
+            pg.clone(),
             cfg.database.pool_size,
             cfg.database.connect_timeout,
             &log,
         );
         tokio::select! {
-            r = wait_ready(&pool, &log) => r?,
+            r = wait_ready(&pool, &pg, &log) => r?,
             _ = signals.next() => { info!(log, "stopped before the database was ready"); return Ok(None); }
         }
         let guard = ReplicaGuard::acquire(&pool, &settings.owner, lease).await?;
@@ -415,7 +415,7 @@ impl Replica {
 
 /// Waits for the database and runs the readiness gate; retries connection failures (the
 /// database may come up after us) but fails at once on a schema that is not ready.
-async fn wait_ready(pool: &Pool, log: &Logger) -> Result<(), StartupError> {
+async fn wait_ready(pool: &Pool, target: &store::Target, log: &Logger) -> Result<(), StartupError> {
     let mut delay = Duration::from_millis(200);
     loop {
         match store::conn(pool).await {
@@ -423,7 +423,7 @@ async fn wait_ready(pool: &Pool, log: &Logger) -> Result<(), StartupError> {
                 // The pooler probe first: it speaks only the simple-query protocol, and
                 // nothing prepared may go through a transaction pooler before it refused.
                 drop(conn);
-                store::pooler::require_session_pooling(pool).await?;
+                store::pooler::require_session_pooling(pool, target).await?;
                 let conn = store::conn(pool).await?;
                 let role = migrate::current_role(&conn).await?;
                 let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;

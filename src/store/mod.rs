@@ -187,13 +187,19 @@ pub enum StoreError {
     /// One client connection was served by two PostgreSQL sessions.
     #[error(
         "one connection was served by two PostgreSQL sessions (backend pid {first}, then {now}): \
-         a pooler in transaction or statement mode (PgBouncer pool_mode = transaction) sits in \
-         front of PostgreSQL, and qlsched's prepared statements, session settings and LISTEN \
-         do not survive it (PgBouncer 1.21+'s max_prepared_statements carries prepared \
-         statements only); set pool_mode = session for qlsched's database in pgbouncer.ini \
-         (per database: `qlsched = host=… pool_mode=session`), or connect to PostgreSQL directly"
+         a pooler in transaction or statement mode ({}) sits in front of PostgreSQL, and \
+         qlsched's prepared statements, session settings and LISTEN do not survive it \
+         (PgBouncer 1.21+'s max_prepared_statements carries prepared statements only); set \
+         pool_mode = session for qlsched's database in pgbouncer.ini (per database: \
+         `qlsched = host=… pool_mode=session`), or connect to PostgreSQL directly",
+        pooler_named(.pooler)
     )]
-    TransactionPooling { first: i32, now: i32 },
+    TransactionPooling {
+        first: i32,
+        now: i32,
+        /// The pooler's version, when its admin console told it.
+        pooler: Option<String>,
+    },
     /// `SELECT pg_backend_pid()` answered without a row.
     #[error("SELECT pg_backend_pid() returned no row")]
     NoBackendPid,
@@ -212,6 +218,15 @@ pub enum StoreError {
     /// failed. Nothing of the caller's can have been written ([`StoreError::reached_server`]).
     #[error("{0} (before any statement was sent)")]
     NotSent(Box<StoreError>),
+}
+
+fn pooler_named(version: &Option<String>) -> String {
+    match version {
+        Some(v) => format!("{v} with pool_mode = transaction"),
+        None => "PgBouncer pool_mode = transaction; its version was not readable: SHOW VERSION \
+                 on its admin console needs the role in stats_users"
+            .to_owned(),
+    }
 }
 
 /// The connection broke (closed, I/O error, server shutting down).

@@ -63,6 +63,11 @@ async fn a_replica_behind_transaction_pooling_refuses_to_start_naming_pool_mode(
         "refused by the start-up probe: {log}"
     );
     assert!(log.contains("pool_mode = session"), "{log}");
+    // Its admin console lets the role read the pooler's version, which the refusal names.
+    assert!(
+        log.contains("(PgBouncer 1.") && log.contains("with pool_mode = transaction)"),
+        "{log}"
+    );
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
     // The probe ran before anything else: none of the readiness gate's statements (role,
     // schema, capability, grants; prepared) went through the transaction pooler.

@@ -45,6 +45,7 @@ impl PgBouncer {
                 "[databases]\n* = host=127.0.0.1 port={pg_port}\n\n[pgbouncer]\n\
                  listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
                  auth_type = trust\nauth_file = {d}/userlist.txt\npool_mode = {pool_mode}\n\
+                 stats_users = qlsched_runtime\n\
                  max_client_conn = 500\ndefault_pool_size = 20\n\
                  logfile = {d}/pgbouncer.log\npidfile = {d}/pgbouncer.pid\n"
             ),
