@@ -9,57 +9,16 @@ use qlsched::schedule::MisfirePolicy;
 use qlsched::store::manage::{self, TriggerSpec};
 use qlsched::store::triggers;
 
+use crate::helpers::cli::{command, ok, ql, refused, stderr, stdout};
 use crate::helpers::replica::{binary, ReplicaProc};
 use crate::helpers::{wait_until, RunsLock, TestDb};
 
-/// `qlsched <args>` with `QLSCHED_DSN` pointing at the admin role; no ambient password.
-fn ql(db: &TestDb, args: &[&str]) -> Output {
-    ql_env(db, args, &[])
-}
-
 fn ql_env(db: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(binary());
-    cmd.args(args)
-        .env("QLSCHED_DSN", db.dsn("qlsched_admin"))
-        .env("USER", "tester")
-        .env_remove("PGPASSWORD")
-        .env("PGPASSFILE", "/nonexistent/pgpass");
+    let mut cmd = command(db, args);
     for (k, v) in env {
         cmd.env(k, v);
     }
     cmd.output().expect("run qlsched")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Asserts success and returns stdout.
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        stdout(&o),
-        stderr(&o)
-    );
-    stdout(&o)
-}
-
-/// Asserts the exit code and that stderr names `needle`; returns stderr.
-fn refused(o: Output, code: i32, needle: &str) -> String {
-    let err = stderr(&o);
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "stderr: {err}\nstdout: {}",
-        stdout(&o)
-    );
-    assert!(err.contains(needle), "stderr lacks `{needle}`: {err}");
-    err
 }
 
 async fn runs_of(db: &TestDb, trigger: &str) -> i64 {
@@ -486,17 +445,17 @@ async fn delete_drops_the_trigger_from_list_for_good_and_keeps_its_runs_readable
     refused(
         ql(&db, &["trigger", "fire", "trg-00000"]),
         4,
-        "trg-00000 was deleted",
+        &["trg-00000 was deleted"],
     );
     refused(
         ql(&db, &["trigger", "enable", "trg-00000"]),
         4,
-        "trg-00000 was deleted",
+        &["trg-00000 was deleted"],
     );
     refused(
         ql(&db, &["trigger", "disable", "trg-00000"]),
         4,
-        "trg-00000 was deleted",
+        &["trg-00000 was deleted"],
     );
     refused(
         ql(
@@ -512,7 +471,7 @@ async fn delete_drops_the_trigger_from_list_for_good_and_keeps_its_runs_readable
             ],
         ),
         4,
-        "trg-00000 was deleted",
+        &["trg-00000 was deleted"],
     );
     refused(
         ql(
@@ -531,7 +490,7 @@ async fn delete_drops_the_trigger_from_list_for_good_and_keeps_its_runs_readable
             ],
         ),
         4,
-        "never reused",
+        &["never reused"],
     );
 }
 
@@ -920,7 +879,7 @@ async fn credentials_come_from_a_file_the_environment_or_a_passfile_and_are_neve
         || async { !list(&[], &[]).status.success() },
     )
     .await;
-    let no_pw = refused(list(&[], &[]), 1, &format!("127.0.0.1:{}", db.port));
+    let no_pw = refused(list(&[], &[]), 1, &[&format!("127.0.0.1:{}", db.port)]);
     assert!(no_pw.contains("password"), "{no_pw}");
 
     let dir = tempfile::tempdir().unwrap();

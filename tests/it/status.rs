@@ -1,31 +1,11 @@
 //! `qlsched status`: admissions and lag per kind of run (cron, manual, backfill), so a
 //! backfill's hours-old occurrences or an operator's fire never show as cron lag.
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
-use crate::helpers::replica::{binary, ReplicaProc};
+use crate::helpers::cli::{ok, ql};
+use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{wait_until, TestDb};
-
-fn ql(db: &TestDb, args: &[&str]) -> Output {
-    Command::new(binary())
-        .args(args)
-        .env("QLSCHED_DSN", db.dsn("qlsched_admin"))
-        .env("USER", "tester")
-        .output()
-        .expect("run qlsched")
-}
-
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 fn iso(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
