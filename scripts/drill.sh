@@ -6,7 +6,8 @@
 #
 # NAME: kill_restart | backend_termination | pg_restart | standby_promotion |
 #       commit_reply_lost | partition | actor_crash | clock_skew | same_replica_id |
-#       netns (kernel partition + flapping link; needs root) | slow_link | all
+#       netns (kernel partition + flapping link; needs root) | slow_link |
+#       failover_dsn (a promotion followed through a two-host DSN) | all
 # --cycles N    kills / terminations / restarts / promotions / faults / cuts / flaps /
 #               drain rows (slow_link)
 # --duration S  seconds of steady load (actor_crash, slow_link)
@@ -16,8 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 
-DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link"
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn"
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 name=$1; shift
@@ -36,6 +37,10 @@ pg_ensure_installed
 export QLSCHED_PG_BINDIR="$(pg_find_bindir)"
 filter="drills::$name::"
 skip=()
+case $name in
+  standby_promotion) filter="drills::standby_promotion::a_claim_held" ;;
+  failover_dsn) filter="drills::standby_promotion::replicas_whose_dsn" ;;
+esac
 if [ "$name" = all ]; then filter="drills::"; skip=(--skip drills::findings::); fi
 
 log=$(mktemp)
