@@ -6,6 +6,7 @@
 
 pub mod admit;
 pub mod claim;
+pub mod dispatch;
 pub mod hosts;
 pub mod manage;
 pub mod migrate;
@@ -13,6 +14,7 @@ pub mod pooler;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
+pub mod runs;
 pub mod session;
 pub mod status;
 pub mod tls;
