@@ -1,0 +1,1 @@
+//! runs cancel (placeholder until written)
