@@ -220,6 +220,17 @@ pub async fn migrate(
     client
         .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
         .await?;
+    // Every role must exist before anything is applied: grants are installed after the
+    // migrations, and a missing role would leave the schema migrated without them.
+    for role in roles.all() {
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await?
+            .is_some();
+        if !exists {
+            return Err(StoreError::MissingRole(role.to_string()));
+        }
+    }
     let drift = stream_drift(&client).await?;
     if let Some(changed) = drift
         .iter()

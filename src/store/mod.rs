@@ -186,6 +186,10 @@ pub enum StoreError {
     BadRolePrefix(String),
     #[error("refusing to migrate: {0}")]
     MigrationDrift(Box<migrate::Drift>),
+    /// A role `db migrate` grants to does not exist (an install bootstrapped before the
+    /// role was added).
+    #[error("refusing to migrate: role {0} does not exist; run `qlsched db bootstrap` (idempotent) first")]
+    MissingRole(String),
     /// One client connection was served by two PostgreSQL sessions.
     #[error(
         "one connection was served by two PostgreSQL sessions (backend pid {first}, then {now}): \

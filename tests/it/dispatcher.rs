@@ -312,3 +312,39 @@ async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_si
     }
     db.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn an_install_from_before_the_dispatcher_gets_its_role_from_a_second_bootstrap() {
+    use qlsched::store::migrate::Roles;
+    let port = crate::helpers::cluster().port;
+    let su = crate::helpers::pg_config(port, "postgres", "postgres");
+    let roles = Roles::with_prefix("up21").unwrap();
+    migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
+    // As an install bootstrapped before V10: no dispatcher role.
+    let c = qlsched::store::connect(&su).await.unwrap();
+    c.batch_execute(
+        "REVOKE CONNECT ON DATABASE up21db FROM up21_dispatcher; DROP ROLE up21_dispatcher",
+    )
+    .await
+    .unwrap();
+    let owner = crate::helpers::pg_config(port, "up21_owner", "up21db");
+    let e = migrate::migrate(&owner, &roles).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("role up21_dispatcher does not exist; run `qlsched db bootstrap`"),
+        "{e}"
+    );
+    // Refused before anything was applied.
+    let c = qlsched::store::connect(&owner).await.unwrap();
+    assert_eq!(
+        migrate::stream_drift(&c).await.unwrap().len(),
+        migrate::embedded_count()
+    );
+    migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
+    migrate::migrate(&owner, &roles).await.unwrap();
+    let check = qlsched::store::connect(&owner).await.unwrap();
+    assert_eq!(
+        migrate::check(&check, &roles.checked()).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
