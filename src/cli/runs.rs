@@ -83,7 +83,8 @@ pub async fn cancel(a: CancelArgs) -> Result<(), CliError> {
         });
     }
     let mut client = connect::connect_target(&a.target).await?;
-    let census = runs::census(&client, &sel).await?;
+    // Counts and ids from one snapshot: a run taken after it is left alone by its chunk.
+    let (census, ids) = runs::read_selection(&mut client, &sel, a.max as i64 + 1).await?;
     match &sel {
         Selection::Run(id) if census.matched == 0 => {
             return Err(CliError::UnknownRun { id: id.to_string() })
@@ -98,7 +99,6 @@ pub async fn cancel(a: CancelArgs) -> Result<(), CliError> {
         }
         _ => {}
     }
-    let ids = runs::queued_ids(&client, &sel, a.max as i64 + 1).await?;
     if ids.len() > a.max {
         return Err(CliError::CancelOverCap { max: a.max });
     }

@@ -62,7 +62,10 @@ fn params(s: &Selection) -> (Option<Uuid>, Option<&str>, i64, i64, Option<&str>)
 
 /// Counts the selection's runs by status (one statement; the window reads
 /// `runs_trigger_idx`).
-pub async fn census(client: &tokio_postgres::Client, s: &Selection) -> Result<Census, StoreError> {
+async fn census(
+    client: &tokio_postgres::Transaction<'_>,
+    s: &Selection,
+) -> Result<Census, StoreError> {
     let p = params(s);
     let ps: Params = [&p.0, &p.1, &p.2, &p.3, &p.4];
     let r = client
@@ -85,8 +88,8 @@ pub async fn census(client: &tokio_postgres::Client, s: &Selection) -> Result<Ce
 
 /// The ids of the selection's queued runs in id order, at most `limit` (a caller that
 /// passes `max + 1` learns whether there are more than `max`).
-pub async fn queued_ids(
-    client: &tokio_postgres::Client,
+async fn queued_ids(
+    client: &tokio_postgres::Transaction<'_>,
     s: &Selection,
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
@@ -100,6 +103,26 @@ pub async fn queued_ids(
         .iter()
         .map(|r| r.get(0))
         .collect())
+}
+
+/// The selection's census and the ids of its queued runs (at most `limit`), from one
+/// snapshot (a read-only REPEATABLE READ transaction), so that the counts and the ids agree
+/// however many runs dispatchers take meanwhile.
+pub async fn read_selection(
+    client: &mut tokio_postgres::Client,
+    s: &Selection,
+    limit: i64,
+) -> Result<(Census, Vec<Uuid>), StoreError> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let census = census(&tx, s).await?;
+    let ids = queued_ids(&tx, s, limit).await?;
+    tx.commit().await?;
+    Ok((census, ids))
 }
 
 /// Cancels the runs `$1` (uuid[]) that are still queued and untouched: run `cancelled`

@@ -328,3 +328,83 @@ async fn exit_codes_name_bad_input_unknown_ids_and_a_taken_run() {
     assert_eq!(status_counts(&db).await, "dispatching/dispatching:1");
     db.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn a_cancel_racing_two_dispatchers_never_cancels_a_taken_run() {
+    let db = TestDb::new().await;
+    runs(&db, 60, 0).await;
+    // 140 more instants, none on a whole minute (those have runs already).
+    let more: Vec<i64> = (1..)
+        .filter(|s| s % 60 != 0)
+        .take(140)
+        .map(|s| FROM_MS + 1_000 * s)
+        .collect();
+    backfill_chunk(
+        &mut db.admin().await,
+        "trg-00000",
+        1,
+        &more,
+        "backfill:test",
+    )
+    .await
+    .unwrap();
+    let dispatch = |db: TestDb| async move {
+        let c = db.client("qlsched_dispatcher").await;
+        let mut n = 0usize;
+        loop {
+            let t = c.query(TAKE_SQL, &[&3i64]).await.unwrap().len();
+            if t == 0 {
+                return n;
+            }
+            n += t;
+        }
+    };
+    let (d1, d2) = (
+        tokio::spawn(dispatch(db.clone())),
+        tokio::spawn(dispatch(db.clone())),
+    );
+    let cli_db = db.clone();
+    let cancel = tokio::task::spawn_blocking(move || {
+        ok(ql(
+            &cli_db,
+            &[
+                "runs",
+                "cancel",
+                "--trigger",
+                "trg-00000",
+                "--from",
+                FROM,
+                "--to",
+                TO,
+                "--json",
+            ],
+        ))
+    });
+    let (taken, out) = (
+        d1.await.unwrap() + d2.await.unwrap(),
+        json(cancel.await.unwrap()),
+    );
+    let cancelled = out["cancelled"].as_i64().unwrap();
+    assert_eq!(out["matched"], 200, "{out}");
+    assert_eq!(
+        cancelled + out["left_alone"].as_i64().unwrap(),
+        200,
+        "{out}"
+    );
+    assert_eq!(
+        taken as i64 + cancelled,
+        200,
+        "every run taken or cancelled, not both"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'cancelled'")
+            .await,
+        cancelled
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'dispatching'")
+            .await,
+        taken as i64
+    );
+    db.assert_invariants().await;
+}
