@@ -22,7 +22,8 @@ pub enum DbCommand {
         #[arg(long)]
         password_file: Option<PathBuf>,
     },
-    /// Apply migrations as the owner role and install the exact grants.
+    /// Apply migrations as the owner role and install the exact grants (every role must
+    /// exist: after an upgrade that adds one, run `db bootstrap` again first).
     Migrate {
         /// DSN connecting as `<prefix>_owner` to the qlsched database.
         #[arg(long)]
@@ -71,8 +72,8 @@ async fn bootstrap(
         .await
         .map_err(|source| unreachable_or(&pg, source))?;
     println!(
-        "bootstrapped database {database} with roles {}, {}, {}, {}",
-        roles.owner, roles.admin, roles.runtime, roles.worker_ingress
+        "bootstrapped database {database} with roles {}, {}, {}, {}, {}",
+        roles.owner, roles.admin, roles.runtime, roles.worker_ingress, roles.dispatcher
     );
     Ok(())
 }
@@ -94,15 +95,7 @@ async fn migrate(dsn: &str, prefix: &str, password_file: Option<PathBuf>) -> Res
 async fn check(target: &Target, prefix: &str) -> Result<(), CliError> {
     let client = connect::connect_target(target).await?;
     let roles = migrate::Roles::with_prefix(prefix)?;
-    let problems = migrate::check(
-        &client,
-        &[
-            (&roles.admin, "admin"),
-            (&roles.runtime, "runtime"),
-            (&roles.worker_ingress, "worker_ingress"),
-        ],
-    )
-    .await?;
+    let problems = migrate::check(&client, &roles.checked()).await?;
     if !problems.is_empty() {
         for p in &problems {
             eprintln!("{p}");

@@ -5,8 +5,8 @@
 //! | 0 | done (including a repeated disable/enable/delete, which changes nothing) |
 //! | 1 | the database is unreachable (the host is named) or failed |
 //! | 2 | bad input: an argument, a time, a window, a DSN, a config; nothing was written |
-//! | 3 | unknown trigger or project id (named) |
-//! | 4 | refused by state: the trigger is disabled or deleted, its project is not active, or it was republished mid-command |
+//! | 3 | unknown trigger, project or run id (named) |
+//! | 4 | refused by state: the trigger is disabled or deleted, its project is not active, or it was republished mid-command; `runs cancel --run` of a run a dispatcher took |
 
 use std::path::PathBuf;
 
@@ -71,6 +71,16 @@ pub enum CliError {
         value: String,
         source: ScheduleError,
     },
+    #[error("--run `{value}`: not a run id (a UUID)")]
+    BadRunId { value: String },
+    #[error("run {id} does not exist")]
+    UnknownRun { id: String },
+    #[error("trigger {id} does not exist")]
+    UnknownTriggerId { id: String },
+    #[error("run {id} was taken by a dispatcher (it is no longer queued); nothing was written")]
+    RunTaken { id: String },
+    #[error("more than {max} queued runs match (--max {max}); nothing was written")]
+    CancelOverCap { max: usize },
     #[error("database is not ready ({problems} problem(s))")]
     NotReady { problems: usize },
     #[error("writing JSON: {0}")]
@@ -104,6 +114,8 @@ impl CliError {
             | CliError::NotReady { .. }
             | CliError::Json(_)
             | CliError::Startup(_) => 1,
+            CliError::UnknownRun { .. } | CliError::UnknownTriggerId { .. } => 3,
+            CliError::RunTaken { .. } => 4,
             _ => 2,
         }
     }

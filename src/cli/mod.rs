@@ -7,6 +7,7 @@ mod db;
 mod define;
 pub mod error;
 mod render;
+mod runs;
 mod triggers;
 mod views;
 
@@ -192,6 +193,9 @@ pub enum RunsCommand {
         #[arg(long, default_value_t = 20)]
         limit: i64,
     },
+    /// Cancel queued runs nobody took yet (--run ID, or --trigger ID --from --to [--kind]);
+    /// runs a dispatcher took are left alone and counted (admin role).
+    Cancel(runs::CancelArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -249,6 +253,7 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
             trigger,
             limit,
         }) => views::runs_list(&target, trigger.as_deref(), limit).await,
+        Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::CheckConfig { .. } | Command::Run { .. } => unreachable!("handled in main"),
     }
 }

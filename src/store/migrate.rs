@@ -15,13 +15,15 @@ pub const CAPABILITY: (&str, i32) = ("cluster_scheduler_admission", 1);
 /// Where refinery records the applied stream.
 pub const HISTORY_TABLE: &str = "qlsched.schema_migrations";
 
-/// The four LOGIN roles of one install, named `<prefix>_owner` etc.
+/// The five LOGIN roles of one install, named `<prefix>_owner` etc.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Roles {
     pub owner: String,
     pub admin: String,
     pub runtime: String,
     pub worker_ingress: String,
+    /// What a dispatcher logs in as (docs/dispatcher.md).
+    pub dispatcher: String,
 }
 
 impl Roles {
@@ -40,14 +42,26 @@ impl Roles {
             admin: format!("{prefix}_admin"),
             runtime: format!("{prefix}_runtime"),
             worker_ingress: format!("{prefix}_worker_ingress"),
+            dispatcher: format!("{prefix}_dispatcher"),
         })
     }
-    fn all(&self) -> [&str; 4] {
+    fn all(&self) -> [&str; 5] {
         [
             &self.owner,
             &self.admin,
             &self.runtime,
             &self.worker_ingress,
+            &self.dispatcher,
+        ]
+    }
+
+    /// Every role but the owner, with the kind [`check`] verifies it as.
+    pub fn checked(&self) -> [(&str, &str); 4] {
+        [
+            (&self.admin, "admin"),
+            (&self.runtime, "runtime"),
+            (&self.worker_ingress, "worker_ingress"),
+            (&self.dispatcher, "dispatcher"),
         ]
     }
 }
@@ -88,6 +102,53 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
     ("replicas", &["SELECT"], &["SELECT", "INSERT", "UPDATE"]),
     ("schema_migrations", &["SELECT"], &["SELECT"]),
 ];
+
+/// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
+/// execution revision a run pins, and appends events; its updates are the column-level
+/// ones in [`COLUMN_GRANTS`]. It never inserts a run or an attempt, never deletes, and
+/// never reads or writes definitions' schedules.
+pub const DISPATCHER_GRANTS: [(&str, &[&str]); 4] = [
+    ("runs", &["SELECT"]),
+    ("attempts", &["SELECT"]),
+    ("run_events", &["SELECT", "INSERT"]),
+    ("execution_revisions", &["SELECT"]),
+];
+
+/// Column-level grants: (role kind, table, privilege, columns). The only UPDATEs of
+/// admitted work: a dispatcher moves a run and its attempt forward (docs/dispatcher.md), an
+/// admin cancels an untouched queued run (`runs cancel`). Migration V10's triggers allow
+/// only forward moves of `status` and `state`.
+pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 4] = [
+    ("dispatcher", "runs", "UPDATE", &["status"]),
+    (
+        "dispatcher",
+        "attempts",
+        "UPDATE",
+        &[
+            "state",
+            "started_at_ms",
+            "finished_at_ms",
+            "result",
+            "error",
+        ],
+    ),
+    ("admin", "runs", "UPDATE", &["status", "cancelled"]),
+    ("admin", "attempts", "UPDATE", &["state", "finished_at_ms"]),
+];
+
+/// The column-level grants a role kind must hold, as (table, column, privilege), sorted.
+pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
+    let mut out: Vec<(String, String, String)> = COLUMN_GRANTS
+        .iter()
+        .filter(|(k, ..)| *k == kind)
+        .flat_map(|(_, table, privilege, cols)| {
+            cols.iter()
+                .map(move |c| (table.to_string(), c.to_string(), privilege.to_string()))
+        })
+        .collect();
+    out.sort();
+    out
+}
 
 fn ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -134,14 +195,7 @@ pub async fn bootstrap(
     let mut in_db = superuser.clone();
     in_db.dbname(database);
     let client = super::connect(&in_db).await?;
-    let connect_roles = [
-        &roles.owner,
-        &roles.admin,
-        &roles.runtime,
-        &roles.worker_ingress,
-    ]
-    .map(|r| ident(r))
-    .join(", ");
+    let connect_roles = roles.all().map(ident).join(", ");
     client
         .batch_execute(&format!(
             "CREATE SCHEMA IF NOT EXISTS {schema} AUTHORIZATION {owner};
@@ -166,6 +220,17 @@ pub async fn migrate(
     client
         .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
         .await?;
+    // Every role must exist before anything is applied: grants are installed after the
+    // migrations, and a missing role would leave the schema migrated without them.
+    for role in roles.all() {
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await?
+            .is_some();
+        if !exists {
+            return Err(StoreError::MissingRole(role.to_string()));
+        }
+    }
     let drift = stream_drift(&client).await?;
     if let Some(changed) = drift
         .iter()
@@ -190,17 +255,23 @@ pub async fn migrate(
 
 async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Result<(), StoreError> {
     let mut sql = String::from("BEGIN;\n");
-    let others = [&roles.admin, &roles.runtime, &roles.worker_ingress]
-        .map(|r| ident(r))
-        .join(", ");
+    let others = [
+        &roles.admin,
+        &roles.runtime,
+        &roles.worker_ingress,
+        &roles.dispatcher,
+    ]
+    .map(|r| ident(r))
+    .join(", ");
     sql += &format!("REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!("REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
     sql += &format!(
-        "GRANT USAGE ON SCHEMA {SCHEMA} TO {}, {};\n",
+        "GRANT USAGE ON SCHEMA {SCHEMA} TO {}, {}, {};\n",
         ident(&roles.admin),
-        ident(&roles.runtime)
+        ident(&roles.runtime),
+        ident(&roles.dispatcher)
     );
     for (table, admin, runtime) in GRANTS {
         sql += &format!(
@@ -212,6 +283,24 @@ async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Resul
             "GRANT {} ON {SCHEMA}.{table} TO {};\n",
             runtime.join(", "),
             ident(&roles.runtime)
+        );
+    }
+    for (table, privs) in DISPATCHER_GRANTS {
+        sql += &format!(
+            "GRANT {} ON {SCHEMA}.{table} TO {};\n",
+            privs.join(", "),
+            ident(&roles.dispatcher)
+        );
+    }
+    for (kind, table, privilege, cols) in COLUMN_GRANTS {
+        let role = match kind {
+            "admin" => &roles.admin,
+            _ => &roles.dispatcher,
+        };
+        sql += &format!(
+            "GRANT {privilege} ({}) ON {SCHEMA}.{table} TO {};\n",
+            cols.join(", "),
+            ident(role)
         );
     }
     sql += "COMMIT;";
@@ -323,8 +412,22 @@ pub async fn table_privileges(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// The privileges docs/design.md ("Roles and grants") gives a role kind ("admin" | "runtime" | "worker_ingress").
+/// The table privileges docs/design.md ("Roles and grants") gives a role kind ("admin" |
+/// "runtime" | "worker_ingress" | "dispatcher"); column-level ones are in
+/// [`expected_column_privileges`].
 pub fn expected_privileges(kind: &str) -> Vec<(String, String)> {
+    if kind == "dispatcher" {
+        let mut out: Vec<(String, String)> = DISPATCHER_GRANTS
+            .iter()
+            .flat_map(|(table, privs)| {
+                privs
+                    .iter()
+                    .map(move |p| (table.to_string(), p.to_string()))
+            })
+            .collect();
+        out.sort();
+        return out;
+    }
     let mut out: Vec<(String, String)> = GRANTS
         .iter()
         .flat_map(|(table, admin, runtime)| {
@@ -404,11 +507,12 @@ pub async fn check(
 }
 
 /// Every privilege a role holds outside the table grants, each as a problem: column-level
-/// grants and grants on other relations (sequences, views) in the schema; schema `CREATE`
+/// grants other than its [`COLUMN_GRANTS`] (and each of those it lacks), grants on other relations (sequences, views) in the schema; schema `CREATE`
 /// anywhere and `USAGE` on the scheduler schema where the role has no tables; database
 /// `CREATE`/`TEMPORARY`; default privileges that would hand it future objects; `EXECUTE` on
 /// any function or procedure in the schema (PostgreSQL grants that to PUBLIC by default).
-/// None of these is ever granted by `db migrate`, so any one is drift to refuse.
+/// Beyond [`COLUMN_GRANTS`], none of these is ever granted by `db migrate`, so any one is
+/// drift to refuse.
 ///
 /// Catalog reads only (the runtime role runs it at start). PUBLIC's grants count: they reach
 /// every role.
@@ -426,6 +530,8 @@ async fn other_privileges(
           JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $2
           CROSS JOIN LATERAL aclexplode(a.attacl) acl
          WHERE acl.grantee IN (0, (SELECT oid FROM r))
+           AND NOT (acl.grantee = (SELECT oid FROM r)
+                    AND format('%s.%s.%s', c.relname, a.attname, acl.privilege_type) = ANY ($4))
         UNION ALL
         SELECT format('role %s has %s on %s %I.%I, which it must not', $1, acl.privilege_type,
                       CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
@@ -470,9 +576,39 @@ async fn other_privileges(
           JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = $2
          WHERE has_function_privilege($1, p.oid, 'EXECUTE')
          ORDER BY 1";
-    let uses_schema = matches!(kind, "admin" | "runtime");
-    let rows = client.query(SQL, &[&role, &SCHEMA, &uses_schema]).await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    let uses_schema = matches!(kind, "admin" | "runtime" | "dispatcher");
+    let want = expected_column_privileges(kind);
+    let granted: Vec<String> = want
+        .iter()
+        .map(|(t, c, p)| format!("{t}.{c}.{p}"))
+        .collect();
+    let rows = client
+        .query(SQL, &[&role, &SCHEMA, &uses_schema, &granted])
+        .await?;
+    let mut problems: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    // Each expected column grant, held by the role itself (not only through PUBLIC).
+    let held: Vec<String> = client
+        .query(
+            "SELECT format('%s.%s.%s', c.relname, a.attname, acl.privilege_type)
+               FROM pg_attribute a
+               JOIN pg_class c ON c.oid = a.attrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $2
+               CROSS JOIN LATERAL aclexplode(a.attacl) acl
+              WHERE acl.grantee = (SELECT oid FROM pg_roles WHERE rolname = $1)",
+            &[&role, &SCHEMA],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for ((t, c, p), key) in want.iter().zip(&granted) {
+        if !held.contains(key) {
+            problems.push(format!(
+                "role {role} lacks column-level {p} on {SCHEMA}.{t}({c})"
+            ));
+        }
+    }
+    Ok(problems)
 }
 
 /// Quotes for callers that build DDL (tests, bootstrap passwords).

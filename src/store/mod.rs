@@ -6,6 +6,7 @@
 
 pub mod admit;
 pub mod claim;
+pub mod dispatch;
 pub mod hosts;
 pub mod manage;
 pub mod migrate;
@@ -13,6 +14,7 @@ pub mod pooler;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
+pub mod runs;
 pub mod session;
 pub mod status;
 pub mod tls;
@@ -184,6 +186,10 @@ pub enum StoreError {
     BadRolePrefix(String),
     #[error("refusing to migrate: {0}")]
     MigrationDrift(Box<migrate::Drift>),
+    /// A role `db migrate` grants to does not exist (an install bootstrapped before the
+    /// role was added).
+    #[error("refusing to migrate: role {0} does not exist; run `qlsched db bootstrap` (idempotent) first")]
+    MissingRole(String),
     /// One client connection was served by two PostgreSQL sessions.
     #[error(
         "one connection was served by two PostgreSQL sessions (backend pid {first}, then {now}): \

@@ -13,10 +13,75 @@ async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
         ("qlsched_admin", "admin"),
         ("qlsched_runtime", "runtime"),
         ("qlsched_worker_ingress", "worker_ingress"),
+        ("qlsched_dispatcher", "dispatcher"),
     ] {
         let have = migrate::table_privileges(&su, role).await.unwrap();
         assert_eq!(have, migrate::expected_privileges(kind), "role {role}");
     }
+    // The dispatcher: reads admitted work and the pinned spec, appends events; nothing else
+    // at table level (its updates are column-level).
+    let dispatcher = migrate::table_privileges(&su, "qlsched_dispatcher")
+        .await
+        .unwrap();
+    let want: Vec<(String, String)> = [
+        ("attempts", "SELECT"),
+        ("execution_revisions", "SELECT"),
+        ("run_events", "INSERT"),
+        ("run_events", "SELECT"),
+        ("runs", "SELECT"),
+    ]
+    .iter()
+    .map(|(t, p)| (t.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(dispatcher, want);
+    // Column-level UPDATEs, as the catalog holds them.
+    let columns = |role: &'static str| {
+        let su = &su;
+        async move {
+            su.query(
+                "SELECT c.relname::text, a.attname::text, acl.privilege_type
+                   FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+                   JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'qlsched'
+                   CROSS JOIN LATERAL aclexplode(a.attacl) acl
+                  WHERE acl.grantee = $1::text::regrole ORDER BY 1, 2, 3",
+                &[&role],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}.{} {}",
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2)
+                )
+            })
+            .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        columns("qlsched_dispatcher").await,
+        [
+            "attempts.error UPDATE",
+            "attempts.finished_at_ms UPDATE",
+            "attempts.result UPDATE",
+            "attempts.started_at_ms UPDATE",
+            "attempts.state UPDATE",
+            "runs.status UPDATE"
+        ]
+    );
+    assert_eq!(
+        columns("qlsched_admin").await,
+        [
+            "attempts.finished_at_ms UPDATE",
+            "attempts.state UPDATE",
+            "runs.cancelled UPDATE",
+            "runs.status UPDATE"
+        ]
+    );
+    assert!(columns("qlsched_runtime").await.is_empty());
+    assert!(columns("qlsched_worker_ingress").await.is_empty());
     let runtime = migrate::table_privileges(&su, "qlsched_runtime")
         .await
         .unwrap();
@@ -64,8 +129,15 @@ const CASES: &[(&str, &str, bool)] = &[
     ("qlsched_admin", "DELETE FROM qlsched.trigger_schedules; INSERT INTO qlsched.trigger_schedules (trigger_id, project_id, trigger_revision, updated_at_ms) VALUES ('trg-00000', 'proj', 1, 0)", true),
     ("qlsched_admin", "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision, execution_revision_id, idempotency_key, scheduled_for_ms, admitted_by) SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1, execution_revision_id, 'ql3:cron:v1:trg-00000:1:0', 0, 'x' FROM qlsched.tasks", true),
     ("qlsched_admin", "DELETE FROM qlsched.runs", false),
-    ("qlsched_admin", "UPDATE qlsched.runs SET status = 'failed'", false),
-    ("qlsched_admin", "UPDATE qlsched.attempts SET state = 'failed'", false),
+    // `runs cancel`: status and the cancelled flag of a run, state and finish time of its
+    // attempt (V10); nothing else of admitted work.
+    ("qlsched_admin", "UPDATE qlsched.runs SET status = status, cancelled = cancelled", true),
+    ("qlsched_admin", "UPDATE qlsched.attempts SET state = state, finished_at_ms = finished_at_ms", true),
+    ("qlsched_admin", "SELECT run_id FROM qlsched.runs FOR UPDATE SKIP LOCKED", true),
+    ("qlsched_admin", "UPDATE qlsched.runs SET idempotency_key = idempotency_key", false),
+    ("qlsched_admin", "UPDATE qlsched.runs SET scheduled_for_ms = 0", false),
+    ("qlsched_admin", "UPDATE qlsched.attempts SET worker_id = 'w'", false),
+    ("qlsched_admin", "UPDATE qlsched.attempts SET started_at_ms = 0", false),
     ("qlsched_admin", "DELETE FROM qlsched.attempts", false),
     ("qlsched_admin", "UPDATE qlsched.run_events SET at_ms = 0", false),
     ("qlsched_admin", "DELETE FROM qlsched.run_events", false),
@@ -75,6 +147,37 @@ const CASES: &[(&str, &str, bool)] = &[
     ("qlsched_admin", "DELETE FROM qlsched.execution_revisions", false),
     ("qlsched_admin", "DELETE FROM qlsched.tasks", false),
     ("qlsched_admin", "DELETE FROM qlsched.triggers", false),
+    // The dispatcher (docs/dispatcher.md): takes queued runs, moves run and attempt
+    // forward, appends events. Nothing else.
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.runs", true),
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.attempts", true),
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.run_events", true),
+    ("qlsched_dispatcher", "SELECT spec FROM qlsched.execution_revisions", true),
+    ("qlsched_dispatcher", "SELECT run_id FROM qlsched.runs WHERE status = 'queued' LIMIT 10 FOR UPDATE SKIP LOCKED", true),
+    ("qlsched_dispatcher", "UPDATE qlsched.runs SET status = status", true),
+    ("qlsched_dispatcher", "UPDATE qlsched.attempts SET state = state, started_at_ms = started_at_ms, finished_at_ms = finished_at_ms, result = result, error = error", true),
+    ("qlsched_dispatcher", "INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms) VALUES (gen_random_uuid(), 3, 'run.dispatching', 0)", true),
+    ("qlsched_dispatcher", "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision, execution_revision_id, idempotency_key, scheduled_for_ms, admitted_by) SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1, execution_revision_id, 'ql3:cron:v1:trg-00000:1:0', 0, 'x' FROM qlsched.execution_revisions", false),
+    ("qlsched_dispatcher", "INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms) VALUES (gen_random_uuid(), gen_random_uuid(), 2, 'remote_worker', 'claimed', 0)", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.runs SET cancelled = true", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.runs SET idempotency_key = idempotency_key", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.runs SET admitted_by = admitted_by", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.attempts SET run_id = run_id", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.attempts SET worker_id = 'w'", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.run_events SET at_ms = 0", false),
+    ("qlsched_dispatcher", "DELETE FROM qlsched.runs", false),
+    ("qlsched_dispatcher", "DELETE FROM qlsched.attempts", false),
+    ("qlsched_dispatcher", "DELETE FROM qlsched.run_events", false),
+    ("qlsched_dispatcher", "TRUNCATE qlsched.runs", false),
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.trigger_schedules", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.trigger_schedules SET claimable_at_ms = 0", false),
+    ("qlsched_dispatcher", "DELETE FROM qlsched.trigger_schedules", false),
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.triggers", false),
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.tasks", false),
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.projects", false),
+    ("qlsched_dispatcher", "SELECT count(*) FROM qlsched.replicas", false),
+    ("qlsched_dispatcher", "UPDATE qlsched.triggers SET enabled = false", false),
+    ("qlsched_dispatcher", "CREATE TABLE qlsched.sneaky (x int)", false),
 ];
 
 #[tokio::test]
@@ -105,11 +208,12 @@ async fn each_role_can_do_exactly_what_it_is_granted() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-fn all_roles() -> [(&'static str, &'static str); 3] {
+fn all_roles() -> [(&'static str, &'static str); 4] {
     [
         ("qlsched_admin", "admin"),
         ("qlsched_runtime", "runtime"),
         ("qlsched_worker_ingress", "worker_ingress"),
+        ("qlsched_dispatcher", "dispatcher"),
     ]
 }
 
@@ -125,12 +229,32 @@ async fn check_names_and_refuses_every_kind_of_extra_grant() {
     // (grant, the problem check must report)
     let cases: &[(&str, &str)] = &[
         (
+            "GRANT SELECT (trigger_id) ON qlsched.triggers TO PUBLIC",
+            "role qlsched_worker_ingress has column-level SELECT on qlsched.triggers(trigger_id)",
+        ),
+        (
+            "GRANT UPDATE (admitted_by) ON qlsched.runs TO qlsched_dispatcher",
+            "role qlsched_dispatcher has column-level UPDATE on qlsched.runs(admitted_by)",
+        ),
+        (
             "GRANT UPDATE (status) ON qlsched.runs TO qlsched_runtime",
             "role qlsched_runtime has column-level UPDATE on qlsched.runs(status)",
         ),
         (
-            "GRANT SELECT (trigger_id) ON qlsched.triggers TO PUBLIC",
-            "role qlsched_worker_ingress has column-level SELECT on qlsched.triggers(trigger_id)",
+            "GRANT UPDATE ON qlsched.runs TO qlsched_dispatcher",
+            "role qlsched_dispatcher has UPDATE on qlsched.runs",
+        ),
+        (
+            "GRANT DELETE ON qlsched.run_events TO qlsched_dispatcher",
+            "role qlsched_dispatcher has DELETE on qlsched.run_events",
+        ),
+        (
+            "REVOKE UPDATE (status) ON qlsched.runs FROM qlsched_dispatcher",
+            "role qlsched_dispatcher lacks column-level UPDATE on qlsched.runs(status)",
+        ),
+        (
+            "REVOKE UPDATE (cancelled) ON qlsched.runs FROM qlsched_admin",
+            "role qlsched_admin lacks column-level UPDATE on qlsched.runs(cancelled)",
         ),
         (
             "GRANT CREATE ON SCHEMA qlsched TO qlsched_runtime",

@@ -1,0 +1,143 @@
+//! `runs cancel`: withdraw queued runs nobody took yet (admin role).
+
+use clap::Args;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::connect::{self, Target};
+use super::error::CliError;
+use super::render;
+use super::triggers::parse_time;
+use crate::store::runs::{self, Selection};
+
+/// Default `--max`: like `trigger backfill`.
+pub const CANCEL_DEFAULT_MAX: usize = 1_000;
+/// `--max` may not exceed this.
+pub const CANCEL_HARD_CAP: usize = 100_000;
+/// Runs per committed transaction.
+const CANCEL_CHUNK: usize = 500;
+
+/// What `runs cancel` takes.
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["run", "trigger"])))]
+pub struct CancelArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// One run, by id.
+    #[arg(long, conflicts_with_all = ["from", "to", "kind"])]
+    pub run: Option<String>,
+    /// A trigger's runs scheduled in [--from, --to).
+    #[arg(long, requires_all = ["from", "to"])]
+    pub trigger: Option<String>,
+    /// Window start, inclusive (RFC 3339).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Window end, exclusive (RFC 3339).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Only runs of this kind.
+    #[arg(long, value_parser = ["backfill", "manual", "cron"])]
+    pub kind: Option<String>,
+    /// Refuse (writing nothing) when more queued runs than this match (at most 100000).
+    #[arg(long, default_value_t = CANCEL_DEFAULT_MAX)]
+    pub max: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn selection(a: &CancelArgs) -> Result<Selection, CliError> {
+    if let Some(run) = &a.run {
+        let id = Uuid::parse_str(run).map_err(|_| CliError::BadRunId { value: run.clone() })?;
+        return Ok(Selection::Run(id));
+    }
+    let (from_s, to_s) = (
+        a.from.as_deref().unwrap_or(""),
+        a.to.as_deref().unwrap_or(""),
+    );
+    let from_ms = parse_time("--from", from_s)?;
+    let to_ms = parse_time("--to", to_s)?;
+    if from_ms >= to_ms {
+        return Err(CliError::WindowOrder {
+            from: from_s.into(),
+            to: to_s.into(),
+        });
+    }
+    Ok(Selection::Window {
+        trigger: a.trigger.clone().unwrap_or_default(),
+        from_ms,
+        to_ms,
+        kind: a.kind.clone(),
+    })
+}
+
+/// `runs cancel`: every check before the first write (input, the run or trigger exists,
+/// at most `--max` queued runs match); then chunks of 500 commit one by one. A run a
+/// dispatcher took (before the read, or between it and its chunk) is left alone and
+/// counted.
+pub async fn cancel(a: CancelArgs) -> Result<(), CliError> {
+    let sel = selection(&a)?;
+    if !(1..=CANCEL_HARD_CAP).contains(&a.max) {
+        return Err(CliError::MaxOutOfRange {
+            max: a.max,
+            hard_cap: CANCEL_HARD_CAP,
+        });
+    }
+    let mut client = connect::connect_target(&a.target).await?;
+    // Counts and ids from one snapshot: a run taken after it is left alone by its chunk.
+    let (census, ids) = runs::read_selection(&mut client, &sel, a.max as i64 + 1).await?;
+    match &sel {
+        Selection::Run(id) if census.matched == 0 => {
+            return Err(CliError::UnknownRun { id: id.to_string() })
+        }
+        Selection::Run(id) if census.taken > 0 => {
+            return Err(CliError::RunTaken { id: id.to_string() })
+        }
+        Selection::Window { trigger, .. } if !runs::trigger_exists(&client, trigger).await? => {
+            return Err(CliError::UnknownTriggerId {
+                id: trigger.clone(),
+            })
+        }
+        _ => {}
+    }
+    if ids.len() > a.max {
+        return Err(CliError::CancelOverCap { max: a.max });
+    }
+    let mut cancelled = 0u64;
+    for chunk in ids.chunks(CANCEL_CHUNK) {
+        cancelled += runs::cancel_chunk(&mut client, chunk).await?;
+    }
+    // Queued when read, not cancelled by us: a dispatcher took them in between (or they
+    // were not untouched).
+    let left_alone = census.taken as u64 + (ids.len() as u64 - cancelled);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "matched": census.matched, "cancelled": cancelled,
+                "left_alone": left_alone, "already_cancelled": census.cancelled,
+            }))?
+        );
+    } else {
+        let what = match &sel {
+            Selection::Run(id) => format!("run {id}"),
+            Selection::Window {
+                trigger,
+                from_ms,
+                to_ms,
+                kind,
+            } => format!(
+                "trigger {trigger} [{}, {}){}",
+                render::utc(Some(*from_ms)),
+                render::utc(Some(*to_ms)),
+                kind.as_deref()
+                    .map(|k| format!(" kind {k}"))
+                    .unwrap_or_default()
+            ),
+        };
+        println!(
+            "{what}: {} matched, {cancelled} cancelled, {left_alone} left alone (taken by a dispatcher), {} already cancelled",
+            census.matched, census.cancelled
+        );
+    }
+    Ok(())
+}

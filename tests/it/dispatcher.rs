@@ -1,0 +1,350 @@
+//! The dispatcher contract (docs/dispatcher.md): the role's grants, exactly-once taking under
+//! concurrency, the reference dispatcher finishing a replica's runs, and start-up recovery
+//! leaving the dispatcher's work alone.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
+use qlsched::store::migrate;
+use qlsched::store::recovery::recover_on_startup;
+use qlsched::store::triggers::backfill_chunk;
+use tokio_postgres::error::SqlState;
+use uuid::Uuid;
+
+use crate::helpers::replica::ReplicaProc;
+use crate::helpers::{wait_until, TestDb};
+
+/// `n` queued runs of trg-00000 (every second), admitted by the admin role as a backfill
+/// of instants one minute apart, starting a day ago.
+pub async fn queued_runs(db: &TestDb, n: usize) -> Vec<Uuid> {
+    db.seed(1, "* * * * * *").await;
+    let mut admin = db.admin().await;
+    let start = (db.now_ms().await / 60_000 - 24 * 60) * 60_000;
+    let instants: Vec<i64> = (0..n as i64).map(|i| start + i * 60_000).collect();
+    let c = backfill_chunk(&mut admin, "trg-00000", 1, &instants, "backfill:test")
+        .await
+        .unwrap();
+    assert_eq!(c.admitted, n as u64);
+    let su = db.superuser().await;
+    su.query("SELECT run_id FROM qlsched.runs ORDER BY run_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+async fn take(c: &tokio_postgres::Client, batch: i64) -> Vec<Uuid> {
+    c.query(TAKE_SQL, &[&batch])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_dispatcher_role_cannot_insert_runs_touch_schedules_or_delete() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 1).await;
+    let su = db.superuser().await;
+    assert_eq!(
+        migrate::check(&su, &[("qlsched_dispatcher", "dispatcher")])
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+    let d = db.client("qlsched_dispatcher").await;
+    for sql in [
+        "INSERT INTO qlsched.runs SELECT * FROM qlsched.runs",
+        "INSERT INTO qlsched.attempts SELECT * FROM qlsched.attempts",
+        "UPDATE qlsched.trigger_schedules SET claimable_at_ms = 0",
+        "SELECT * FROM qlsched.trigger_schedules",
+        "DELETE FROM qlsched.runs",
+        "DELETE FROM qlsched.attempts",
+        "DELETE FROM qlsched.run_events",
+        "UPDATE qlsched.runs SET cancelled = true",
+        "UPDATE qlsched.runs SET scheduled_for_ms = 0",
+        "UPDATE qlsched.attempts SET worker_id = 'w'",
+    ] {
+        let e = d.batch_execute(sql).await.unwrap_err();
+        assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{sql}");
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'queued'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_run_held_by_one_dispatcher_is_skipped_by_another_and_taken_once() {
+    let db = TestDb::new().await;
+    let all = queued_runs(&db, 40).await;
+    let a = db.client("qlsched_dispatcher").await;
+    let b = db.client("qlsched_dispatcher").await;
+    // A holds its take uncommitted: B skips every run A locked.
+    a.batch_execute("BEGIN").await.unwrap();
+    let by_a = take(&a, 10).await;
+    assert_eq!(by_a.len(), 10);
+    let by_b = take(&b, 100).await;
+    assert_eq!(by_b.len(), 30, "B takes the 30 runs A does not hold");
+    assert!(by_b.iter().all(|r| !by_a.contains(r)));
+    a.batch_execute("COMMIT").await.unwrap();
+    assert!(take(&b, 100).await.is_empty(), "nothing is taken twice");
+    // Racing: both loop over 40 more runs in small batches; every run is taken exactly once.
+    let db2 = TestDb::new().await;
+    let all2 = queued_runs(&db2, 40).await;
+    let race = |db: TestDb| async move {
+        let c = db.client("qlsched_dispatcher").await;
+        let mut got = Vec::new();
+        loop {
+            let t = take(&c, 3).await;
+            if t.is_empty() {
+                return got;
+            }
+            got.extend(t);
+        }
+    };
+    let (x, y) = tokio::join!(
+        tokio::spawn(race(db2.clone())),
+        tokio::spawn(race(db2.clone()))
+    );
+    let mut taken: Vec<Uuid> = x.unwrap().into_iter().chain(y.unwrap()).collect();
+    taken.sort();
+    assert_eq!(taken, all2, "each run taken exactly once");
+    assert_eq!(all.len(), 40);
+    for d in [&db, &db2] {
+        assert_eq!(
+            d.count("SELECT count(*) FROM qlsched.run_events WHERE kind = 'run.dispatching'")
+                .await,
+            40
+        );
+        d.assert_invariants().await;
+    }
+}
+
+#[tokio::test]
+async fn statuses_only_move_forward_whoever_writes() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 2).await;
+    let d = db.client("qlsched_dispatcher").await;
+    assert_eq!(take(&d, 1).await, vec![runs[0]]);
+    assert_eq!(
+        d.query(START_SQL, &[&vec![runs[0]]]).await.unwrap().len(),
+        1
+    );
+    let done = d
+        .query(
+            FINISH_SQL,
+            &[&vec![runs[0]], &vec!["succeeded"], &vec![None::<String>]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 1);
+    for (who, sql) in [
+        (
+            "qlsched_dispatcher",
+            "UPDATE qlsched.runs SET status = 'queued' WHERE status = 'succeeded'",
+        ),
+        (
+            "qlsched_dispatcher",
+            "UPDATE qlsched.runs SET status = 'running' WHERE status = 'queued'",
+        ),
+        (
+            "qlsched_dispatcher",
+            "UPDATE qlsched.attempts SET state = 'claimed' WHERE state = 'succeeded'",
+        ),
+        (
+            "qlsched_admin",
+            "UPDATE qlsched.runs SET status = 'cancelled', cancelled = true WHERE status = 'succeeded'",
+        ),
+        (
+            "qlsched_owner",
+            "UPDATE qlsched.runs SET status = 'queued' WHERE status = 'succeeded'",
+        ),
+    ] {
+        let e = db
+            .client(who)
+            .await
+            .batch_execute(sql)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(&SqlState::CHECK_VIOLATION), "{who}: {sql}");
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'succeeded'")
+            .await,
+        1
+    );
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn recovery_leaves_pristine_queued_runs_alone_and_lists_the_dispatchers_unfinished_ones() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 5).await;
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = take(&d, 2).await;
+    assert_eq!(taken, runs[..2]);
+    let before = db
+        .count("SELECT sum(hashtext(r::text)) FROM qlsched.runs r")
+        .await;
+    let runtime = db.client("qlsched_runtime").await;
+    let report = recover_on_startup(&runtime, 100).await.unwrap();
+    assert_eq!(report.pristine, 3, "the queued runs are the dispatcher's");
+    assert_eq!(report.candidate_count, 2);
+    assert!(report
+        .candidates
+        .iter()
+        .all(|c| c.reason == "run is dispatching" && taken.contains(&c.run_id)));
+    assert_eq!(
+        db.count("SELECT sum(hashtext(r::text)) FROM qlsched.runs r")
+            .await,
+        before,
+        "recovery wrote nothing"
+    );
+    // The queued ones are still there to take, untouched.
+    assert_eq!(take(&d, 10).await, runs[2..]);
+    db.assert_invariants().await;
+}
+
+/// The reference dispatcher, built once per test binary (`cargo build --example`).
+fn example_binary() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "--example", "dispatcher", "--manifest-path"])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+        if cfg!(feature = "fault-injection") {
+            cmd.args(["--features", "fault-injection"]);
+        }
+        let st = cmd.status().expect("cargo build --example dispatcher");
+        assert!(st.success(), "building the example failed");
+        let exe = std::env::current_exe().unwrap();
+        // target/debug/deps/it-… → target/debug/examples/dispatcher
+        exe.parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("examples/dispatcher")
+    })
+}
+
+#[tokio::test]
+async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigterm() {
+    let db = TestDb::new().await;
+    db.seed(2, "* * * * * *").await;
+    let mut replica = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "r1", "", &[]);
+    replica.wait_ready(Duration::from_secs(30)).await;
+    let out = tempfile::tempdir().unwrap();
+    // trg-00001's runs fail (exit 3), trg-00000's succeed; each writes its run id.
+    let command = format!(
+        "echo \"$QLSCHED_IDEMPOTENCY_KEY\" > {}/\"$QLSCHED_RUN_ID\"; test \"$QLSCHED_TRIGGER_ID\" = trg-00000 || exit 3",
+        out.path().display()
+    );
+    let mut child = tokio::process::Command::new(example_binary())
+        .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--batch", "5"])
+        .args(["--idle-ms", "50", "--command", &command])
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_until(
+        "3 finished runs of each trigger",
+        Duration::from_secs(30),
+        || async {
+            db.count(
+            "SELECT least(count(*) FILTER (WHERE trigger_id = 'trg-00000' AND status = 'succeeded'),
+                          count(*) FILTER (WHERE trigger_id = 'trg-00001' AND status = 'failed'))
+               FROM qlsched.runs",
+        )
+        .await
+            >= 3
+        },
+    )
+    .await;
+    replica.terminate(Duration::from_secs(20)).await;
+    // Whatever the replica admitted before it stopped is finished too.
+    wait_until("no unfinished run", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status NOT IN ('succeeded', 'failed')")
+            .await
+            == 0
+    })
+    .await;
+    let pid = child.id().unwrap() as i32;
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let st = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the dispatcher stops on SIGTERM")
+        .unwrap();
+    assert!(st.success(), "{st}");
+    let su = db.superuser().await;
+    let wrong = su
+        .query_one(
+            "SELECT count(*) FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)
+              WHERE r.status <> a.state OR a.started_at_ms IS NULL OR a.finished_at_ms IS NULL
+                 OR (r.status = 'failed') <> (a.error IS NOT NULL)
+                 OR (r.trigger_id = 'trg-00000') <> (r.status = 'succeeded')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(
+        wrong, 0,
+        "attempt state, times and error follow each run's outcome"
+    );
+    // Each run's command ran once, with its own key.
+    let runs = su
+        .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), runs.len());
+    for r in &runs {
+        let id: Uuid = r.get(0);
+        let key: String = r.get(1);
+        let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
+        assert_eq!(written.trim(), key);
+    }
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn an_install_from_before_the_dispatcher_gets_its_role_from_a_second_bootstrap() {
+    use qlsched::store::migrate::Roles;
+    let port = crate::helpers::cluster().port;
+    let su = crate::helpers::pg_config(port, "postgres", "postgres");
+    let roles = Roles::with_prefix("up21").unwrap();
+    migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
+    // As an install bootstrapped before V10: no dispatcher role.
+    let c = qlsched::store::connect(&su).await.unwrap();
+    c.batch_execute(
+        "REVOKE CONNECT ON DATABASE up21db FROM up21_dispatcher; DROP ROLE up21_dispatcher",
+    )
+    .await
+    .unwrap();
+    let owner = crate::helpers::pg_config(port, "up21_owner", "up21db");
+    let e = migrate::migrate(&owner, &roles).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("role up21_dispatcher does not exist; run `qlsched db bootstrap`"),
+        "{e}"
+    );
+    // Refused before anything was applied.
+    let c = qlsched::store::connect(&owner).await.unwrap();
+    assert_eq!(
+        migrate::stream_drift(&c).await.unwrap().len(),
+        migrate::embedded_count()
+    );
+    migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
+    migrate::migrate(&owner, &roles).await.unwrap();
+    let check = qlsched::store::connect(&owner).await.unwrap();
+    assert_eq!(
+        migrate::check(&check, &roles.checked()).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
