@@ -13,6 +13,7 @@ pub mod pooler;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
+pub mod retention;
 pub mod session;
 pub mod status;
 pub mod tls;
