@@ -24,6 +24,7 @@ mod on_time;
 mod operate;
 mod pgbouncer;
 mod plans;
+mod retention;
 mod roles;
 mod status;
 mod store_admit;
