@@ -396,3 +396,100 @@ async fn db_check_expects_exactly_the_runtime_execute_grant() {
         vec!["role qlsched_runtime lacks EXECUTE on function qlsched.prune_finished(bigint,integer,text,uuid)"]
     );
 }
+
+fn iso(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn backfill(db: &TestDb, from: i64, to: i64) -> std::process::Output {
+    crate::helpers::cli::ql(
+        db,
+        &[
+            "trigger",
+            "backfill",
+            "trg-00000",
+            "--from",
+            &iso(from),
+            "--to",
+            &iso(to),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn backfill_refuses_a_window_past_the_retention_horizon() {
+    use crate::helpers::cli::{ok, refused};
+    let db = TestDb::new().await;
+    db.seed(1, "0 * * * *").await;
+    let now = db.now_ms().await;
+    // No replica has pruned or recorded a retention: any past window is admitted.
+    ok(backfill(
+        &db,
+        now - 10 * DAY_MS,
+        now - 10 * DAY_MS + 3_600_001,
+    ));
+    // A pruning replica recorded finished_after = 2 days.
+    let runtime = db.client("qlsched_runtime").await;
+    let l = retention::claim_lease(
+        &runtime,
+        "a",
+        Duration::from_secs(60),
+        Duration::from_secs(2 * 86_400),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    retention::release_lease(&runtime, "a", l.token)
+        .await
+        .unwrap();
+    let before = db.count("SELECT count(*) FROM qlsched.runs").await;
+    let err = refused(
+        backfill(&db, now - 3 * DAY_MS, now - 3 * DAY_MS + 3 * 3_600_000),
+        2,
+        &[
+            "retention horizon",
+            "retention.finished_after 2d",
+            "nothing was written",
+        ],
+    );
+    // Within the margin (one hour inside the horizon) is refused too.
+    refused(
+        backfill(&db, now - 2 * DAY_MS + 1_800_000, now - DAY_MS),
+        2,
+        &["retention horizon"],
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs").await,
+        before,
+        "{err}"
+    );
+    // Inside the horizon: admitted.
+    ok(backfill(&db, now - DAY_MS, now - DAY_MS + 3 * 3_600_000));
+    assert!(db.count("SELECT count(*) FROM qlsched.runs").await > before);
+    // Retention turned off (0 = forever) after a prune reached a horizon: that horizon
+    // still holds, since runs before it may be gone.
+    db.superuser()
+        .await
+        .execute(
+            "UPDATE qlsched.maintenance SET pruned_through_ms = $1 WHERE task = 'prune'",
+            &[&(now - 5 * DAY_MS)],
+        )
+        .await
+        .unwrap();
+    retention::claim_lease(&runtime, "a", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    refused(
+        backfill(&db, now - 6 * DAY_MS, now - 6 * DAY_MS + 3_600_001),
+        2,
+        &["retention horizon", "the latest horizon pruned"],
+    );
+    ok(backfill(
+        &db,
+        now - 4 * DAY_MS,
+        now - 4 * DAY_MS + 3_600_001,
+    ));
+}
