@@ -18,6 +18,9 @@ CREATE TABLE qlsched.maintenance (
     -- The highest horizon any prune ever used: a run scheduled before it may be gone, even
     -- if retention was lengthened since. `trigger backfill` reads it.
     pruned_through_ms  bigint,
+    -- retention.queued_alert_after (ms) of the replica that last pruned: `qlsched status`
+    -- counts queued runs older than this (1 hour while none has).
+    queued_alert_after_ms bigint CHECK (queued_alert_after_ms > 0),
     last_pass_at       timestamptz
 );
 INSERT INTO qlsched.maintenance (task) VALUES ('prune');

@@ -71,6 +71,8 @@ impl Pruner {
                 retention::claim_lease(client, &self.owner, PRUNE_LEASE, keep).await?
             {
                 report.held_lease = true;
+                retention::record_alert_age(client, &self.owner, self.cfg.queued_alert_after)
+                    .await?;
                 let mut renew_at = Instant::now() + lease.remaining.saturating_sub(RENEW_BELOW);
                 loop {
                     if Instant::now() >= renew_at {

@@ -58,6 +58,40 @@ pub async fn claim_lease(
     }))
 }
 
+/// Records the lease holder's `queued_alert_after` for `qlsched status`.
+pub async fn record_alert_age(
+    client: &tokio_postgres::Client,
+    owner: &str,
+    queued_alert_after: Duration,
+) -> Result<(), StoreError> {
+    let ms = i64::try_from(queued_alert_after.as_millis()).unwrap_or(i64::MAX);
+    client
+        .execute(
+            "UPDATE qlsched.maintenance SET queued_alert_after_ms = $2
+              WHERE task = 'prune' AND lease_owner = $1",
+            &[&owner, &ms],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The age `qlsched status` counts queued runs as old from while no replica recorded one.
+pub const DEFAULT_QUEUED_ALERT_AFTER: Duration = Duration::from_secs(3600);
+
+/// The recorded `queued_alert_after`, or [`DEFAULT_QUEUED_ALERT_AFTER`].
+pub async fn recorded_alert_age(client: &tokio_postgres::Client) -> Result<Duration, StoreError> {
+    let ms: Option<i64> = client
+        .query_opt(
+            "SELECT queued_alert_after_ms FROM qlsched.maintenance WHERE task = 'prune'",
+            &[],
+        )
+        .await?
+        .and_then(|r| r.get(0));
+    Ok(ms
+        .map(|ms| Duration::from_millis(ms.max(0) as u64))
+        .unwrap_or(DEFAULT_QUEUED_ALERT_AFTER))
+}
+
 /// Gives the lease back early (expires it now), if it is still `token`'s.
 pub async fn release_lease(
     client: &tokio_postgres::Client,

@@ -493,3 +493,25 @@ async fn backfill_refuses_a_window_past_the_retention_horizon() {
         now - 4 * DAY_MS + 3_600_001,
     ));
 }
+
+#[tokio::test]
+async fn status_shows_the_retention_line() {
+    let db = TestDb::new().await;
+    run_aged(&db, "trg-a", "succeeded", 3 * DAY_MS).await;
+    run_aged(&db, "trg-a", "queued", 3 * 3_600_000).await;
+    run_aged(&db, "trg-a", "queued", 60_000).await;
+    let mut c = cfg(Duration::from_secs(30 * 86_400), 10);
+    c.queued_alert_after = Duration::from_secs(2 * 3600);
+    pruner("a", c)
+        .pass(&db.client("qlsched_runtime").await)
+        .await
+        .unwrap();
+    let out = crate::helpers::cli::ok(crate::helpers::cli::ql(&db, &["status"]));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("retention:"))
+        .unwrap_or_else(|| panic!("no retention line:\n{out}"));
+    assert!(line.contains("finished runs kept 30d"), "{line}");
+    assert!(line.contains("oldest finished run 3d old"), "{line}");
+    assert!(line.contains("queued runs older than 2h: 1"), "{line}");
+}
