@@ -515,3 +515,47 @@ async fn status_shows_the_retention_line() {
     assert!(line.contains("oldest finished run 3d old"), "{line}");
     assert!(line.contains("queued runs older than 2h: 1"), "{line}");
 }
+
+/// A running replica prunes on its own (the pruner task spawned at start) and exports the
+/// retention metrics.
+#[tokio::test]
+async fn a_running_replica_prunes_and_exports_the_retention_metrics() {
+    use crate::helpers::replica::ReplicaProc;
+    let db = TestDb::new().await;
+    let old = run_aged(&db, "trg-a", "failed", 400 * DAY_MS).await;
+    let queued = run_aged(&db, "trg-a", "queued", 400 * DAY_MS).await;
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "pr",
+        "",
+        &[
+            ("QLSCHED__RETENTION__INTERVAL", "1s"),
+            ("QLSCHED__RETENTION__FINISHED_AFTER", "1d"),
+        ],
+    );
+    r.wait_ready(Duration::from_secs(30)).await;
+    crate::helpers::wait_until(
+        "the old failed run is pruned",
+        Duration::from_secs(30),
+        || async { rows_of(&db, old).await == (0, 0, 0) },
+    )
+    .await;
+    let mut body = String::new();
+    crate::helpers::wait_until("the metrics show the pass", Duration::from_secs(30), || {
+        body = r.get("/metrics").map(|x| x.1).unwrap_or_default();
+        let done = body.contains("qlsched_runs_pruned_total{status=\"failed\"} 1")
+            && body.contains("qlsched_old_queued_runs 1\n");
+        async move { done }
+    })
+    .await;
+    assert!(
+        body.contains("qlsched_prune_duration_seconds_count"),
+        "{body}"
+    );
+    r.terminate(Duration::from_secs(20)).await;
+    assert_eq!(
+        rows_of(&db, queued).await,
+        (1, 1, 2),
+        "a queued run is never pruned"
+    );
+}
