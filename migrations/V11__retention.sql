@@ -25,6 +25,14 @@ CREATE TABLE qlsched.maintenance (
 );
 INSERT INTO qlsched.maintenance (task) VALUES ('prune');
 
+-- Finished runs in admission order: what a prune batch walks and where the oldest retained
+-- finished run is read. Admissions never write it (a new run is queued, outside the
+-- predicate); a run enters it when a dispatcher finishes it, an update that is not HOT
+-- anyway (status is a key of runs_unfinished_idx). Without it a batch would walk every old
+-- queued run on runs_queued_at_idx before reaching a finished one.
+CREATE INDEX runs_finished_idx ON qlsched.runs (queued_at_ms)
+    WHERE status IN ('succeeded', 'failed', 'cancelled');
+
 -- The permanence triggers of V7 refuse DELETE and TRUNCATE on runs even to the owner; V11
 -- extends them to attempts and run_events and lets exactly one DELETE through: one issued
 -- inside qlsched.prune_finished, which marks its transaction with the transaction-local

@@ -158,8 +158,8 @@ pub struct RetentionView {
 }
 
 /// Reads the retention view. `old_queued` counts queued runs through `runs_unfinished_idx`
-/// (only unfinished runs are in it); the oldest finished run is found from the head of
-/// `runs_queued_at_idx`.
+/// (only unfinished runs are in it); the oldest finished run is the head of
+/// `runs_finished_idx` (V11).
 pub async fn view(
     client: &tokio_postgres::Client,
     queued_alert_after: Duration,
