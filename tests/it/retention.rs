@@ -559,3 +559,60 @@ async fn a_running_replica_prunes_and_exports_the_retention_metrics() {
         "a queued run is never pruned"
     );
 }
+
+/// A prune batch reaches old finished runs through `runs_finished_idx`, not by walking the
+/// old queued runs in front of them (with no dispatcher, every run stays queued).
+#[tokio::test]
+async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                   task_revision, execution_revision_id, idempotency_key, status,
+                                   scheduled_for_ms, queued_at_ms, admitted_by)
+         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
+                'ql3:cron:v1:t:1:' || g, CASE WHEN g % 100 = 0 THEN 'succeeded' ELSE 'queued' END,
+                g, g, 'test'
+           FROM generate_series(1, 50000) g;
+         ANALYZE qlsched.runs;",
+    )
+    .await
+    .unwrap();
+    let plan: Vec<String> = su
+        .query(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+             SELECT r.run_id FROM qlsched.runs r
+              WHERE r.queued_at_ms < 40000 AND r.scheduled_for_ms < 40000
+                AND r.status IN ('succeeded', 'failed', 'cancelled')
+              ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE SKIP LOCKED",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("runs_finished_idx"), "{plan}");
+    // The same statement the function runs selects exactly the 100 oldest finished runs.
+    let keep = Duration::from_millis(u64::try_from(db.now_ms().await - 40_000).unwrap());
+    let runtime = db.client("qlsched_runtime").await;
+    let l = retention::claim_lease(&runtime, "a", Duration::from_secs(60), keep)
+        .await
+        .unwrap()
+        .unwrap();
+    let pruned = retention::prune_batch(&runtime, keep, 100, "a", l.token)
+        .await
+        .unwrap();
+    assert_eq!(pruned.by_status, vec![("succeeded".to_owned(), 100)]);
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'succeeded'")
+            .await,
+        400
+    );
+    assert_eq!(
+        db.count("SELECT min(queued_at_ms) FROM qlsched.runs WHERE status = 'succeeded'")
+            .await,
+        10_100
+    );
+}
