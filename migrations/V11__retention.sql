@@ -47,7 +47,9 @@ BEGIN
     IF TG_OP = 'DELETE' AND TG_TABLE_NAME IN ('runs', 'attempts', 'run_events')
        AND current_setting('qlsched.pruning', true) = 'on' THEN
         GET DIAGNOSTICS ctx = PG_CONTEXT;
-        IF ctx LIKE '%function qlsched.prune_finished(bigint,integer,text,uuid) line %' THEN
+        -- A frame of its own (a line of the context starting with it), not text quoted in
+        -- some statement's frame.
+        IF ctx ~ '(^|\n)PL/pgSQL function qlsched\.prune_finished\(bigint,integer,text,uuid\) line [0-9]+ at ' THEN
             RETURN NULL;
         END IF;
     END IF;

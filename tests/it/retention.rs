@@ -333,6 +333,17 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
             c.batch_execute("ROLLBACK").await.unwrap();
         }
     }
+    // Nor from inside another function (a DO block) that sets the setting itself.
+    let owner = db.client("qlsched_owner").await;
+    let err = owner
+        .batch_execute(
+            "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
+                       DELETE FROM qlsched.runs; END $$",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    drop(owner);
     // The admin cannot call the function.
     let admin = db.admin().await;
     let err = admin
