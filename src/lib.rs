@@ -12,6 +12,7 @@ pub mod engine;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod retention;
 pub mod schedule;
 pub mod startup;
 pub mod store;

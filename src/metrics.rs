@@ -4,6 +4,7 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -55,7 +56,18 @@ pub struct Metrics {
     pub due_backlog: Gauge,
     pub oldest_due_age_seconds: Gauge<f64, AtomicU64>,
     pub ready: Gauge,
+    /// Runs pruned by retention, labelled by status (docs/design.md, "Retention").
+    pub runs_pruned: Family<Vec<(String, String)>, Counter>,
+    /// Duration of one prune batch (one transaction).
+    pub prune_duration_seconds: Histogram,
+    /// Age of the oldest retained finished run (by admission), refreshed by each prune pass.
+    pub oldest_finished_run_age_seconds: Gauge<f64, AtomicU64>,
+    /// Queued runs admitted more than `retention.queued_alert_after` ago.
+    pub old_queued_runs: Gauge,
 }
+
+/// Buckets of one prune batch (seconds).
+const PRUNE_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -83,6 +95,10 @@ impl Default for Metrics {
             due_backlog: Gauge::default(),
             oldest_due_age_seconds: Gauge::default(),
             ready: Gauge::default(),
+            runs_pruned: Family::default(),
+            prune_duration_seconds: Histogram::new(PRUNE_BUCKETS),
+            oldest_finished_run_age_seconds: Gauge::default(),
+            old_queued_runs: Gauge::default(),
         }
     }
 }
@@ -199,6 +215,26 @@ impl Metrics {
             "ready",
             "1 while the replica is ready (admitting), 0 otherwise",
             self.ready.clone(),
+        );
+        r.register(
+            "runs_pruned",
+            "Finished runs removed by retention (with their attempts and events), by status",
+            self.runs_pruned.clone(),
+        );
+        r.register(
+            "prune_duration_seconds",
+            "Duration of one prune batch (one transaction through qlsched.prune_finished)",
+            self.prune_duration_seconds.clone(),
+        );
+        r.register(
+            "oldest_finished_run_age_seconds",
+            "Age of the oldest retained finished run, by admission (refreshed every retention.interval)",
+            self.oldest_finished_run_age_seconds.clone(),
+        );
+        r.register(
+            "old_queued_runs",
+            "Queued runs admitted more than retention.queued_alert_after ago (refreshed every retention.interval)",
+            self.old_queued_runs.clone(),
         );
         r
     }

@@ -221,6 +221,8 @@ pub struct Replica {
 struct Running {
     supervisor: Addr<Supervisor>,
     http: Option<actix_web::dev::ServerHandle>,
+    /// The pruner task (docs/design.md, "Retention"), aborted at stop.
+    pruner: Option<actix_rt::task::JoinHandle<()>>,
 }
 
 impl Replica {
@@ -308,6 +310,7 @@ impl Replica {
                         self.running = Some(Running {
                             supervisor,
                             http: None,
+                            pruner: None,
                         });
                         return End::Http { addr, source };
                     }
@@ -315,9 +318,18 @@ impl Replica {
             }
             None => None,
         };
+        // Retention runs beside the claim path, on its own pooled connection per pass.
+        let pruner = crate::retention::Pruner {
+            owner: self.settings.owner.clone(),
+            cfg: self.cfg.retention.clone(),
+            metrics: self.metrics.clone(),
+            log: self.log.clone(),
+        };
+        let pruner = actix_rt::spawn(pruner.run(self.pool.clone()));
         self.running = Some(Running {
             supervisor: supervisor.clone(),
             http,
+            pruner: Some(pruner),
         });
         self.health.set_running(true);
         self.metrics.ready.set(1);
@@ -364,6 +376,9 @@ impl Replica {
         let mut http = None;
         if let Some(r) = running {
             http = r.http;
+            if let Some(p) = r.pruner {
+                p.abort();
+            }
             if matches!(end, End::SupervisorDied) {
                 error!(log, "the scheduler supervisor stopped unexpectedly; exiting so that the service manager restarts the replica");
             } else {

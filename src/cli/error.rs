@@ -50,6 +50,15 @@ pub enum CliError {
         "--to {to} is in the future (database clock {now}): backfill admits past occurrences only"
     )]
     WindowInFuture { to: String, now: String },
+    #[error(
+        "--from {from} is before the retention horizon {horizon} ({why}): runs of that window \
+         may have been pruned, so a backfill could admit them again; nothing was written"
+    )]
+    WindowPastHorizon {
+        from: String,
+        horizon: String,
+        why: String,
+    },
     #[error("--from/--to: the window holds more than {max} occurrences (--max {max}); nothing was written")]
     WindowOverCap { max: usize },
     #[error("--max {max}: must be within 1..={hard_cap}")]

@@ -1,11 +1,11 @@
-//! Durations as written in the config: a whole number followed by `ms`, `s` or `m`.
+//! Durations as written in the config: a whole number followed by `ms`, `s`, `m`, `h` or `d`.
 
 use std::time::Duration;
 
-/// Parses `"250ms"`, `"30s"`, `"2m"`. No spaces, no sign, no fractions.
+/// Parses `"250ms"`, `"30s"`, `"2m"`, `"1h"`, `"30d"`. No spaces, no sign, no fractions.
 pub(super) fn parse(text: &str) -> Result<Duration, String> {
     const EXPECTED: &str =
-        "expected a whole number followed by ms, s or m (e.g. \"250ms\", \"30s\", \"2m\")";
+        "expected a whole number followed by ms, s, m, h or d (e.g. \"250ms\", \"30s\", \"2m\", \"1h\", \"30d\")";
     if text.starts_with('-') {
         return Err(format!("must not be negative; {EXPECTED}"));
     }
@@ -23,6 +23,8 @@ pub(super) fn parse(text: &str) -> Result<Duration, String> {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         "" => return Err(format!("missing unit; {EXPECTED}")),
         _ => return Err(format!("unknown unit {unit:?}; {EXPECTED}")),
     };
@@ -51,6 +53,8 @@ mod tests {
         assert_eq!(parse("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse("30d"), Ok(Duration::from_secs(30 * 86400)));
     }
 
     #[test]
@@ -62,7 +66,7 @@ mod tests {
             "10 s",
             "1.5s",
             "10 parsecs",
-            "10h",
+            "10w",
             " 1s",
             "-5s",
         ] {

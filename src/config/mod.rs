@@ -46,6 +46,21 @@ pub struct Config {
     pub http: HttpConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
+    pub retention: RetentionConfig,
+}
+
+/// Retention of finished runs (docs/design.md, "Retention").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// How long finished runs are kept (by admission time); `None`: forever (`"0"`).
+    /// Otherwise 1m..=3650d.
+    pub finished_after: Option<Duration>,
+    /// Runs per prune transaction, 1..=10000.
+    pub batch: u32,
+    /// How often this replica tries to take the prune turn, 1s..=1d.
+    pub interval: Duration,
+    /// Age of a queued run that counts as old (gauge, status, alert), 1m..=30d.
+    pub queued_alert_after: Duration,
 }
 
 /// This replica's name: `^[a-z0-9][a-z0-9-]{0,62}$`. Used as the lease owner.

@@ -21,6 +21,8 @@ pub(super) struct RawConfig {
     pub metrics: RawMetrics,
     #[serde(default)]
     pub log: RawLog,
+    #[serde(default)]
+    pub retention: RawRetention,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -64,6 +66,15 @@ pub(super) struct RawHttp {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMetrics {
     pub backlog_interval: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRetention {
+    pub finished_after: Option<String>,
+    pub batch: Option<i64>,
+    pub interval: Option<String>,
+    pub queued_alert_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -12,10 +12,10 @@ use super::check::Checker;
 use super::dsn::{self, Secret};
 use super::error::ConfigProblem;
 use super::layers::Merged;
-use super::raw::{RawConfig, RawDatabase, RawScheduler};
+use super::raw::{RawConfig, RawDatabase, RawRetention, RawScheduler};
 use super::{
     Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, MetricsConfig, ReplicaId,
-    SchedulerConfig,
+    RetentionConfig, SchedulerConfig,
 };
 
 const REPLICA_ID_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
@@ -41,6 +41,7 @@ pub(super) fn validate(
     );
     let format = c.one_of("log.format", raw.log.format, &["json", "text"]);
     let level = c.one_of("log.level", raw.log.level, &LOG_LEVELS);
+    let retention = retention(&mut c, raw.retention);
 
     match (
         replica_id,
@@ -50,6 +51,7 @@ pub(super) fn validate(
         backlog_interval,
         format,
         level,
+        retention,
     ) {
         (
             Some(replica_id),
@@ -59,6 +61,7 @@ pub(super) fn validate(
             Some(bi),
             Some(f),
             Some(level),
+            Some(retention),
         ) if c.problems.is_empty() => Ok(Config {
             source: source.to_path_buf(),
             replica_id,
@@ -76,6 +79,7 @@ pub(super) fn validate(
                 },
                 level,
             },
+            retention,
         }),
         _ => Err(c.problems),
     }
@@ -234,6 +238,38 @@ fn scheduler(c: &mut Checker<'_>, raw: RawScheduler) -> Option<SchedulerConfig> 
         max_serialization_retries: retries?,
         reject_backoff: reject_backoff?.0,
         listen: raw.listen.unwrap_or(true),
+    })
+}
+
+fn retention(c: &mut Checker<'_>, raw: RawRetention) -> Option<RetentionConfig> {
+    let s = Duration::from_secs;
+    const DAY: u64 = 86_400;
+    // "0" (any unit, or none) keeps finished runs forever.
+    let finished_after = match raw.finished_after {
+        Some(text) if text.trim_start_matches('0').is_empty() && !text.is_empty() => Some(None),
+        Some(text) if super::duration::parse(&text) == Ok(Duration::ZERO) => Some(None),
+        other => c
+            .duration("retention.finished_after", other, s(60), s(3650 * DAY))
+            .map(|(d, _)| Some(d)),
+    };
+    let batch = c.int(
+        "retention.batch",
+        raw.batch,
+        (1, 10_000),
+        " (runs deleted in one prune transaction)",
+    );
+    let interval = c.duration("retention.interval", raw.interval, s(1), s(DAY));
+    let queued_alert_after = c.duration(
+        "retention.queued_alert_after",
+        raw.queued_alert_after,
+        s(60),
+        s(30 * DAY),
+    );
+    Some(RetentionConfig {
+        finished_after: finished_after?,
+        batch: batch?,
+        interval: interval?.0,
+        queued_alert_after: queued_alert_after?.0,
     })
 }
 

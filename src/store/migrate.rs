@@ -79,7 +79,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 12] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -101,6 +101,8 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 11] = [
     ("capability", &["SELECT"], &["SELECT"]),
     ("replicas", &["SELECT"], &["SELECT", "INSERT", "UPDATE"]),
     ("schema_migrations", &["SELECT"], &["SELECT"]),
+    // Retention (V11): replicas claim the 'prune' lease; `trigger backfill` reads the horizon.
+    ("maintenance", &["SELECT"], &["SELECT", "UPDATE"]),
 ];
 
 /// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
@@ -149,6 +151,13 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
     out.sort();
     out
 }
+
+/// The only function EXECUTE any role holds (docs/design.md, "Retention"): (signature, role
+/// kind). `db migrate` grants it, `db check` expects exactly it.
+pub const EXECUTE_GRANTS: [(&str, &str); 1] = [(
+    "qlsched.prune_finished(bigint,integer,text,uuid)",
+    "runtime",
+)];
 
 fn ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -302,6 +311,14 @@ async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Resul
             cols.join(", "),
             ident(role)
         );
+    }
+    for (function, kind) in EXECUTE_GRANTS {
+        let role = if kind == "runtime" {
+            &roles.runtime
+        } else {
+            &roles.admin
+        };
+        sql += &format!("GRANT EXECUTE ON FUNCTION {function} TO {};\n", ident(role));
     }
     sql += "COMMIT;";
     client.batch_execute(&sql).await?;
@@ -575,6 +592,13 @@ async fn other_privileges(
           FROM pg_proc p
           JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = $2
          WHERE has_function_privilege($1, p.oid, 'EXECUTE')
+           AND p.oid <> ALL (SELECT coalesce(to_regprocedure(f)::oid, 0)
+                               FROM unnest($5::text[]) AS f)
+        UNION ALL
+        SELECT format('role %s lacks EXECUTE on function %s', $1, f)
+          FROM unnest($5::text[]) AS f
+         WHERE to_regprocedure(f) IS NULL
+            OR NOT has_function_privilege($1, to_regprocedure(f)::oid, 'EXECUTE')
          ORDER BY 1";
     let uses_schema = matches!(kind, "admin" | "runtime" | "dispatcher");
     let want = expected_column_privileges(kind);
@@ -582,8 +606,13 @@ async fn other_privileges(
         .iter()
         .map(|(t, c, p)| format!("{t}.{c}.{p}"))
         .collect();
+    let functions: Vec<String> = EXECUTE_GRANTS
+        .iter()
+        .filter(|(_, k)| *k == kind)
+        .map(|(f, _)| f.to_string())
+        .collect();
     let rows = client
-        .query(SQL, &[&role, &SCHEMA, &uses_schema, &granted])
+        .query(SQL, &[&role, &SCHEMA, &uses_schema, &granted, &functions])
         .await?;
     let mut problems: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
     // Each expected column grant, held by the role itself (not only through PUBLIC).

@@ -14,6 +14,7 @@ pub mod pooler;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
+pub mod retention;
 pub mod runs;
 pub mod session;
 pub mod status;

@@ -25,6 +25,18 @@ pub struct Status {
     /// Admissions and lag per kind of run: a backfill's or a manual fire's lag says nothing
     /// about how late the cron runs.
     pub by_kind: ByKind,
+    /// Retention (docs/design.md, "Retention"): horizon, oldest retained finished run, old
+    /// queued runs.
+    pub retention: RetentionStatus,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RetentionStatus {
+    #[serde(flatten)]
+    pub view: super::retention::RetentionView,
+    /// The age from which a queued run counts as old (the pruning replica's
+    /// `retention.queued_alert_after`, else 1 hour).
+    pub queued_alert_after_ms: i64,
 }
 
 /// How a run came to be admitted, told from its row alone (docs/operations.md, "qlsched
@@ -170,12 +182,18 @@ pub async fn read(client: &tokio_postgres::Client, last: i64) -> Result<Status, 
             };
         }
     }
+    let alert = super::retention::recorded_alert_age(client).await?;
+    let retention = RetentionStatus {
+        view: super::retention::view(client, alert).await?,
+        queued_alert_after_ms: i64::try_from(alert.as_millis()).unwrap_or(i64::MAX),
+    };
     Ok(Status {
         replicas,
         live_claims,
         due_backlog,
         oldest_due_age_ms,
         by_kind,
+        retention,
     })
 }
 
@@ -223,8 +241,62 @@ impl Status {
                 k.lag_sample
             );
         }
+        let _ = writeln!(s, "{}", self.retention.render());
         s
     }
+}
+
+impl RetentionStatus {
+    /// `retention: finished runs kept 30d (horizon pruned through T), oldest finished run
+    /// 2d 3h old; queued runs older than 1h: 0`.
+    pub fn render(&self) -> String {
+        let v = &self.view;
+        let kept = match v.finished_after_ms {
+            None => "not yet recorded by a replica".to_owned(),
+            Some(0) => "forever".to_owned(),
+            Some(ms) => span(ms),
+        };
+        let through = v
+            .pruned_through_ms
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map(|d| d.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_else(|| "-".into());
+        let oldest = v
+            .oldest_finished_age_ms
+            .map(span)
+            .unwrap_or_else(|| "-".into());
+        format!(
+            "retention: finished runs kept {kept} (pruned through {through}); oldest finished run {oldest} old; queued runs older than {}: {}",
+            span(self.queued_alert_after_ms),
+            v.old_queued
+        )
+    }
+}
+
+/// `3d 4h`, `2h 5m`, `1m 30s`, `400ms`: the two largest units.
+fn span(ms: i64) -> String {
+    let units = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ];
+    let mut parts = Vec::new();
+    let mut rest = ms.max(0);
+    for (name, size) in units {
+        if rest >= size || !parts.is_empty() {
+            parts.push(format!("{}{name}", rest / size));
+            rest %= size;
+        }
+        if parts.len() == 2 {
+            break;
+        }
+    }
+    if parts.is_empty() {
+        return format!("{}ms", ms.max(0));
+    }
+    parts.retain(|p| !p.starts_with('0'));
+    parts.join(" ")
 }
 
 pub async fn list_runs(
@@ -259,4 +331,18 @@ pub async fn list_runs(
             )
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::span;
+
+    #[test]
+    fn spans_show_the_two_largest_units() {
+        assert_eq!(span(3_600_000), "1h");
+        assert_eq!(span(2 * 86_400_000 + 3 * 3_600_000 + 5_000), "2d 3h");
+        assert_eq!(span(30 * 86_400_000), "30d");
+        assert_eq!(span(90_000), "1m 30s");
+        assert_eq!(span(400), "400ms");
+    }
 }

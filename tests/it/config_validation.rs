@@ -66,6 +66,7 @@ fn bad_cases() -> Vec<Bad> {
     let id = |v: &str| format!("[replica]\nid = \"{v}\"\n");
     let sched = |kv: &str| replica_with(&format!("[scheduler]\n{kv}\n"));
     let db = |kv: &str| replica_with(&format!("[database]\n{kv}\n"));
+    let ret = |kv: &str| replica_with(&format!("[retention]\n{kv}\n"));
     vec![
         bad("uppercase replica id", id("Replica-A"), "{file}: replica.id = Replica-A: must match ^[a-z0-9][a-z0-9-]{0,62}$"),
         bad("leading dash replica id", id("-a"), "{file}: replica.id = -a: must match ^[a-z0-9][a-z0-9-]{0,62}$"),
@@ -103,6 +104,17 @@ fn bad_cases() -> Vec<Bad> {
         bad("backlog_interval 301s", replica_with("[metrics]\nbacklog_interval = \"301s\"\n"), "{file}: metrics.backlog_interval = 301s: must be within 1s..=300s"),
         bad("log format xml", replica_with("[log]\nformat = \"xml\"\n"), "{file}: log.format = xml: must be one of json, text"),
         bad("log level verbose", replica_with("[log]\nlevel = \"verbose\"\n"), "{file}: log.level = verbose: must be one of trace, debug, info, warning, error, critical"),
+        bad("finished_after 59s", ret("finished_after = \"59s\""), "{file}: retention.finished_after = 59s: must be within 60s..=315360000s"),
+        bad("finished_after 3651d", ret("finished_after = \"3651d\""), "{file}: retention.finished_after = 3651d: must be within 60s..=315360000s"),
+        bad("finished_after in weeks", ret("finished_after = \"4w\""), "{file}: retention.finished_after = 4w: unknown unit"),
+        bad("retention batch 0", ret("batch = 0"), "{file}: retention.batch = 0: must be within 1..=10000"),
+        bad("retention batch 10001", ret("batch = 10001"), "{file}: retention.batch = 10001: must be within 1..=10000"),
+        bad("retention interval 0s", ret("interval = \"0s\""), "{file}: retention.interval = 0s: must be within 1s..=86400s"),
+        bad("retention interval 2d", ret("interval = \"2d\""), "{file}: retention.interval = 2d: must be within 1s..=86400s"),
+        bad("queued_alert_after 30s", ret("queued_alert_after = \"30s\""), "{file}: retention.queued_alert_after = 30s: must be within 60s..=2592000s"),
+        bad("queued_alert_after 31d", ret("queued_alert_after = \"31d\""), "{file}: retention.queued_alert_after = 31d: must be within 60s..=2592000s"),
+        bad("unknown key in retention", ret("keep = \"1d\""), "{file}: retention.keep = 1d: unknown field `keep`"),
+        Bad { env: &[("QLSCHED__RETENTION__BATCH", "0")], ..bad("env retention override out of bounds", replica_with(""), "env QLSCHED__RETENTION__BATCH: retention.batch = 0: must be within 1..=10000") },
         bad("toml syntax error", replica_with("[scheduler]\nlease = \"30s\n"), "{file}: scheduler.lease = <invalid TOML at line 4"),
         Bad { env: &[("QLSCHED__SCHEDULER__LEASE", "2s")], ..bad("env override out of bounds", replica_with(""), "env QLSCHED__SCHEDULER__LEASE: scheduler.lease = 2s: must be within 5s..=300s") },
         Bad { env: &[("QLSCHED__SCHEDULER__CLAIM_BUDGET", "0")], ..bad("env integer override out of bounds", replica_with(""), "env QLSCHED__SCHEDULER__CLAIM_BUDGET: scheduler.claim_budget = 0: must be within 1..=256") },
@@ -129,7 +141,35 @@ fn shipped_replica_files_load() {
         assert_eq!(config.log.format, LogFormat::Json);
         assert_eq!(config.scheduler.claim_budget, 64);
         assert_eq!(config.scheduler.lease.as_secs(), 30);
+        // Retention defaults (config/default.toml).
+        assert_eq!(
+            config.retention.finished_after,
+            Some(std::time::Duration::from_secs(30 * 86_400))
+        );
+        assert_eq!(config.retention.batch, 1000);
+        assert_eq!(config.retention.interval.as_secs(), 300);
+        assert_eq!(config.retention.queued_alert_after.as_secs(), 3600);
     }
+}
+
+#[test]
+fn retention_zero_keeps_forever_and_day_units_parse() {
+    for zero in ["0", "0s", "0d"] {
+        let file = TempConfig::new(&replica_with(&format!(
+            "[retention]\nfinished_after = \"{zero}\"\n"
+        )));
+        let c = file.load(&[]).unwrap_or_else(|e| panic!("{zero}: {e}"));
+        assert_eq!(c.retention.finished_after, None, "{zero}");
+    }
+    let file = TempConfig::new(&replica_with(
+        "[retention]\nfinished_after = \"7d\"\ninterval = \"1h\"\n",
+    ));
+    let c = file.load(&[]).unwrap();
+    assert_eq!(
+        c.retention.finished_after,
+        Some(std::time::Duration::from_secs(7 * 86_400))
+    );
+    assert_eq!(c.retention.interval.as_secs(), 3600);
 }
 
 #[test]

@@ -25,6 +25,7 @@ mod on_time;
 mod operate;
 mod pgbouncer;
 mod plans;
+mod retention;
 mod roles;
 mod runs_cancel;
 mod status;

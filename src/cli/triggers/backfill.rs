@@ -8,13 +8,16 @@ use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::cli::render;
 use crate::schedule::Schedule;
-use crate::store::manage;
 use crate::store::triggers;
+use crate::store::{manage, retention};
 
 /// `--max` may not exceed this: one backfill admits at most 100,000 occurrences.
 pub const BACKFILL_HARD_CAP: usize = 100_000;
 /// Default `--max`.
 pub const BACKFILL_DEFAULT_MAX: usize = 1_000;
+/// How far inside the retention horizon a backfill window must start: covers a prune pass
+/// that starts while the backfill runs (docs/design.md, "Retention").
+pub const HORIZON_MARGIN: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Default occurrences per committed chunk.
 pub const BACKFILL_DEFAULT_CHUNK: usize = 500;
 
@@ -93,6 +96,27 @@ pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
             now: render::utc(Some(now)),
         });
     }
+    // A window the pruner may already have reached could re-admit pruned occurrences: the
+    // horizon is the one the pruning replicas recorded (qlsched.maintenance).
+    if let Some((floor, finished_after)) =
+        retention::backfill_floor_ms(&client, HORIZON_MARGIN).await?
+    {
+        if from < floor {
+            let why = match finished_after {
+                Some(ms) if ms > 0 => format!(
+                    "retention.finished_after {} before the database clock, plus {} s margin, or the latest horizon pruned",
+                    render_span(ms),
+                    HORIZON_MARGIN.as_secs()
+                ),
+                _ => "the latest horizon pruned".to_owned(),
+            };
+            return Err(CliError::WindowPastHorizon {
+                from: a.from.clone(),
+                horizon: render::utc(Some(floor)),
+                why,
+            });
+        }
+    }
     // Expression, zone and revision from one row version; each chunk re-checks the revision
     // under the trigger's lock (store::triggers::backfill_definition).
     let def = triggers::backfill_definition(&mut client, &a.id).await?;
@@ -128,6 +152,16 @@ pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+/// `30d`, `36h`, `90s`: the largest whole unit.
+fn render_span(ms: i64) -> String {
+    match ms {
+        ms if ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,120 @@
+//! The pruner (docs/design.md, "Retention"): a task of each replica, off the claim path.
+//! Every `retention.interval` it refreshes the retention gauges and tries to take the
+//! 'prune' lease; the holder prunes batch after batch, each its own short transaction, until
+//! a batch comes back short, renewing the lease while it works, then gives the lease back.
+
+use std::time::{Duration, Instant};
+
+use slog::{debug, info, warn, Logger};
+
+use crate::config::RetentionConfig;
+use crate::metrics::Metrics;
+use crate::store::{self, retention, Pool, StoreError};
+
+/// How long one claim of the 'prune' lease lasts (database clock). A holder that dies mid-pass
+/// leaves it to the next replica after this.
+pub const PRUNE_LEASE: Duration = Duration::from_secs(60);
+/// The holder renews the lease before starting a batch once less than this is left.
+pub const RENEW_BELOW: Duration = Duration::from_secs(20);
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassReport {
+    /// Whether this replica held the lease during the pass.
+    pub held_lease: bool,
+    pub batches: u32,
+    pub pruned: i64,
+}
+
+/// One replica's pruner.
+pub struct Pruner {
+    pub owner: String,
+    pub cfg: RetentionConfig,
+    pub metrics: Metrics,
+    pub log: Logger,
+}
+
+impl Pruner {
+    /// Runs a pass every `interval` until dropped (the replica aborts it at stop). Errors are
+    /// logged and counted; the next pass tries again.
+    pub async fn run(self, pool: Pool) {
+        let mut tick = tokio::time::interval(self.cfg.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let conn = match store::conn(&pool).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.metrics.errors.inc();
+                    warn!(self.log, "prune pass skipped: no connection"; "error" => %e);
+                    continue;
+                }
+            };
+            match self.pass(&conn).await {
+                Ok(r) if r.pruned > 0 => {
+                    info!(self.log, "pruned finished runs"; "runs" => r.pruned, "batches" => r.batches)
+                }
+                Ok(r) => debug!(self.log, "prune pass"; "held_lease" => r.held_lease),
+                Err(e) => {
+                    self.metrics.errors.inc();
+                    warn!(self.log, "prune pass failed; retried next interval"; "error" => %e);
+                }
+            }
+        }
+    }
+
+    /// One pass on `client`: gauges, then (if retention is on and the lease is free) prune.
+    pub async fn pass(&self, client: &tokio_postgres::Client) -> Result<PassReport, StoreError> {
+        let mut report = PassReport::default();
+        if let Some(keep) = self.cfg.finished_after {
+            if let Some(mut lease) =
+                retention::claim_lease(client, &self.owner, PRUNE_LEASE, keep).await?
+            {
+                report.held_lease = true;
+                retention::record_alert_age(client, &self.owner, self.cfg.queued_alert_after)
+                    .await?;
+                let mut renew_at = Instant::now() + lease.remaining.saturating_sub(RENEW_BELOW);
+                loop {
+                    if Instant::now() >= renew_at {
+                        match retention::claim_lease(client, &self.owner, PRUNE_LEASE, keep).await?
+                        {
+                            Some(l) => lease = l,
+                            None => break,
+                        }
+                        renew_at = Instant::now() + lease.remaining.saturating_sub(RENEW_BELOW);
+                    }
+                    let started = Instant::now();
+                    let pruned = retention::prune_batch(
+                        client,
+                        keep,
+                        self.cfg.batch,
+                        &self.owner,
+                        lease.token,
+                    )
+                    .await?;
+                    self.metrics
+                        .prune_duration_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    report.batches += 1;
+                    for (status, n) in &pruned.by_status {
+                        self.metrics
+                            .runs_pruned
+                            .get_or_create(&vec![("status".to_owned(), status.clone())])
+                            .inc_by(u64::try_from(*n).unwrap_or(0));
+                    }
+                    report.pruned += pruned.total();
+                    if pruned.total() < i64::from(self.cfg.batch) {
+                        break;
+                    }
+                }
+                retention::release_lease(client, &self.owner, lease.token).await?;
+            }
+        }
+        let view = retention::view(client, self.cfg.queued_alert_after).await?;
+        self.metrics.old_queued_runs.set(view.old_queued);
+        self.metrics
+            .oldest_finished_run_age_seconds
+            .set(view.oldest_finished_age_ms.unwrap_or(0) as f64 / 1000.0);
+        Ok(report)
+    }
+}

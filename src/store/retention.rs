@@ -1,0 +1,219 @@
+//! Retention of finished runs (docs/design.md, "Retention"): the 'prune' maintenance lease,
+//! one prune batch through `qlsched.prune_finished`, and the reads behind the retention
+//! gauges, `qlsched status` and `trigger backfill`'s horizon check.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// The database clock in epoch milliseconds, as SQL.
+const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Runs with these statuses are finished; only they are ever pruned.
+pub const FINISHED: [&str; 3] = ["succeeded", "failed", "cancelled"];
+
+/// A held 'prune' lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PruneLease {
+    pub token: Uuid,
+    /// How long it stays ours from the claim, by the database clock.
+    pub remaining: Duration,
+}
+
+/// Claims the 'prune' lease for `owner` if it is free, expired or already `owner`'s
+/// (`FOR UPDATE SKIP LOCKED`: a replica mid-batch holds the row locked and is skipped, never
+/// waited for), recording this replica's `finished_after` (ms, 0 = forever) for
+/// `trigger backfill`. `None`: another replica holds it.
+pub async fn claim_lease(
+    client: &tokio_postgres::Client,
+    owner: &str,
+    lease: Duration,
+    finished_after: Duration,
+) -> Result<Option<PruneLease>, StoreError> {
+    let token = Uuid::new_v4();
+    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    let keep_ms = i64::try_from(finished_after.as_millis()).unwrap_or(i64::MAX);
+    let row = client
+        .query_opt(
+            "UPDATE qlsched.maintenance m
+                SET lease_owner = $1, lease_token = $2,
+                    lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond',
+                    finished_after_ms = $4, last_pass_at = clock_timestamp()
+              WHERE m.task = (SELECT task FROM qlsched.maintenance
+                               WHERE task = 'prune'
+                                 AND (lease_expires_at IS NULL
+                                      OR lease_expires_at <= clock_timestamp()
+                                      OR lease_owner = $1)
+                                 FOR UPDATE SKIP LOCKED)
+            RETURNING (extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000)::bigint",
+            &[&owner, &token, &lease_ms, &keep_ms],
+        )
+        .await?;
+    Ok(row.map(|r| PruneLease {
+        token,
+        remaining: Duration::from_millis(r.get::<_, i64>(0).max(0) as u64),
+    }))
+}
+
+/// Records the lease holder's `queued_alert_after` for `qlsched status`.
+pub async fn record_alert_age(
+    client: &tokio_postgres::Client,
+    owner: &str,
+    queued_alert_after: Duration,
+) -> Result<(), StoreError> {
+    let ms = i64::try_from(queued_alert_after.as_millis()).unwrap_or(i64::MAX);
+    client
+        .execute(
+            "UPDATE qlsched.maintenance SET queued_alert_after_ms = $2
+              WHERE task = 'prune' AND lease_owner = $1",
+            &[&owner, &ms],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The age `qlsched status` counts queued runs as old from while no replica recorded one.
+pub const DEFAULT_QUEUED_ALERT_AFTER: Duration = Duration::from_secs(3600);
+
+/// The recorded `queued_alert_after`, or [`DEFAULT_QUEUED_ALERT_AFTER`].
+pub async fn recorded_alert_age(client: &tokio_postgres::Client) -> Result<Duration, StoreError> {
+    let ms: Option<i64> = client
+        .query_opt(
+            "SELECT queued_alert_after_ms FROM qlsched.maintenance WHERE task = 'prune'",
+            &[],
+        )
+        .await?
+        .and_then(|r| r.get(0));
+    Ok(ms
+        .map(|ms| Duration::from_millis(ms.max(0) as u64))
+        .unwrap_or(DEFAULT_QUEUED_ALERT_AFTER))
+}
+
+/// Gives the lease back early (expires it now), if it is still `token`'s.
+pub async fn release_lease(
+    client: &tokio_postgres::Client,
+    owner: &str,
+    token: Uuid,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "UPDATE qlsched.maintenance SET lease_expires_at = clock_timestamp()
+              WHERE task = 'prune' AND lease_owner = $1 AND lease_token = $2",
+            &[&owner, &token],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Runs pruned by one batch, per status (only finished statuses ever appear).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pruned {
+    pub by_status: Vec<(String, i64)>,
+}
+
+impl Pruned {
+    pub fn total(&self) -> i64 {
+        self.by_status.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// SQL of one batch: the horizon is `finished_after` before the database clock.
+pub const PRUNE_SQL: &str = "SELECT status, pruned FROM qlsched.prune_finished(\
+     (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $1::bigint, $2::integer, $3, $4)";
+
+/// One prune batch, in its own transaction (one statement): up to `max_rows` finished runs
+/// admitted and scheduled more than `finished_after` ago, with their attempts and events.
+pub async fn prune_batch(
+    client: &tokio_postgres::Client,
+    finished_after: Duration,
+    max_rows: u32,
+    owner: &str,
+    token: Uuid,
+) -> Result<Pruned, StoreError> {
+    let keep_ms = i64::try_from(finished_after.as_millis()).unwrap_or(i64::MAX);
+    let max = i32::try_from(max_rows).unwrap_or(i32::MAX);
+    let rows = client
+        .query(PRUNE_SQL, &[&keep_ms, &max, &owner, &token])
+        .await?;
+    Ok(Pruned {
+        by_status: rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
+    })
+}
+
+/// What the retention gauges and `qlsched status` show.
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct RetentionView {
+    /// The `finished_after` (ms) last recorded by a pruning replica; 0 = forever; `None`:
+    /// no replica has pruned yet.
+    pub finished_after_ms: Option<i64>,
+    /// The highest horizon (epoch ms) any prune used.
+    pub pruned_through_ms: Option<i64>,
+    /// Age (ms, database clock) of the oldest retained finished run (by `queued_at_ms`).
+    pub oldest_finished_age_ms: Option<i64>,
+    /// Queued runs admitted more than `queued_alert_after` ago.
+    pub old_queued: i64,
+}
+
+/// Reads the retention view. `old_queued` counts queued runs through `runs_unfinished_idx`
+/// (only unfinished runs are in it); the oldest finished run is the head of
+/// `runs_finished_idx` (V11).
+pub async fn view(
+    client: &tokio_postgres::Client,
+    queued_alert_after: Duration,
+) -> Result<RetentionView, StoreError> {
+    let alert_ms = i64::try_from(queued_alert_after.as_millis()).unwrap_or(i64::MAX);
+    let row = client
+        .query_one(
+            &format!(
+                "WITH now AS (SELECT {NOW_MS} AS ms)
+                 SELECT m.finished_after_ms, m.pruned_through_ms,
+                        (SELECT now.ms - min(r.queued_at_ms) FROM qlsched.runs r
+                          WHERE r.status IN ('succeeded', 'failed', 'cancelled')),
+                        (SELECT count(*) FROM qlsched.runs r
+                          WHERE r.status = 'queued' AND r.queued_at_ms < now.ms - $1::bigint)
+                   FROM now LEFT JOIN qlsched.maintenance m ON m.task = 'prune'"
+            ),
+            &[&alert_ms],
+        )
+        .await?;
+    Ok(RetentionView {
+        finished_after_ms: row.get(0),
+        pruned_through_ms: row.get(1),
+        oldest_finished_age_ms: row.get(2),
+        old_queued: row.get(3),
+    })
+}
+
+/// The earliest `scheduled_for` (epoch ms) an operator may still admit without risking a
+/// pruned run's occurrence being admitted again: the later of the highest horizon any prune
+/// used and `now − finished_after + margin` (the margin covers a prune that starts while the
+/// backfill runs). `None`: nothing was or will be pruned (no pruning replica yet, or
+/// retention 0 = forever and nothing pruned before).
+pub async fn backfill_floor_ms(
+    client: &tokio_postgres::Client,
+    margin: Duration,
+) -> Result<Option<(i64, Option<i64>)>, StoreError> {
+    let margin_ms = i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT CASE WHEN finished_after_ms > 0
+                             THEN {NOW_MS} - finished_after_ms + $1::bigint END,
+                        pruned_through_ms, finished_after_ms
+                   FROM qlsched.maintenance WHERE task = 'prune'"
+            ),
+            &[&margin_ms],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let by_setting: Option<i64> = row.get(0);
+    let pruned: Option<i64> = row.get(1);
+    let finished_after: Option<i64> = row.get(2);
+    Ok(match (by_setting, pruned) {
+        (None, None) => None,
+        (a, b) => Some((a.max(b).expect("one is set"), finished_after)),
+    })
+}

@@ -1,0 +1,629 @@
+//! Retention of finished runs (migration V11, docs/design.md "Retention"): the pruner
+//! removes finished runs past the horizon with their attempts and events, never an
+//! unfinished one, one replica at a time under the 'prune' lease, without blocking
+//! admissions, and only through the owner-owned function.
+
+use std::time::Duration;
+
+use qlsched::config::RetentionConfig;
+use qlsched::metrics::Metrics;
+use qlsched::retention::Pruner;
+use qlsched::store::admit::AdmitOutcome;
+use qlsched::store::{migrate, retention};
+use tokio_postgres::error::SqlState;
+use uuid::Uuid;
+
+use crate::helpers::claimed::Claimed;
+use crate::helpers::{discard_log, TestDb};
+
+const DAY_MS: i64 = 86_400_000;
+const STATUSES: [&str; 6] = [
+    "queued",
+    "dispatching",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+];
+
+/// Writes a run with `status`, admitted (and scheduled) `age_ms` ago by the database clock,
+/// with its attempt and its two events, as the superuser (the dispatcher role that finishes
+/// runs is issue 21 item 1); returns its id.
+async fn run_aged(db: &TestDb, trigger: &str, status: &str, age_ms: i64) -> Uuid {
+    let state = match status {
+        "queued" => "claimed",
+        "cancelled" => "abandoned",
+        s => s,
+    };
+    db.superuser()
+        .await
+        .query_one(
+            "WITH t AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $3 AS ms),
+                  run AS (
+                INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                          task_revision, execution_revision_id, idempotency_key,
+                                          status, scheduled_for_ms, queued_at_ms, admitted_by)
+                SELECT gen_random_uuid(), 'proj', $1, 1, 'task', 1, gen_random_uuid(),
+                       'ql3:cron:v1:' || $1 || ':1:' || t.ms, $2, t.ms, t.ms, 'test' FROM t
+                RETURNING run_id, queued_at_ms),
+                  att AS (
+                INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+                SELECT gen_random_uuid(), run_id, 1, 'remote_worker', $4, queued_at_ms FROM run),
+                  ev AS (
+                INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+                SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+                  FROM run, generate_series(1, 2) s)
+             SELECT run_id FROM run",
+            &[&trigger, &status, &age_ms, &state],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// (runs, attempts, events) of `run`.
+async fn rows_of(db: &TestDb, run: Uuid) -> (i64, i64, i64) {
+    let r = db
+        .superuser()
+        .await
+        .query_one(
+            "SELECT (SELECT count(*) FROM qlsched.runs WHERE run_id = $1),
+                    (SELECT count(*) FROM qlsched.attempts WHERE run_id = $1),
+                    (SELECT count(*) FROM qlsched.run_events WHERE run_id = $1)",
+            &[&run],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+fn cfg(finished_after: Duration, batch: u32) -> RetentionConfig {
+    RetentionConfig {
+        finished_after: Some(finished_after),
+        batch,
+        interval: Duration::from_secs(1),
+        queued_alert_after: Duration::from_secs(3600),
+    }
+}
+
+fn pruner(owner: &str, cfg: RetentionConfig) -> Pruner {
+    Pruner {
+        owner: owner.into(),
+        cfg,
+        metrics: Metrics::default(),
+        log: discard_log(),
+    }
+}
+
+#[tokio::test]
+async fn finished_runs_past_the_horizon_go_with_their_attempts_and_events_unfinished_ones_stay() {
+    let db = TestDb::new().await;
+    let mut old = Vec::new();
+    let mut young = Vec::new();
+    for s in STATUSES {
+        old.push((s, run_aged(&db, "trg-a", s, 400 * DAY_MS).await));
+        young.push((s, run_aged(&db, "trg-a", s, 60_000).await));
+    }
+    // Batches of 2: the pass goes on until a batch comes back short.
+    let p = pruner("a", cfg(Duration::from_secs(86_400), 2));
+    let runtime = db.client("qlsched_runtime").await;
+    let report = p.pass(&runtime).await.unwrap();
+    assert!(report.held_lease);
+    assert_eq!(report.pruned, 3, "{report:?}");
+    assert_eq!(report.batches, 2, "{report:?}");
+    for (s, run) in &old {
+        let want = if retention::FINISHED.contains(s) {
+            (0, 0, 0)
+        } else {
+            (1, 1, 2)
+        };
+        assert_eq!(rows_of(&db, *run).await, want, "old {s} run");
+    }
+    for (s, run) in &young {
+        assert_eq!(rows_of(&db, *run).await, (1, 1, 2), "young {s} run");
+    }
+    let text = p.metrics.render();
+    for s in retention::FINISHED {
+        assert!(
+            text.contains(&format!("qlsched_runs_pruned_total{{status=\"{s}\"}} 1")),
+            "{s} not counted:\n{text}"
+        );
+    }
+    // The old queued run (400 days > queued_alert_after) is the one old queued run.
+    assert!(text.contains("qlsched_old_queued_runs 1\n"), "{text}");
+    // The oldest retained finished run is a young one (about a minute old).
+    let age = p.metrics.oldest_finished_run_age_seconds.get();
+    assert!((59.0..600.0).contains(&age), "oldest finished age {age}");
+    // The horizon is recorded for `trigger backfill`.
+    let v = retention::view(&runtime, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(v.finished_after_ms, Some(DAY_MS));
+    assert!(v.pruned_through_ms.is_some());
+    // Nothing else was removed: only the three old finished runs' rows are gone.
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.attempts").await, 9);
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.run_events").await,
+        18
+    );
+}
+
+#[tokio::test]
+async fn retention_zero_keeps_everything_and_still_counts_old_queued_runs() {
+    let db = TestDb::new().await;
+    let run = run_aged(&db, "trg-a", "succeeded", 400 * DAY_MS).await;
+    run_aged(&db, "trg-a", "queued", 2 * 3_600_000).await;
+    let mut c = cfg(Duration::from_secs(60), 10);
+    c.finished_after = None;
+    let p = pruner("a", c);
+    let report = p.pass(&db.client("qlsched_runtime").await).await.unwrap();
+    assert!(!report.held_lease);
+    assert_eq!(rows_of(&db, run).await, (1, 1, 2));
+    assert_eq!(p.metrics.old_queued_runs.get(), 1);
+}
+
+#[tokio::test]
+async fn one_replica_prunes_at_a_time_and_a_dead_holders_turn_is_taken_over() {
+    let db = TestDb::new().await;
+    run_aged(&db, "trg-a", "succeeded", 400 * DAY_MS).await;
+    let keep = Duration::from_secs(86_400);
+    let a = db.client("qlsched_runtime").await;
+    let b = db.client("qlsched_runtime").await;
+    let la = retention::claim_lease(&a, "a", Duration::from_secs(2), keep)
+        .await
+        .unwrap()
+        .expect("a takes the free lease");
+    assert_eq!(
+        retention::claim_lease(&b, "b", Duration::from_secs(60), keep)
+            .await
+            .unwrap(),
+        None,
+        "b must not take a live lease"
+    );
+    // Without the lease (a guessed token) the function refuses.
+    let err = retention::prune_batch(&b, keep, 10, "b", Uuid::new_v4())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::LOCK_NOT_AVAILABLE), "{err}");
+    let err = retention::prune_batch(&b, keep, 10, "a", Uuid::new_v4())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::LOCK_NOT_AVAILABLE), "{err}");
+
+    // a's batch held open: even once a's lease has expired, b skips the locked row.
+    a.batch_execute("BEGIN").await.unwrap();
+    let pruned = retention::prune_batch(&a, keep, 10, "a", la.token)
+        .await
+        .unwrap();
+    assert_eq!(pruned.total(), 1);
+    tokio::time::sleep(la.remaining + Duration::from_millis(200)).await;
+    assert_eq!(
+        retention::claim_lease(&b, "b", Duration::from_secs(60), keep)
+            .await
+            .unwrap(),
+        None,
+        "b must not take the turn while a's batch is open"
+    );
+    a.batch_execute("COMMIT").await.unwrap();
+
+    // a dies holding the lease (its connection closes without giving it back): b takes the
+    // turn once the lease has expired by the database clock.
+    let la = retention::claim_lease(&a, "a", Duration::from_secs(2), keep)
+        .await
+        .unwrap()
+        .expect("a takes its turn again");
+    drop(a);
+    assert_eq!(
+        retention::claim_lease(&b, "b", Duration::from_secs(60), keep)
+            .await
+            .unwrap(),
+        None
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let lb = loop {
+        if let Some(l) = retention::claim_lease(&b, "b", Duration::from_secs(60), keep)
+            .await
+            .unwrap()
+        {
+            break l;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b did not take over the expired lease within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // a's token is dead; b's works.
+    let a2 = db.client("qlsched_runtime").await;
+    let err = retention::prune_batch(&a2, keep, 10, "a", la.token)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::LOCK_NOT_AVAILABLE), "{err}");
+    retention::prune_batch(&b, keep, 10, "b", lb.token)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_open_prune_batch_never_blocks_an_admission() {
+    let db = TestDb::with_due(2).await;
+    let old: Vec<Uuid> = {
+        let mut v = Vec::new();
+        for _ in 0..20 {
+            v.push(run_aged(&db, "trg-00000", "succeeded", 400 * DAY_MS).await);
+        }
+        v
+    };
+    let keep = Duration::from_secs(86_400);
+    let pruner = db.client("qlsched_runtime").await;
+    let lease = retention::claim_lease(&pruner, "p", Duration::from_secs(60), keep)
+        .await
+        .unwrap()
+        .unwrap();
+    pruner.batch_execute("BEGIN").await.unwrap();
+    let pruned = retention::prune_batch(&pruner, keep, 100, "p", lease.token)
+        .await
+        .unwrap();
+    assert_eq!(pruned.total(), 20);
+    // The batch's row locks and deletes are held; admissions of both due triggers commit.
+    let claimed = Claimed::up_to(&db, "a", 30_000, 2).await;
+    assert_eq!(claimed.rows.len(), 2);
+    for a in claimed.admissions() {
+        let out = tokio::time::timeout(Duration::from_secs(10), claimed.admit(&a))
+            .await
+            .expect("an admission waited on the open prune batch");
+        assert!(matches!(out, AdmitOutcome::Admitted { .. }), "{out:?}");
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE admitted_by = 'a'")
+            .await,
+        2
+    );
+    pruner.batch_execute("COMMIT").await.unwrap();
+    for run in old {
+        assert_eq!(rows_of(&db, run).await, (0, 0, 0));
+    }
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn only_the_owner_owned_function_can_delete_admitted_work() {
+    let db = TestDb::new().await;
+    let run = run_aged(&db, "trg-a", "succeeded", 400 * DAY_MS).await;
+    let deletes = [
+        "DELETE FROM qlsched.runs",
+        "DELETE FROM qlsched.attempts",
+        "DELETE FROM qlsched.run_events",
+    ];
+    // Runtime and admin hold no DELETE: refused by privilege, GUC or not.
+    for role in ["qlsched_runtime", "qlsched_admin"] {
+        let c = db.client(role).await;
+        for d in deletes {
+            for guc in [false, true] {
+                c.batch_execute("BEGIN").await.unwrap();
+                if guc {
+                    c.batch_execute("SELECT set_config('qlsched.pruning', 'on', true)")
+                        .await
+                        .unwrap();
+                }
+                let err = c.batch_execute(d).await.unwrap_err();
+                assert_eq!(
+                    err.code(),
+                    Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+                    "{role} {d} guc={guc}: {err}"
+                );
+                c.batch_execute("ROLLBACK").await.unwrap();
+            }
+        }
+    }
+    // The owner (and the superuser) may DELETE by privilege, but the permanence triggers
+    // refuse it outside prune_finished, the setting notwithstanding.
+    for role in ["qlsched_owner", "postgres"] {
+        let c = db.client(role).await;
+        for d in deletes {
+            c.batch_execute("BEGIN; SELECT set_config('qlsched.pruning', 'on', true)")
+                .await
+                .unwrap();
+            let err = c.batch_execute(d).await.unwrap_err();
+            assert_eq!(
+                err.code(),
+                Some(&SqlState::RESTRICT_VIOLATION),
+                "{role} {d}: {err}"
+            );
+            c.batch_execute("ROLLBACK").await.unwrap();
+        }
+    }
+    // Nor from inside another function (a DO block) that sets the setting itself.
+    let owner = db.client("qlsched_owner").await;
+    let err = owner
+        .batch_execute(
+            "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
+                       DELETE FROM qlsched.runs; END $$",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    drop(owner);
+    // The admin cannot call the function.
+    let admin = db.admin().await;
+    let err = admin
+        .batch_execute(&format!(
+            "SELECT * FROM qlsched.prune_finished(0, 1, 'x', '{}')",
+            Uuid::nil()
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+    assert_eq!(rows_of(&db, run).await, (1, 1, 2));
+    // The setting does not outlive the function: after a batch, a DELETE in the same
+    // transaction is refused again.
+    let owner = db.client("qlsched_owner").await;
+    let keep = Duration::from_secs(86_400);
+    let lease = retention::claim_lease(&owner, "o", Duration::from_secs(60), keep)
+        .await
+        .unwrap()
+        .unwrap();
+    owner.batch_execute("BEGIN").await.unwrap();
+    retention::prune_batch(&owner, keep, 10, "o", lease.token)
+        .await
+        .unwrap();
+    let err = owner
+        .batch_execute("DELETE FROM qlsched.runs")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    owner.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test]
+async fn db_check_expects_exactly_the_runtime_execute_grant() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    let roles = [
+        ("qlsched_runtime", "runtime"),
+        ("qlsched_admin", "admin"),
+        ("qlsched_worker_ingress", "worker_ingress"),
+    ];
+    assert_eq!(
+        migrate::check(&su, &roles).await.unwrap(),
+        Vec::<String>::new()
+    );
+    su.batch_execute(
+        "GRANT EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) TO qlsched_admin",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        migrate::check(&su, &roles).await.unwrap(),
+        vec!["role qlsched_admin may EXECUTE function qlsched.prune_finished(bigint,integer,text,uuid), which it must not"]
+    );
+    su.batch_execute(
+        "REVOKE EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) FROM qlsched_admin, qlsched_runtime",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        migrate::check(&su, &roles).await.unwrap(),
+        vec!["role qlsched_runtime lacks EXECUTE on function qlsched.prune_finished(bigint,integer,text,uuid)"]
+    );
+}
+
+fn iso(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn backfill(db: &TestDb, from: i64, to: i64) -> std::process::Output {
+    crate::helpers::cli::ql(
+        db,
+        &[
+            "trigger",
+            "backfill",
+            "trg-00000",
+            "--from",
+            &iso(from),
+            "--to",
+            &iso(to),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn backfill_refuses_a_window_past_the_retention_horizon() {
+    use crate::helpers::cli::{ok, refused};
+    let db = TestDb::new().await;
+    db.seed(1, "0 * * * *").await;
+    let now = db.now_ms().await;
+    // No replica has pruned or recorded a retention: any past window is admitted.
+    ok(backfill(
+        &db,
+        now - 10 * DAY_MS,
+        now - 10 * DAY_MS + 3_600_001,
+    ));
+    // A pruning replica recorded finished_after = 2 days.
+    let runtime = db.client("qlsched_runtime").await;
+    let l = retention::claim_lease(
+        &runtime,
+        "a",
+        Duration::from_secs(60),
+        Duration::from_secs(2 * 86_400),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    retention::release_lease(&runtime, "a", l.token)
+        .await
+        .unwrap();
+    let before = db.count("SELECT count(*) FROM qlsched.runs").await;
+    let err = refused(
+        backfill(&db, now - 3 * DAY_MS, now - 3 * DAY_MS + 3 * 3_600_000),
+        2,
+        &[
+            "retention horizon",
+            "retention.finished_after 2d",
+            "nothing was written",
+        ],
+    );
+    // Within the margin (one hour inside the horizon) is refused too.
+    refused(
+        backfill(&db, now - 2 * DAY_MS + 1_800_000, now - DAY_MS),
+        2,
+        &["retention horizon"],
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs").await,
+        before,
+        "{err}"
+    );
+    // Inside the horizon: admitted.
+    ok(backfill(&db, now - DAY_MS, now - DAY_MS + 3 * 3_600_000));
+    assert!(db.count("SELECT count(*) FROM qlsched.runs").await > before);
+    // Retention turned off (0 = forever) after a prune reached a horizon: that horizon
+    // still holds, since runs before it may be gone.
+    db.superuser()
+        .await
+        .execute(
+            "UPDATE qlsched.maintenance SET pruned_through_ms = $1 WHERE task = 'prune'",
+            &[&(now - 5 * DAY_MS)],
+        )
+        .await
+        .unwrap();
+    retention::claim_lease(&runtime, "a", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    refused(
+        backfill(&db, now - 6 * DAY_MS, now - 6 * DAY_MS + 3_600_001),
+        2,
+        &["retention horizon", "the latest horizon pruned"],
+    );
+    ok(backfill(
+        &db,
+        now - 4 * DAY_MS,
+        now - 4 * DAY_MS + 3_600_001,
+    ));
+}
+
+#[tokio::test]
+async fn status_shows_the_retention_line() {
+    let db = TestDb::new().await;
+    run_aged(&db, "trg-a", "succeeded", 3 * DAY_MS).await;
+    run_aged(&db, "trg-a", "queued", 3 * 3_600_000).await;
+    run_aged(&db, "trg-a", "queued", 60_000).await;
+    let mut c = cfg(Duration::from_secs(30 * 86_400), 10);
+    c.queued_alert_after = Duration::from_secs(2 * 3600);
+    pruner("a", c)
+        .pass(&db.client("qlsched_runtime").await)
+        .await
+        .unwrap();
+    let out = crate::helpers::cli::ok(crate::helpers::cli::ql(&db, &["status"]));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("retention:"))
+        .unwrap_or_else(|| panic!("no retention line:\n{out}"));
+    assert!(line.contains("finished runs kept 30d"), "{line}");
+    assert!(line.contains("oldest finished run 3d old"), "{line}");
+    assert!(line.contains("queued runs older than 2h: 1"), "{line}");
+}
+
+/// A running replica prunes on its own (the pruner task spawned at start) and exports the
+/// retention metrics.
+#[tokio::test]
+async fn a_running_replica_prunes_and_exports_the_retention_metrics() {
+    use crate::helpers::replica::ReplicaProc;
+    let db = TestDb::new().await;
+    let old = run_aged(&db, "trg-a", "failed", 400 * DAY_MS).await;
+    let queued = run_aged(&db, "trg-a", "queued", 400 * DAY_MS).await;
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "pr",
+        "",
+        &[
+            ("QLSCHED__RETENTION__INTERVAL", "1s"),
+            ("QLSCHED__RETENTION__FINISHED_AFTER", "1d"),
+        ],
+    );
+    r.wait_ready(Duration::from_secs(30)).await;
+    crate::helpers::wait_until(
+        "the old failed run is pruned",
+        Duration::from_secs(30),
+        || async { rows_of(&db, old).await == (0, 0, 0) },
+    )
+    .await;
+    let mut body = String::new();
+    crate::helpers::wait_until("the metrics show the pass", Duration::from_secs(30), || {
+        body = r.get("/metrics").map(|x| x.1).unwrap_or_default();
+        let done = body.contains("qlsched_runs_pruned_total{status=\"failed\"} 1")
+            && body.contains("qlsched_old_queued_runs 1\n");
+        async move { done }
+    })
+    .await;
+    assert!(
+        body.contains("qlsched_prune_duration_seconds_count"),
+        "{body}"
+    );
+    r.terminate(Duration::from_secs(20)).await;
+    assert_eq!(
+        rows_of(&db, queued).await,
+        (1, 1, 2),
+        "a queued run is never pruned"
+    );
+}
+
+/// A prune batch reaches old finished runs through `runs_finished_idx`, not by walking the
+/// old queued runs in front of them (with no dispatcher, every run stays queued).
+#[tokio::test]
+async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                   task_revision, execution_revision_id, idempotency_key, status,
+                                   scheduled_for_ms, queued_at_ms, admitted_by)
+         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
+                'ql3:cron:v1:t:1:' || g, CASE WHEN g % 100 = 0 THEN 'succeeded' ELSE 'queued' END,
+                g, g, 'test'
+           FROM generate_series(1, 50000) g;
+         ANALYZE qlsched.runs;",
+    )
+    .await
+    .unwrap();
+    let plan: Vec<String> = su
+        .query(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+             SELECT r.run_id FROM qlsched.runs r
+              WHERE r.queued_at_ms < 40000 AND r.scheduled_for_ms < 40000
+                AND r.status IN ('succeeded', 'failed', 'cancelled')
+              ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE SKIP LOCKED",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("runs_finished_idx"), "{plan}");
+    // The same statement the function runs selects exactly the 100 oldest finished runs.
+    let keep = Duration::from_millis(u64::try_from(db.now_ms().await - 40_000).unwrap());
+    let runtime = db.client("qlsched_runtime").await;
+    let l = retention::claim_lease(&runtime, "a", Duration::from_secs(60), keep)
+        .await
+        .unwrap()
+        .unwrap();
+    let pruned = retention::prune_batch(&runtime, keep, 100, "a", l.token)
+        .await
+        .unwrap();
+    assert_eq!(pruned.by_status, vec![("succeeded".to_owned(), 100)]);
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'succeeded'")
+            .await,
+        400
+    );
+    assert_eq!(
+        db.count("SELECT min(queued_at_ms) FROM qlsched.runs WHERE status = 'succeeded'")
+            .await,
+        10_100
+    );
+}
