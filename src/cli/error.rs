@@ -90,6 +90,12 @@ pub enum CliError {
     RunTaken { id: String },
     #[error("more than {max} queued runs match (--max {max}); nothing was written")]
     CancelOverCap { max: usize },
+    #[error("more than {max} queued runs were admitted before {before} (--max {max}); nothing was written")]
+    PruneOverCap { max: usize, before: String },
+    #[error(
+        "--queued-before {value} is in the future (database clock {now}); nothing was written"
+    )]
+    QueuedBeforeInFuture { value: String, now: String },
     #[error("database is not ready ({problems} problem(s))")]
     NotReady { problems: usize },
     #[error("writing JSON: {0}")]

@@ -196,6 +196,10 @@ pub enum RunsCommand {
     /// Cancel queued runs nobody took yet (--run ID, or --trigger ID --from --to [--kind]);
     /// runs a dispatcher took are left alone and counted (admin role).
     Cancel(runs::CancelArgs),
+    /// Remove queued, untouched runs admitted before --queued-before T, with their attempts
+    /// and events (a backlog nobody will dispatch); backfill then refuses windows before T
+    /// (admin role).
+    Prune(runs::PruneArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -254,6 +258,7 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
             limit,
         }) => views::runs_list(&target, trigger.as_deref(), limit).await,
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
+        Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,
         Command::CheckConfig { .. } | Command::Run { .. } => unreachable!("handled in main"),
     }
 }

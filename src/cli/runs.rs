@@ -1,4 +1,5 @@
-//! `runs cancel`: withdraw queued runs nobody took yet (admin role).
+//! `runs cancel`: withdraw queued runs nobody took yet; `runs prune`: remove a queued
+//! backlog nobody will dispatch (both as the admin role).
 
 use clap::Args;
 use serde_json::json;
@@ -138,6 +139,86 @@ pub async fn cancel(a: CancelArgs) -> Result<(), CliError> {
             "{what}: {} matched, {cancelled} cancelled, {left_alone} left alone (taken by a dispatcher), {} already cancelled",
             census.matched, census.cancelled
         );
+    }
+    Ok(())
+}
+
+/// `--max` of `runs prune` may not exceed this.
+pub const PRUNE_HARD_CAP: usize = 100_000;
+/// Runs per committed transaction of `runs prune`.
+const PRUNE_CHUNK: usize = 500;
+
+/// What `runs prune` takes.
+#[derive(Args, Debug)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Remove queued runs admitted (and scheduled) before this time (RFC 3339, not in the
+    /// future).
+    #[arg(long)]
+    pub queued_before: String,
+    /// Refuse (writing nothing) when more queued runs than this match (at most 100000).
+    #[arg(long, default_value_t = CANCEL_DEFAULT_MAX)]
+    pub max: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `runs prune`: every check before the first write (input, the bound not in the future,
+/// at most `--max` queued runs match); then chunks of 500 commit one by one through
+/// `qlsched.prune_queued`, each raising the recorded horizon to the bound first. A run a
+/// dispatcher took (before the read, or between it and its chunk) is left alone and
+/// counted.
+pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
+    let before = parse_time("--queued-before", &a.queued_before)?;
+    if !(1..=PRUNE_HARD_CAP).contains(&a.max) {
+        return Err(CliError::MaxOutOfRange {
+            max: a.max,
+            hard_cap: PRUNE_HARD_CAP,
+        });
+    }
+    let mut client = connect::connect_target(&a.target).await?;
+    let now = crate::store::manage::db_now(&client).await?;
+    if before > now {
+        return Err(CliError::QueuedBeforeInFuture {
+            value: a.queued_before.clone(),
+            now: render::utc(Some(now)),
+        });
+    }
+    // Counts and ids from one snapshot: a run taken after it is left alone by its chunk.
+    let (backlog, ids) = runs::read_queued_backlog(&mut client, before, a.max as i64 + 1).await?;
+    if ids.len() > a.max {
+        return Err(CliError::PruneOverCap {
+            max: a.max,
+            before: render::utc(Some(before)),
+        });
+    }
+    let mut removed = 0u64;
+    for chunk in ids.chunks(PRUNE_CHUNK) {
+        removed += runs::prune_queued_chunk(&client, before, chunk).await?;
+    }
+    let left_alone = backlog.matched as u64 - removed;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "queued_before_ms": before, "matched": backlog.matched, "removed": removed,
+                "untouched_when_read": backlog.untouched, "left_alone": left_alone,
+                "backfill_refused_before_ms": (removed > 0).then_some(before),
+            }))?
+        );
+    } else {
+        println!(
+            "queued runs admitted before {}: {} matched, {removed} removed with their attempts and events, {left_alone} left alone (taken by a dispatcher meanwhile, or no longer untouched)",
+            render::utc(Some(before)),
+            backlog.matched
+        );
+        if removed > 0 {
+            println!(
+                "trigger backfill now refuses windows starting before {} (their runs' keys are gone)",
+                render::utc(Some(before))
+            );
+        }
     }
     Ok(())
 }

@@ -152,12 +152,16 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
     out
 }
 
-/// The only function EXECUTE any role holds (docs/design.md, "Retention"): (signature, role
-/// kind). `db migrate` grants it, `db check` expects exactly it.
-pub const EXECUTE_GRANTS: [(&str, &str); 1] = [(
-    "qlsched.prune_finished(bigint,integer,text,uuid)",
-    "runtime",
-)];
+/// The only functions EXECUTE any role holds (docs/design.md, "Retention"): (signature, role
+/// kind). `db migrate` grants them, `db check` expects exactly them. `prune_queued` (V12) is
+/// `qlsched runs prune`'s, an operator command run as the admin role like `runs cancel`.
+pub const EXECUTE_GRANTS: [(&str, &str); 2] = [
+    (
+        "qlsched.prune_finished(bigint,integer,text,uuid)",
+        "runtime",
+    ),
+    ("qlsched.prune_queued(bigint,uuid[])", "admin"),
+];
 
 fn ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))

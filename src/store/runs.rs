@@ -182,3 +182,88 @@ pub async fn trigger_exists(client: &tokio_postgres::Client, id: &str) -> Result
         .await?
         .is_some())
 }
+
+/// `qlsched runs prune --queued-before T` (docs/operations.md, "Pruning a queued backlog"):
+/// the queued runs admitted and scheduled before `before_ms`, read before anything is
+/// written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct QueuedBacklog {
+    /// Queued runs admitted and scheduled before the bound.
+    pub matched: i64,
+    /// Of those, how many are untouched (what a prune would remove unless a dispatcher
+    /// takes them meanwhile).
+    pub untouched: i64,
+}
+
+/// The backlog's counts and the ids of its queued runs (oldest first, at most `limit`), from
+/// one snapshot (a read-only REPEATABLE READ transaction); reads `runs_queued_at_idx`.
+pub async fn read_queued_backlog(
+    client: &mut tokio_postgres::Client,
+    before_ms: i64,
+    limit: i64,
+) -> Result<(QueuedBacklog, Vec<Uuid>), StoreError> {
+    const WHERE: &str = "r.status = 'queued' AND r.queued_at_ms < $1 AND r.scheduled_for_ms < $1";
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT count(*),
+                        count(*) FILTER (WHERE NOT r.cancelled
+                          AND (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) = 1
+                          AND EXISTS (SELECT 1 FROM qlsched.attempts a
+                                       WHERE a.run_id = r.run_id AND a.attempt_no = 1
+                                         AND a.state = 'claimed'
+                                         AND num_nonnulls(a.worker_id, a.session_id, a.lease_id,
+                                               a.lease_expires_at_ms, a.offer_id, a.callback_token,
+                                               a.started_at_ms, a.finished_at_ms, a.result,
+                                               a.error) = 0))
+                   FROM qlsched.runs r WHERE {WHERE}"
+            ),
+            &[&before_ms],
+        )
+        .await?;
+    let ids = tx
+        .query(
+            &format!(
+                "SELECT r.run_id FROM qlsched.runs r WHERE {WHERE}
+                  ORDER BY r.queued_at_ms, r.run_id LIMIT $2"
+            ),
+            &[&before_ms, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    tx.commit().await?;
+    Ok((
+        QueuedBacklog {
+            matched: row.get(0),
+            untouched: row.get(1),
+        },
+        ids,
+    ))
+}
+
+/// One committed chunk of `runs prune`: removes those of `ids` still queued and untouched
+/// (admitted and scheduled before `before_ms`) with their attempts and events, through
+/// `qlsched.prune_queued` (V12; it first raises the recorded horizon to `before_ms`).
+/// Returns how many; the rest a dispatcher took or holds: left alone.
+pub async fn prune_queued_chunk(
+    client: &tokio_postgres::Client,
+    before_ms: i64,
+    ids: &[Uuid],
+) -> Result<u64, StoreError> {
+    let n: i64 = client
+        .query_one(
+            "SELECT qlsched.prune_queued($1::bigint, $2::uuid[])",
+            &[&before_ms, &ids],
+        )
+        .await?
+        .get(0);
+    Ok(n as u64)
+}

@@ -28,6 +28,7 @@ mod plans;
 mod retention;
 mod roles;
 mod runs_cancel;
+mod runs_prune;
 mod status;
 mod store_admit;
 mod store_claim;

@@ -1,0 +1,413 @@
+//! `qlsched runs prune --queued-before T` (issue 21 item 3, migration V12): queued,
+//! untouched runs admitted before T go with their attempts and events; younger, taken and
+//! finished runs stay (taken ones counted); over `--max` nothing is written; afterwards
+//! backfill refuses the pruned window and a cron occurrence is never admitted again; only
+//! `qlsched.prune_queued` (EXECUTE to the admin role alone) can delete.
+
+use std::time::Duration;
+
+use qlsched::store::admit::AdmitOutcome;
+use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
+use qlsched::store::migrate;
+use qlsched::store::triggers::backfill_chunk;
+use serde_json::Value;
+use tokio_postgres::error::SqlState;
+use uuid::Uuid;
+
+use crate::helpers::claimed::{admission, Claimed};
+use crate::helpers::cli::{ok, ql, refused};
+use crate::helpers::TestDb;
+
+/// 2026-01-01T00:00:00Z in Unix ms.
+const FROM_MS: i64 = 1_767_225_600_000;
+
+fn iso(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn json(out: String) -> Value {
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// Backfill runs of trg-00000 at minutes `minutes` of 2026-01-01 (queued now).
+async fn admit_minutes(db: &TestDb, minutes: std::ops::Range<i64>) {
+    let at: Vec<i64> = minutes.map(|m| FROM_MS + m * 60_000).collect();
+    backfill_chunk(&mut db.admin().await, "trg-00000", 1, &at, "backfill:test")
+        .await
+        .unwrap();
+}
+
+/// A bound after every run admitted so far, and not in the future: the database clock once
+/// it has passed the latest `queued_at_ms` (bounded wait, milliseconds in practice).
+async fn bound_after_admissions(db: &TestDb) -> i64 {
+    let latest = db
+        .count("SELECT coalesce(max(queued_at_ms), 0) FROM qlsched.runs")
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = db.now_ms().await;
+        if now > latest {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "database clock stuck");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn prune(db: &TestDb, before: i64, extra: &[&str]) -> std::process::Output {
+    let b = iso(before);
+    let mut args = vec!["runs", "prune", "--queued-before", &b];
+    args.extend_from_slice(extra);
+    ql(db, &args)
+}
+
+async fn status_counts(db: &TestDb) -> String {
+    let rows = db
+        .superuser()
+        .await
+        .query(
+            "SELECT r.status || ':' || count(*) FROM qlsched.runs r GROUP BY r.status ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn pruned_through(db: &TestDb) -> Option<i64> {
+    db.superuser()
+        .await
+        .query_one(
+            "SELECT pruned_through_ms FROM qlsched.maintenance WHERE task = 'prune'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_rest() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, 0..12).await;
+    let d = db.client("qlsched_dispatcher").await;
+    // Two taken and committed; one of them finished (succeeded); one cancelled (finished).
+    let taken: Vec<Uuid> = d
+        .query(TAKE_SQL, &[&2i64])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(taken.len(), 2);
+    d.query(START_SQL, &[&vec![taken[0]]]).await.unwrap();
+    let done = d
+        .query(
+            FINISH_SQL,
+            &[&vec![taken[0]], &vec!["succeeded"], &vec![None::<String>]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 1);
+    let victim: Uuid = db
+        .superuser()
+        .await
+        .query_one(
+            "SELECT run_id FROM qlsched.runs WHERE status = 'queued' ORDER BY run_id LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    ok(ql(&db, &["runs", "cancel", "--run", &victim.to_string()]));
+    // One more held by a take still in progress when the prune runs.
+    d.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(d.query(TAKE_SQL, &[&1i64]).await.unwrap().len(), 1);
+    let before = bound_after_admissions(&db).await;
+    // Younger runs, admitted after the bound.
+    admit_minutes(&db, 30..33).await;
+    let out = json(ok(prune(&db, before, &["--json"])));
+    d.batch_execute("COMMIT").await.unwrap();
+    // 12 old: 1 succeeded, 1 dispatching, 1 cancelled, 9 queued when read (one of them held).
+    assert_eq!(out["matched"], 9, "{out}");
+    assert_eq!(out["removed"], 8, "{out}");
+    assert_eq!(out["left_alone"], 1, "the run being taken: {out}");
+    assert_eq!(out["backfill_refused_before_ms"], before, "{out}");
+    assert_eq!(
+        status_counts(&db).await,
+        "cancelled:1 dispatching:2 queued:3 succeeded:1"
+    );
+    // The 3 queued runs left are the younger ones.
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM qlsched.runs WHERE status = 'queued' AND queued_at_ms >= {before}"
+        ))
+        .await,
+        3
+    );
+    // Each removed run took its attempt and its two events: 7 runs, 7 attempts, and the
+    // events of 3 queued (2 each), 2 dispatching (3), 1 cancelled (3), 1 succeeded (5).
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.attempts").await, 7);
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.run_events").await,
+        6 + 6 + 3 + 5
+    );
+    assert_eq!(pruned_through(&db).await, Some(before));
+    // Text form of a repeat: nothing left to remove, nothing advanced.
+    let text = ok(prune(&db, before, &[]));
+    assert!(
+        text.contains("0 matched, 0 removed with their attempts and events, 0 left alone"),
+        "{text}"
+    );
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn backfill_over_the_pruned_window_is_refused_afterwards() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, 0..5).await;
+    let before = bound_after_admissions(&db).await;
+    let out = json(ok(prune(&db, before, &["--json"])));
+    assert_eq!(out["removed"], 5, "{out}");
+    // The window whose runs were removed: refused, nothing admitted again.
+    let from = iso(FROM_MS);
+    let to = iso(FROM_MS + 3_600_000);
+    refused(
+        ql(
+            &db,
+            &[
+                "trigger",
+                "backfill",
+                "trg-00000",
+                "--from",
+                &from,
+                "--to",
+                &to,
+            ],
+        ),
+        2,
+        &[
+            "retention horizon",
+            &iso(before)[..19],
+            "nothing was written",
+        ],
+    );
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+    // A window from the bound on is still admitted.
+    let now = bound_after_admissions(&db).await;
+    let (f, t) = (iso(before), iso(now));
+    let out = json(ok(ql(
+        &db,
+        &[
+            "trigger",
+            "backfill",
+            "trg-00000",
+            "--from",
+            &f,
+            "--to",
+            &t,
+            "--json",
+        ],
+    )));
+    assert_eq!(
+        out["admitted"].as_i64().unwrap(),
+        db.count("SELECT count(*) FROM qlsched.runs").await
+    );
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn a_pruned_cron_occurrence_is_never_admitted_again() {
+    let db = TestDb::with_due(1).await;
+    // A replica admits the due occurrence; its lease is short, so another can claim next.
+    let first = Claimed::new(&db, "a", 200).await;
+    let occurrence = first.row().next_fire_at_ms.unwrap();
+    let out = first.admit(&first.admission()).await;
+    assert!(matches!(out, AdmitOutcome::Admitted { .. }), "{out:?}");
+    let before = bound_after_admissions(&db).await;
+    let out = json(ok(prune(&db, before, &["--json"])));
+    assert_eq!(out["removed"], 1, "{out}");
+    // The next claim (once the cursor is due again) admits the next occurrence, never the
+    // pruned one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let row = loop {
+        let mut rows = first.claim_more("b", 30_000, 1).await;
+        if let Some(r) = rows.pop() {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the trigger never came due again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let next = row.next_fire_at_ms.unwrap();
+    assert!(next > occurrence, "cursor {next} went back to {occurrence}");
+    let out = first.admit(&admission(&row)).await;
+    assert!(matches!(out, AdmitOutcome::Admitted { .. }), "{out:?}");
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM qlsched.runs WHERE scheduled_for_ms = {occurrence}"
+        ))
+        .await,
+        0
+    );
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 1);
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn over_max_and_bad_input_refuse_before_writing_anything() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, 0..10).await;
+    let before = bound_after_admissions(&db).await;
+    let snapshot = "SELECT sum(hashtext(x::text)) FROM (SELECT r, a FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)) x";
+    let digest = db.count(snapshot).await;
+    let b = iso(before);
+    refused(
+        prune(&db, before, &["--max", "9"]),
+        2,
+        &["more than 9 queued runs", &b[..19], "nothing was written"],
+    );
+    refused(prune(&db, before, &["--max", "0"]), 2, &["--max 0"]);
+    refused(
+        prune(&db, before + 3_600_000, &[]),
+        2,
+        &["is in the future", "nothing was written"],
+    );
+    refused(
+        ql(&db, &["runs", "prune", "--queued-before", "yesterday"]),
+        2,
+        &["yesterday"],
+    );
+    refused(ql(&db, &["runs", "prune"]), 2, &["--queued-before"]);
+    assert_eq!(db.count(snapshot).await, digest);
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.run_events").await,
+        20
+    );
+    assert_eq!(pruned_through(&db).await, None);
+    // Exactly --max is fine.
+    let out = json(ok(prune(&db, before, &["--max", "10", "--json"])));
+    assert_eq!(out["removed"], 10, "{out}");
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_deletes() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, 0..2).await;
+    let before = bound_after_admissions(&db).await;
+    let call =
+        format!("SELECT qlsched.prune_queued({before}, ARRAY(SELECT run_id FROM qlsched.runs))");
+    for role in [
+        "qlsched_runtime",
+        "qlsched_dispatcher",
+        "qlsched_worker_ingress",
+    ] {
+        let err = db
+            .client(role)
+            .await
+            .batch_execute(&call)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "{role}: {err}"
+        );
+    }
+    // The owner holds DELETE by privilege; the guard refuses it outside the two functions,
+    // from a DO block that sets the setting itself as from a plain statement.
+    let owner = db.client("qlsched_owner").await;
+    for table in ["runs", "attempts", "run_events"] {
+        let err = owner
+            .batch_execute(&format!(
+                "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
+                           DELETE FROM qlsched.{table}; END $$"
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::RESTRICT_VIOLATION),
+            "{table}: {err}"
+        );
+        owner.batch_execute("BEGIN").await.unwrap();
+        owner
+            .batch_execute("SELECT set_config('qlsched.pruning', 'on', true)")
+            .await
+            .unwrap();
+        let err = owner
+            .batch_execute(&format!("DELETE FROM qlsched.{table}"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::RESTRICT_VIOLATION),
+            "{table}: {err}"
+        );
+        owner.batch_execute("ROLLBACK").await.unwrap();
+    }
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 2);
+    // The admin's call removes them; the setting does not outlive it.
+    let admin = db.admin().await;
+    let n: i64 = admin.query_one(&call, &[]).await.unwrap().get(0);
+    assert_eq!(n, 2);
+    assert_eq!(
+        db.count("SELECT (SELECT count(*) FROM qlsched.runs) + (SELECT count(*) FROM qlsched.attempts) + (SELECT count(*) FROM qlsched.run_events)")
+            .await,
+        0
+    );
+    owner.batch_execute("BEGIN").await.unwrap();
+    owner.query_one(&call, &[]).await.unwrap();
+    let err = owner
+        .batch_execute("DELETE FROM qlsched.runs")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    owner.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test]
+async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    let roles = [
+        ("qlsched_runtime", "runtime"),
+        ("qlsched_admin", "admin"),
+        ("qlsched_worker_ingress", "worker_ingress"),
+        ("qlsched_dispatcher", "dispatcher"),
+    ];
+    assert_eq!(
+        migrate::check(&su, &roles).await.unwrap(),
+        Vec::<String>::new()
+    );
+    su.batch_execute(
+        "GRANT EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) TO qlsched_runtime",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        migrate::check(&su, &roles).await.unwrap(),
+        vec!["role qlsched_runtime may EXECUTE function qlsched.prune_queued(bigint,uuid[]), which it must not"]
+    );
+    su.batch_execute(
+        "REVOKE EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) FROM qlsched_admin, qlsched_runtime",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        migrate::check(&su, &roles).await.unwrap(),
+        vec!["role qlsched_admin lacks EXECUTE on function qlsched.prune_queued(bigint,uuid[])"]
+    );
+}
