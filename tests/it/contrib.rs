@@ -65,9 +65,27 @@ fn the_dashboard_is_grafana_json_with_a_query_in_every_panel() {
 #[tokio::test]
 async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_exports() {
     let db = TestDb::new().await;
-    let mut r = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "metrics", "", &[]);
+    // A finished run past the horizon, so the replica's first prune pass exports
+    // `qlsched_runs_pruned_total` (a labelled counter has no sample before its first count).
+    crate::retention::run_aged(&db, "trg-a", "succeeded", 400 * 86_400_000).await;
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "metrics",
+        "",
+        &[("QLSCHED__RETENTION__INTERVAL", "1s")],
+    );
     r.wait_ready(Duration::from_secs(30)).await;
-    let (status, body) = r.get("/metrics").expect("/metrics answers");
+    let (mut status, mut body) = (0, String::new());
+    crate::helpers::wait_until(
+        "a prune pass shows in /metrics",
+        Duration::from_secs(30),
+        || {
+            (status, body) = r.get("/metrics").expect("/metrics answers");
+            let done = body.contains("qlsched_runs_pruned_total{");
+            async move { done }
+        },
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     let exported = names_exported(&body);
     assert!(
@@ -76,6 +94,16 @@ async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_exports() {
         "the exposition parsed into {exported:?}:\n{body}"
     );
 
+    // The dashboard has a panel for each retention metric (docs/design.md, "Retention").
+    let dashboard = names_used(FILES[2].1);
+    for m in [
+        "qlsched_runs_pruned_total",
+        "qlsched_prune_duration_seconds_bucket",
+        "qlsched_oldest_finished_run_age_seconds",
+        "qlsched_old_queued_runs",
+    ] {
+        assert!(dashboard.contains(m), "{}: no panel uses {m}", FILES[2].0);
+    }
     for (file, text) in FILES {
         let used = names_used(text);
         assert!(used.len() >= 5, "{file}: found only {used:?}");

@@ -29,7 +29,7 @@ const STATUSES: [&str; 6] = [
 /// Writes a run with `status`, admitted (and scheduled) `age_ms` ago by the database clock,
 /// with its attempt and its two events, as the superuser (the dispatcher role that finishes
 /// runs is issue 21 item 1); returns its id.
-async fn run_aged(db: &TestDb, trigger: &str, status: &str, age_ms: i64) -> Uuid {
+pub(crate) async fn run_aged(db: &TestDb, trigger: &str, status: &str, age_ms: i64) -> Uuid {
     let state = match status {
         "queued" => "claimed",
         "cancelled" => "abandoned",
