@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # qlsched end to end on a throwaway PostgreSQL: start a private cluster, bootstrap roles and
-# database, migrate, publish sample triggers, run three replicas, manage triggers as an
-# operator (list, show, disable/enable, fire, backfill), SIGKILL the replica holding the most
-# leases and watch its rows taken over after the lease expiry, stop the rest with SIGTERM,
-# check the invariants, clean up.
+# database, migrate, publish sample triggers, backfill, run three replicas and the reference
+# dispatcher (examples/dispatcher.rs) that finishes their runs, manage triggers as an operator
+# (list, show, disable/enable, fire), SIGKILL the replica holding the most leases and watch its
+# rows taken over after the lease expiry, stop admissions and watch a short retention (1m)
+# prune every finished run, stop the rest with SIGTERM, check the invariants, clean up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
@@ -13,9 +14,11 @@ PORT=${QLSCHED_QUICKSTART_PORT:-55439}
 WORK=$(mktemp -d /tmp/qlsched-quickstart.XXXXXX)
 chmod 755 "$WORK"
 declare -A PIDS=()
+DISPATCHER_PID=""
 
 cleanup() {
   for r in "${!PIDS[@]}"; do kill -KILL "${PIDS[$r]}" 2>/dev/null || true; done
+  [ -z "$DISPATCHER_PID" ] || kill -KILL "$DISPATCHER_PID" 2>/dev/null || true
   pg_stop "$WORK" immediate
   rm -rf "$WORK"
 }
@@ -23,9 +26,10 @@ trap cleanup EXIT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-say "building qlsched"
-cargo build --quiet --bin qlsched
+say "building qlsched and the reference dispatcher"
+cargo build --quiet --bin qlsched --example dispatcher
 QL=target/debug/qlsched
+DISPATCHER=target/debug/examples/dispatcher
 
 say "starting a private PostgreSQL on 127.0.0.1:$PORT ($WORK)"
 pg_start "$WORK" "$PORT"
@@ -33,12 +37,29 @@ SU="host=127.0.0.1 port=$PORT user=postgres dbname=postgres"
 OWNER="host=127.0.0.1 port=$PORT user=qlsched_owner dbname=qlsched"
 ADMIN="host=127.0.0.1 port=$PORT user=qlsched_admin dbname=qlsched"
 RUNTIME="host=127.0.0.1 port=$PORT user=qlsched_runtime dbname=qlsched"
+DISPATCH="host=127.0.0.1 port=$PORT user=qlsched_dispatcher dbname=qlsched"
 sql() { "$BIN_DIR/psql" -X -q -At -h 127.0.0.1 -p "$PORT" -U postgres -d qlsched -c "$1"; }
 
 say "bootstrap, migrate, readiness gate"
 $QL db bootstrap --superuser-dsn "$SU"
 $QL db migrate --dsn "$OWNER"
 $QL db check --dsn "$RUNTIME"
+
+# The quickstart's own audit, not part of qlsched: the database records every run row ever
+# inserted or deleted (row triggers, as the superuser), so that the exactly-once check at the
+# end still sees the runs retention has pruned by then.
+sql "CREATE TABLE public.quickstart_audit (op text, trigger_id text, scheduled_for_ms bigint, run_id uuid, status text, admitted_by text);
+     CREATE FUNCTION public.quickstart_audit() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+       SET search_path = pg_catalog AS \$\$ BEGIN
+         IF TG_OP = 'INSERT' THEN
+           INSERT INTO public.quickstart_audit VALUES ('admitted', NEW.trigger_id, NEW.scheduled_for_ms, NEW.run_id, NEW.status, NEW.admitted_by);
+         ELSE
+           INSERT INTO public.quickstart_audit VALUES ('pruned', OLD.trigger_id, OLD.scheduled_for_ms, OLD.run_id, OLD.status, OLD.admitted_by);
+         END IF;
+         RETURN NULL; END \$\$;
+     REVOKE ALL ON FUNCTION public.quickstart_audit() FROM PUBLIC;
+     CREATE TRIGGER quickstart_audit AFTER INSERT OR DELETE ON qlsched.runs
+       FOR EACH ROW EXECUTE FUNCTION public.quickstart_audit();"
 
 say "publishing sample triggers"
 $QL project set --dsn "$ADMIN" --id demo
@@ -55,8 +76,21 @@ if $QL trigger publish --dsn "$ADMIN" --project demo --task report --id broken -
 fi
 echo "refused as expected: $(cat "$WORK/err")"
 
-say "starting replicas a, b, c (lease 6s for the demo)"
+say "backfill three past days, before the replicas start (once they record retention 1m, so old a window is refused: see below)"
+export QLSCHED_DSN="$ADMIN"
+op() { echo "\$ qlsched $(printf '%q ' "$@")"; $QL "$@" | sed 's/^/   /'; }
+FROM=$(date -u -d '3 days ago' +%Y-%m-%dT00:00:00Z); TO=$(date -u +%Y-%m-%dT00:00:00Z)
+op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
+op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
+
+say "starting replicas a, b, c (lease 6s, retention 1m tried every 2s, for the demo) and the dispatcher"
 export QLSCHED__DATABASE__DSN="$RUNTIME" QLSCHED__SCHEDULER__LEASE=6s QLSCHED__SCHEDULER__CADENCE=1s QLSCHED__LOG__LEVEL=info
+export QLSCHED__RETENTION__FINISHED_AFTER=1m QLSCHED__RETENTION__INTERVAL=2s
+# The reference dispatcher, as the dispatcher role: takes queued runs and runs a command per
+# run; an occurrence whose second ends in 7 fails (exit 1), every other one succeeds.
+$DISPATCHER --dsn "$DISPATCH" --batch 100 --idle-ms 200 \
+  --command 'exit $(( QLSCHED_SCHEDULED_FOR_MS / 1000 % 10 == 7 ))' >"$WORK/dispatcher.log" 2>&1 &
+DISPATCHER_PID=$!
 for r in a b c; do
   $QL run --config "config/replica-$r.toml" >"$WORK/replica-$r.log" 2>&1 &
   PIDS[$r]=$!
@@ -70,8 +104,6 @@ status() { $QL status --dsn "$RUNTIME" | sed 's/^/   /'; }
 for round in 1 2 3; do sleep 4; say "status after $((round * 4)) s"; status; done
 
 say "operator: managing triggers (admin role; the DSN comes from QLSCHED_DSN)"
-export QLSCHED_DSN="$ADMIN"
-op() { echo "\$ qlsched $(printf '%q ' "$@")"; $QL "$@" | sed 's/^/   /'; }
 op trigger list --limit 4
 op trigger show every-5s --count 3 --runs 3
 op trigger disable every-5s --note "demo: paused during an incident" --actor demo
@@ -81,9 +113,6 @@ op trigger enable every-5s --actor demo
 sql "select 'every-5s runs scheduled while disabled: ' || count(*) from qlsched.runs r join qlsched.triggers t using (trigger_id) where trigger_id = 'every-5s' and r.scheduled_for_ms > t.disabled_at_ms and r.scheduled_for_ms <= t.enabled_at_ms"
 op trigger fire nightly-berlin --request-id demo-1
 op trigger fire nightly-berlin --request-id demo-1
-FROM=$(date -u -d '3 days ago' +%Y-%m-%dT00:00:00Z); TO=$(date -u +%Y-%m-%dT00:00:00Z)
-op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
-op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
 op runs list --trigger nightly-berlin --limit 5
 
 say "SIGKILL the replica that holds the most leases right now"
@@ -118,21 +147,57 @@ sql "select format('   %-16s expired %s ms after the kill; next run %s ms after 
                            order by queued_at_ms limit 1) r on true
       order by h.t"
 
-say "SIGTERM the other replicas (graceful: drain, hand leases back)"
+say "retention: admissions stop, the dispatcher finishes the rest, a prune removes them after 1m"
+for t in $(sql "select trigger_id from qlsched.triggers where deleted_at_ms is null order by 1"); do
+  $QL trigger disable "$t" --note "demo: watch retention" --actor demo >/dev/null
+done
+echo "every trigger disabled: nothing more is admitted"
+unfinished="select count(*) from qlsched.runs where status in ('queued', 'dispatching', 'running')"
+for _ in $(seq 1 150); do [ "$(sql "$unfinished")" = 0 ] && break; sleep 0.2; done
+[ "$(sql "$unfinished")" = 0 ] || { echo "the dispatcher left runs unfinished" >&2; exit 1; }
+finished() { sql "select coalesce(sum(n), 0) || ' (' || coalesce(string_agg(status || ' ' || n, ', '), 'none') || '), with ' || (select count(*) from qlsched.attempts) || ' attempts and ' || (select count(*) from qlsched.run_events) || ' events' from (select status, count(*) n from qlsched.runs group by 1 order by 1) x"; }
+BEFORE=$(finished)
+echo "finished runs: $BEFORE; the newest was admitted $(sql "select round((extract(epoch from clock_timestamp())*1000 - max(queued_at_ms)) / 1000.0) from qlsched.runs") s ago"
+for _ in $(seq 1 120); do [ "$(sql "select count(*) from qlsched.runs")" = 0 ] && break; sleep 1; done
+[ "$(sql "select count(*) from qlsched.runs")" = 0 ] || { echo "retention left finished runs: $(finished)" >&2; exit 1; }
+echo "finished runs: $BEFORE → $(finished), pruned through $(sql "select to_char(to_timestamp(pruned_through_ms / 1000.0) at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') from qlsched.maintenance")"
+status
+metric() ( # the pruned counter a surviving replica exports (bash's /dev/tcp: no curl needed)
+  exec 3<>"/dev/tcp/127.0.0.1/$1"
+  printf 'GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3
+  grep '^qlsched_runs_pruned_total' <&3 | sed "s/^/   replica $2: /"
+)
+for r in "${!PIDS[@]}"; do metric "$(grep -oP '^bind = "127\.0\.0\.1:\K[0-9]+' "config/replica-$r.toml")" "$r" || true; done
+echo "the pruned window cannot be admitted again:"
+if $QL trigger backfill nightly-berlin --from "$FROM" --to "$TO" 2>"$WORK/err"; then
+  echo "a backfill over the pruned window was accepted" >&2; exit 1
+fi
+echo "   refused as expected: $(cat "$WORK/err")"
+
+say "SIGTERM the dispatcher and the other replicas (graceful: drain, hand leases back)"
+kill -TERM "$DISPATCHER_PID"; wait "$DISPATCHER_PID" && echo "dispatcher exited 0"; DISPATCHER_PID=""
 for r in "${!PIDS[@]}"; do kill -TERM "${PIDS[$r]}"; done
 for r in "${!PIDS[@]}"; do wait "${PIDS[$r]}" && echo "replica $r exited 0"; done
 PIDS=()
 grep -h '"leases handed over"' "$WORK"/replica-*.log | sed 's/^/   /' || true
 
-say "invariants"
-RUNS=$(sql "select count(*) from qlsched.runs")
-DUPS=$(sql "select count(*) from (select trigger_id, scheduled_for_ms from qlsched.runs group by 1,2 having count(*) > 1) d")
-BAD=$(sql "select count(*) from qlsched.runs r where (select count(*) from qlsched.attempts a where a.run_id = r.run_id) <> 1 or (select count(*) from qlsched.run_events e where e.run_id = r.run_id) <> 2")
+say "invariants (over every run ever admitted, the pruned ones included: the audit)"
+RUNS=$(sql "select count(*) from public.quickstart_audit where op = 'admitted'")
+PRUNED=$(sql "select count(*) from public.quickstart_audit where op = 'pruned'")
+LEFT=$(sql "select count(*) from qlsched.runs")
+# An occurrence admitted twice shows twice in the audit, also when its first run was pruned
+# before the second was admitted.
+DUPS=$(sql "select count(*) from (select trigger_id, scheduled_for_ms from public.quickstart_audit where op = 'admitted' group by 1,2 having count(*) > 1) d")
+UNFINISHED_PRUNED=$(sql "select count(*) from public.quickstart_audit where op = 'pruned' and status not in ('succeeded', 'failed', 'cancelled')")
+GONE=$(sql "select count(*) from public.quickstart_audit a where op = 'admitted' and not exists (select 1 from qlsched.runs r where r.run_id = a.run_id) and not exists (select 1 from public.quickstart_audit p where p.op = 'pruned' and p.run_id = a.run_id)")
+BAD=$(sql "select count(*) from qlsched.runs r where (select count(*) from qlsched.attempts a where a.run_id = r.run_id) <> 1 or (select count(*) from qlsched.run_events e where e.run_id = r.run_id) <> case r.status when 'queued' then 2 when 'dispatching' then 3 when 'cancelled' then 3 when 'running' then 4 when 'succeeded' then 5 else 4 end + case when r.status = 'failed' and exists (select 1 from qlsched.attempts a where a.run_id = r.run_id and a.started_at_ms is not null) then 1 else 0 end")
+ORPHANS=$(sql "select (select count(*) from qlsched.attempts a where not exists (select 1 from qlsched.runs r where r.run_id = a.run_id)) + (select count(*) from qlsched.run_events e where not exists (select 1 from qlsched.runs r where r.run_id = e.run_id))")
 LIVE=$(sql "select count(*) from qlsched.trigger_schedules where claim_owner is not null and claim_expires_at_ms > (extract(epoch from clock_timestamp())*1000)::bigint")
-BY=$(sql "select string_agg(admitted_by || '=' || n, ' ') from (select admitted_by, count(*) n from qlsched.runs group by 1 order by 1) x")
-echo "runs admitted: $RUNS ($BY)"
-echo "invariant: duplicate occurrences=$DUPS, runs without exactly 1 attempt + 2 events=$BAD, live claims left=$LIVE"
-if [ "$RUNS" -gt 0 ] && [ "$DUPS" = 0 ] && [ "$BAD" = 0 ] && [ "$LIVE" = 0 ]; then
+BY=$(sql "select string_agg(admitted_by || '=' || n, ' ') from (select admitted_by, count(*) n from public.quickstart_audit where op = 'admitted' group by 1 order by 1) x")
+echo "runs admitted: $RUNS ($BY), pruned: $PRUNED, left: $LEFT"
+echo "invariant: duplicate occurrences=$DUPS, unfinished runs pruned=$UNFINISHED_PRUNED, runs gone without a prune=$GONE, runs without 1 attempt + the events of their status=$BAD, attempts/events without a run=$ORPHANS, live claims left=$LIVE"
+if [ "$RUNS" -gt 0 ] && [ "$PRUNED" -gt 0 ] && [ "$((PRUNED + LEFT))" = "$RUNS" ] && [ "$DUPS" = 0 ] \
+   && [ "$UNFINISHED_PRUNED" = 0 ] && [ "$GONE" = 0 ] && [ "$BAD" = 0 ] && [ "$ORPHANS" = 0 ] && [ "$LIVE" = 0 ]; then
   echo "OK: every occurrence admitted exactly once"
 else
   echo "FAILED" >&2; exit 1
