@@ -13,7 +13,9 @@
 -- a context frame of its own of prune_finished or prune_queued (a line of PG_CONTEXT
 -- starting with it, not text quoted in some statement's frame), with the transaction-local
 -- setting qlsched.pruning on. A DO block or any other function setting the GUC is still
--- refused; TRUNCATE always is.
+-- refused; TRUNCATE always is. The guard keeps mistakes out, not the owner: the owner (or a
+-- superuser) may disable the trigger anyway, and a statement whose own text forges a frame
+-- line on a line of its own passes the context check too.
 CREATE OR REPLACE FUNCTION qlsched.refuse_removal() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     ctx text;
@@ -57,6 +59,11 @@ BEGIN
         RAISE EXCEPTION 'prune_queued: before_ms and run_ids must be given, run_ids at most 10000'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Each `trigger backfill` chunk takes this lock shared (src/store/runs.rs,
+    -- PRUNE_QUEUED_LOCK): a chunk that started first commits before anything is removed
+    -- here, and one that starts later waits and then reads the raised horizon, so it never
+    -- admits again an occurrence whose run this removes.
+    PERFORM pg_advisory_xact_lock(8173034294560948225);
     SELECT array_agg(s.run_id) INTO ids FROM (
         SELECT r.run_id FROM qlsched.runs r
          WHERE r.run_id = ANY (run_ids) AND r.status = 'queued' AND NOT r.cancelled

@@ -117,6 +117,7 @@ impl CliError {
                 | ManageError::Disabled { .. }
                 | ManageError::ProjectInactive { .. }
                 | ManageError::RevisionChanged { .. }
+                | ManageError::HorizonMoved { .. }
                 | ManageError::CorruptExecutionRevision { .. } => 4,
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }

@@ -252,6 +252,9 @@ pub enum ManageError {
     /// The trigger was republished while a multi-transaction command was running.
     #[error("trigger {id} changed to revision {now} while the command ran (started at revision {was}); nothing more was written")]
     RevisionChanged { id: String, was: i64, now: i64 },
+    /// `runs prune` raised the horizon past the occurrences of a backfill still running.
+    #[error("trigger {id}: the horizon moved to {horizon} while the backfill ran (`runs prune`): the runs of earlier occurrences may be gone, so admitting them could admit them twice; nothing more was written")]
+    HorizonMoved { id: String, horizon: String },
     /// The task's pinned execution revision is missing or its digest does not match.
     #[error(
         "trigger {id}: the task's execution revision is missing or corrupt; nothing was written"

@@ -183,6 +183,11 @@ pub async fn trigger_exists(client: &tokio_postgres::Client, id: &str) -> Result
         .is_some())
 }
 
+/// The advisory lock `qlsched.prune_queued` (V12) takes exclusively and each `trigger
+/// backfill` chunk shares (src/store/triggers/admit.rs): a chunk never admits an occurrence
+/// whose run a concurrent prune is removing.
+pub const PRUNE_QUEUED_LOCK: i64 = 8_173_034_294_560_948_225;
+
 /// `qlsched runs prune --queued-before T` (docs/operations.md, "Pruning a queued backlog"):
 /// the queued runs admitted and scheduled before `before_ms`, read before anything is
 /// written.

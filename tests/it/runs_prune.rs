@@ -411,3 +411,68 @@ async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
         vec!["role qlsched_admin lacks EXECUTE on function qlsched.prune_queued(bigint,uuid[])"]
     );
 }
+
+#[tokio::test]
+async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrence_again() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, 0..3).await;
+    let before = bound_after_admissions(&db).await;
+    // The backfill's first chunk is held at its trigger lock, after the command's horizon
+    // check passed (nothing was pruned yet).
+    let holder = db.superuser().await;
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM qlsched.triggers WHERE trigger_id = 'trg-00000' FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let cli_db = db.clone();
+    let (from, to) = (iso(FROM_MS), iso(FROM_MS + 180_000));
+    let backfill = tokio::task::spawn_blocking(move || {
+        ql(
+            &cli_db,
+            &[
+                "trigger",
+                "backfill",
+                "trg-00000",
+                "--from",
+                &from,
+                "--to",
+                &to,
+            ],
+        )
+    });
+    crate::helpers::wait_until(
+        "the backfill's chunk waits for the trigger row",
+        Duration::from_secs(15),
+        || async {
+            db.count("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                .await
+                > 0
+        },
+    )
+    .await;
+    // Meanwhile a prune removes the window's three queued runs and commits.
+    let out = json(ok(prune(&db, before, &["--json"])));
+    assert_eq!(out["removed"], 3, "{out}");
+    holder.batch_execute("COMMIT").await.unwrap();
+    // The chunk then reads the raised horizon: none of the pruned occurrences comes back.
+    refused(
+        backfill.await.unwrap(),
+        4,
+        &["horizon moved to", "nothing more was written"],
+    );
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+    db.assert_invariants().await;
+}
+
+#[test]
+fn the_prune_lock_key_is_the_one_v12_takes() {
+    let v12 = include_str!("../../migrations/V12__prune_queued.sql");
+    let key = qlsched::store::runs::PRUNE_QUEUED_LOCK.to_string();
+    assert!(
+        v12.contains(&format!("pg_advisory_xact_lock({key})")),
+        "V12 does not lock {key}"
+    );
+}

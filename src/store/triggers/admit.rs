@@ -217,6 +217,33 @@ pub async fn backfill_chunk(
             now: now_rev,
         });
     }
+    // `runs prune` (V12 qlsched.prune_queued) holds this lock exclusively while it removes
+    // queued runs and raises the horizon: a chunk either waits for it and then sees the new
+    // horizon, or keeps it waiting until the chunk commits. Without it, a chunk that passed
+    // the command's horizon check could re-admit an occurrence whose run a prune had just
+    // removed.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock_shared($1)",
+        &[&crate::store::runs::PRUNE_QUEUED_LOCK],
+    )
+    .await?;
+    let pruned_through: Option<i64> = tx
+        .query_opt(
+            "SELECT pruned_through_ms FROM qlsched.maintenance WHERE task = 'prune'",
+            &[],
+        )
+        .await?
+        .and_then(|r| r.get(0));
+    if let (Some(h), Some(&first)) = (pruned_through, occurrences.iter().min()) {
+        if first < h {
+            return Err(ManageError::HorizonMoved {
+                id: id.into(),
+                horizon: chrono::DateTime::from_timestamp_millis(h)
+                    .map(|d| d.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+                    .unwrap_or_else(|| h.to_string()),
+            });
+        }
+    }
     let sfs: Vec<Option<i64>> = occurrences.iter().map(|&t| Some(t)).collect();
     let runs: Vec<Uuid> = occurrences.iter().map(|_| mint_run_id(by)).collect();
     let atts: Vec<Uuid> = occurrences.iter().map(|_| Uuid::new_v4()).collect();
