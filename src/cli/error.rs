@@ -6,7 +6,7 @@
 //! | 1 | the database is unreachable (the host is named) or failed |
 //! | 2 | bad input: an argument, a time, a window, a DSN, a config; nothing was written |
 //! | 3 | unknown trigger, project or run id (named) |
-//! | 4 | refused by state: the trigger is disabled or deleted, its project is not active, or it was republished mid-command; `runs cancel --run` of a run a dispatcher took |
+//! | 4 | refused by state: the trigger is disabled or deleted, its project is not active, or it was republished mid-command; a backfill whose horizon a `runs prune` moved mid-command; `runs cancel --run` of a run a dispatcher took |
 
 use std::path::PathBuf;
 
