@@ -76,7 +76,7 @@ if $QL trigger publish --dsn "$ADMIN" --project demo --task report --id broken -
 fi
 echo "refused as expected: $(cat "$WORK/err")"
 
-say "backfill three past days, before the replicas start (once they record retention 1m, so old a window is refused: see below)"
+say "backfill three past days, before the replicas start (once they record retention 1m, a window that old is refused: see below)"
 export QLSCHED_DSN="$ADMIN"
 op() { echo "\$ qlsched $(printf '%q ' "$@")"; $QL "$@" | sed 's/^/   /'; }
 FROM=$(date -u -d '3 days ago' +%Y-%m-%dT00:00:00Z); TO=$(date -u +%Y-%m-%dT00:00:00Z)
