@@ -1,0 +1,423 @@
+//! `db migrate` on a live database (docs/design.md, "Schema changes and rolling upgrades").
+//!
+//! Each pending migration runs in its own transaction with a session `lock_timeout`: a
+//! migration that would queue behind a long reader (and so queue every admission and claim
+//! behind itself) gives up its lock request after the timeout instead, and is retried with a
+//! back-off until `max_wait` is spent. The transaction also writes refinery's history row
+//! (same table, same columns, refinery's checksum), the migration's kind into
+//! `qlsched.schema_compat`, and — in the last migration's transaction — the grants and
+//! their manifest, so a database is never seen migrated with its range or grants lagging.
+//! Declared concurrent index builds run afterwards, outside any transaction.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::error::SqlState;
+
+use super::compat::{file_name, MigrationSet};
+use super::{manifest, Drift, Roles, HISTORY_TABLE};
+use crate::store::{StoreError, SCHEMA};
+
+/// How `db migrate` waits for locks.
+#[derive(Clone, Debug)]
+pub struct MigrateOptions {
+    /// The session `lock_timeout` of each migration's transaction.
+    pub lock_timeout: Duration,
+    /// How long the retries of lock time-outs may take in total before `db migrate` gives up.
+    pub max_wait: Duration,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        MigrateOptions {
+            lock_timeout: Duration::from_secs(1),
+            max_wait: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One lock time-out that will be retried.
+#[derive(Clone, Debug)]
+pub struct Wait {
+    pub file: String,
+    pub attempt: u32,
+    /// Sessions holding locks on scheduler tables for longer than the lock timeout.
+    pub holders: Vec<String>,
+    pub retry_in: Duration,
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "migration {} could not take its locks within lock_timeout (attempt {}); ",
+            self.file, self.attempt
+        )?;
+        if self.holders.is_empty() {
+            write!(f, "no long-held lock seen now")?;
+        } else {
+            write!(f, "held by: {}", self.holders.join("; "))?;
+        }
+        write!(f, "; retrying in {:.1} s", self.retry_in.as_secs_f64())
+    }
+}
+
+/// Why `db migrate` gave up waiting.
+#[derive(Clone, Debug)]
+pub struct GaveUp {
+    pub file: String,
+    pub attempts: u32,
+    pub waited: Duration,
+    pub holders: Vec<String>,
+    /// A concurrent index build (left INVALID; the next `db migrate` rebuilds it).
+    pub index: Option<String>,
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.index {
+            Some(index) => write!(
+                f,
+                "gave up building index {SCHEMA}.{index} (migration {}) after {:.1} s: it waited for \
+                 locks (sessions with older transactions) for all of --max-wait; it is left INVALID \
+                 and unused, and the next `qlsched db migrate` drops and rebuilds it",
+                self.file,
+                self.waited.as_secs_f64()
+            )?,
+            None => write!(
+                f,
+                "gave up on migration {} after {} attempt(s) over {:.1} s (--max-wait): its locks \
+                 were never free within lock_timeout; nothing of it was applied (the migrations \
+                 before it are); end or wait out the long transaction and run `qlsched db migrate` \
+                 again",
+                self.file,
+                self.attempts,
+                self.waited.as_secs_f64()
+            )?,
+        }
+        if !self.holders.is_empty() {
+            write!(f, " (held by: {})", self.holders.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// An index a migration declares to be built `CONCURRENTLY` after its transaction (a
+/// migration file runs in a transaction, where `CREATE INDEX CONCURRENTLY` cannot).
+#[derive(Clone, Copy, Debug)]
+pub struct ConcurrentIndex {
+    /// The migration it belongs to: built once that migration is applied.
+    pub version: i32,
+    /// The index name, in the scheduler schema.
+    pub name: &'static str,
+    pub unique: bool,
+    /// What follows `ON`: `qlsched.runs (status) WHERE …`.
+    pub on: &'static str,
+}
+
+/// The concurrent index builds of the embedded migrations (none yet).
+pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[];
+
+/// The refinery history table, as refinery creates it.
+const HISTORY_DDL: &str = "CREATE TABLE IF NOT EXISTS qlsched.schema_migrations(
+             version int4 PRIMARY KEY,
+             name VARCHAR(255),
+             applied_on VARCHAR(255),
+             checksum VARCHAR(255))";
+
+/// Longest pause between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Applies the pending migrations of `set` in order, installs its grants and manifest,
+/// then builds its concurrent indexes. Returns the applied migrations (`V13__name`).
+/// `on_wait` hears of every lock time-out that will be retried.
+pub async fn migrate_set(
+    owner: impl Into<crate::store::Target>,
+    roles: &Roles,
+    set: &MigrationSet,
+    opts: &MigrateOptions,
+    on_wait: &mut (dyn FnMut(&Wait) + Send),
+) -> Result<Vec<String>, StoreError> {
+    let mut client = crate::store::connect(owner).await?;
+    client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+        .await?;
+    // Every role must exist before anything is applied: a missing role would leave the
+    // schema migrated without its grants.
+    for role in roles.all() {
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await?
+            .is_some();
+        if !exists {
+            return Err(StoreError::MissingRole(role.to_string()));
+        }
+    }
+    let drift = super::drift_of(&client, set).await?;
+    if let Some(changed) = drift
+        .iter()
+        .find(|d| !matches!(d, Drift::NotApplied { .. }))
+    {
+        return Err(StoreError::MigrationDrift(Box::new(changed.clone())));
+    }
+    client.batch_execute(HISTORY_DDL).await?;
+    let applied_max: Option<i32> = client
+        .query_one(&format!("SELECT max(version) FROM {HISTORY_TABLE}"), &[])
+        .await?
+        .get(0);
+    let pending: Vec<&refinery::Migration> = set
+        .migrations
+        .iter()
+        .filter(|m| {
+            drift.iter().any(|d| matches!(d, Drift::NotApplied { file } if *file == file_name(m.version(), m.name())))
+        })
+        .collect();
+    if let (Some(first), Some(max)) = (pending.first(), applied_max) {
+        if first.version() < max {
+            // A hole below what is applied: refinery refuses this too.
+            return Err(StoreError::MigrationDrift(Box::new(Drift::NotApplied {
+                file: file_name(first.version(), first.name()),
+            })));
+        }
+    }
+    client
+        .batch_execute(&format!(
+            "SET lock_timeout = {}; SET statement_timeout = 0",
+            opts.lock_timeout.as_millis().max(1)
+        ))
+        .await?;
+    let started = Instant::now();
+    let mut applied = Vec::new();
+    for (i, m) in pending.iter().enumerate() {
+        let last = i + 1 == pending.len();
+        let file = file_name(m.version(), m.name());
+        let mut attempt = 0u32;
+        let mut backoff = opts.lock_timeout.max(Duration::from_millis(100));
+        loop {
+            attempt += 1;
+            match apply_one(&mut client, set, m, roles, last).await {
+                Ok(()) => break,
+                Err(e) if is_lock_wait(&e) => {
+                    let holders = long_holders(&client, opts.lock_timeout).await?;
+                    let left = opts.max_wait.saturating_sub(started.elapsed());
+                    if left < backoff {
+                        return Err(StoreError::MigrationGaveUp(Box::new(GaveUp {
+                            file,
+                            attempts: attempt,
+                            waited: started.elapsed(),
+                            holders,
+                            index: None,
+                        })));
+                    }
+                    on_wait(&Wait {
+                        file: file.clone(),
+                        attempt,
+                        holders,
+                        retry_in: backoff,
+                    });
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        applied.push(m.to_string());
+    }
+    if pending.is_empty() {
+        let record = has_table(&client, "grant_manifest").await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(&manifest::install_sql(&set.grants, roles, record))
+            .await?;
+        tx.commit().await?;
+    }
+    let left = opts.max_wait.saturating_sub(started.elapsed());
+    build_indexes(&client, set, left).await?;
+    Ok(applied)
+}
+
+/// One migration in one transaction: its SQL, refinery's history row, its kind, and (for
+/// the last) the grants with their manifest.
+async fn apply_one(
+    client: &mut tokio_postgres::Client,
+    set: &MigrationSet,
+    m: &refinery::Migration,
+    roles: &Roles,
+    last: bool,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.batch_execute(m.sql().unwrap_or("")).await?;
+    tx.execute(
+        &format!(
+            "INSERT INTO {HISTORY_TABLE} (version, name, applied_on, checksum)
+             VALUES ($1, $2,
+                     to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                     $3)"
+        ),
+        &[&m.version(), &m.name(), &m.checksum().to_string()],
+    )
+    .await?;
+    let compat: bool = tx
+        .query_one(
+            "SELECT to_regclass('qlsched.schema_compat') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if compat {
+        // Every migration of the set up to this one (V13 back-fills the earlier ones).
+        let (versions, kinds): (Vec<i32>, Vec<&str>) = set
+            .migrations
+            .iter()
+            .filter(|k| k.version() <= m.version())
+            .map(|k| (k.version(), set.kind(k.version()).as_str()))
+            .unzip();
+        tx.execute(
+            "INSERT INTO qlsched.schema_compat (version, kind, recorded_by)
+             SELECT v, k, $3 FROM unnest($1::int4[], $2::text[]) AS u(v, k)
+             ON CONFLICT (version) DO NOTHING",
+            &[&versions, &kinds, &super::BINARY_VERSION],
+        )
+        .await?;
+    }
+    if last {
+        let record: bool = tx
+            .query_one(
+                "SELECT to_regclass('qlsched.grant_manifest') IS NOT NULL",
+                &[],
+            )
+            .await?
+            .get(0);
+        tx.batch_execute(&manifest::install_sql(&set.grants, roles, record))
+            .await?;
+    }
+    tx.commit().await
+}
+
+fn is_lock_wait(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+async fn has_table(client: &tokio_postgres::Client, table: &str) -> Result<bool, StoreError> {
+    Ok(client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{SCHEMA}.{table}")],
+        )
+        .await?
+        .get(0))
+}
+
+/// Sessions that have held a lock on a scheduler table for longer than `at_least` (their
+/// transaction is that old): who a migration's lock request queued behind.
+async fn long_holders(
+    client: &tokio_postgres::Client,
+    at_least: Duration,
+) -> Result<Vec<String>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT format('%s %s by pid %s (%s, transaction open %s s)',
+                           l.relation::regclass, l.mode, a.pid, coalesce(a.usename::text, '?'),
+                           round(extract(epoch FROM clock_timestamp() - a.xact_start))::bigint)
+               FROM pg_locks l
+               JOIN pg_stat_activity a ON a.pid = l.pid
+               JOIN pg_class c ON c.oid = l.relation
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+              WHERE l.locktype = 'relation' AND l.granted AND c.relkind IN ('r', 'p')
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND a.pid <> pg_backend_pid()
+                AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
+              ORDER BY a.xact_start, 1 LIMIT 5",
+            &[&SCHEMA, &at_least.as_secs_f64()],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Builds the declared concurrent indexes of the applied migrations: a valid one is kept,
+/// an INVALID one (an interrupted build) is dropped `CONCURRENTLY` and built again. Each
+/// build waits for older transactions (it blocks no admission or claim while it waits: its
+/// SHARE UPDATE EXCLUSIVE lock conflicts only with DDL and VACUUM), at most `budget`.
+pub async fn build_indexes(
+    client: &tokio_postgres::Client,
+    set: &MigrationSet,
+    budget: Duration,
+) -> Result<Vec<String>, StoreError> {
+    let mut built = Vec::new();
+    if set.indexes.is_empty() {
+        return Ok(built);
+    }
+    let started = Instant::now();
+    let applied: Vec<i32> = client
+        .query(&format!("SELECT version FROM {HISTORY_TABLE}"), &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for idx in set.indexes.iter().filter(|i| applied.contains(&i.version)) {
+        let valid: Option<bool> = client
+            .query_opt(
+                "SELECT i.indisvalid FROM pg_index i
+                   JOIN pg_class c ON c.oid = i.indexrelid
+                   JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+                  WHERE c.relname = $2",
+                &[&SCHEMA, &idx.name],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if valid == Some(true) {
+            continue;
+        }
+        let file = set
+            .get(idx.version)
+            .map(|m| file_name(m.version(), m.name()))
+            .unwrap_or_else(|| format!("V{}", idx.version));
+        let left = budget
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_secs(1));
+        client
+            .batch_execute(&format!("SET lock_timeout = {}", left.as_millis()))
+            .await?;
+        let mut sql = String::new();
+        if valid == Some(false) {
+            sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{};", idx.name);
+        }
+        let res = async {
+            if !sql.is_empty() {
+                client.batch_execute(&sql).await?;
+            }
+            client
+                .batch_execute(&format!(
+                    "CREATE {}INDEX CONCURRENTLY {} ON {}",
+                    if idx.unique { "UNIQUE " } else { "" },
+                    idx.name,
+                    idx.on
+                ))
+                .await
+        }
+        .await;
+        client.batch_execute("RESET lock_timeout").await?;
+        match res {
+            Ok(()) => built.push(idx.name.to_string()),
+            Err(e) if is_lock_wait(&e) => {
+                return Err(StoreError::MigrationGaveUp(Box::new(GaveUp {
+                    file,
+                    attempts: 1,
+                    waited: started.elapsed(),
+                    holders: long_holders(client, Duration::ZERO).await?,
+                    index: Some(idx.name.to_string()),
+                })))
+            }
+            Err(e) => {
+                return Err(StoreError::IndexBuild {
+                    index: format!("{SCHEMA}.{}", idx.name),
+                    file,
+                    source: e,
+                })
+            }
+        }
+    }
+    Ok(built)
+}
