@@ -16,7 +16,8 @@ mod manifest;
 pub mod report;
 
 pub use apply::{
-    build_indexes, migrate_set, ConcurrentIndex, GaveUp, MigrateOptions, Wait, CONCURRENT_INDEXES,
+    build_indexes, migrate_set, Blocked, ConcurrentIndex, GaveUp, MigrateOptions, Wait,
+    CONCURRENT_INDEXES,
 };
 pub use compat::{file_name, Kind, MigrationSet, Range, BASELINE};
 pub use manifest::{Grant, Object};

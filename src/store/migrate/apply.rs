@@ -36,13 +36,34 @@ impl Default for MigrateOptions {
     }
 }
 
+/// What a migration's lock request waited on, as seen from another session while it waited.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Blocked {
+    /// `AccessExclusiveLock on qlsched.runs`
+    pub waiting_for: Option<String>,
+    /// `qlsched.runs AccessShareLock by pid 4242 (postgres)`, one per blocking session.
+    pub holders: Vec<String>,
+}
+
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.waiting_for {
+            Some(w) => write!(f, "waited for {w}")?,
+            None => write!(f, "waited for a lock")?,
+        }
+        if !self.holders.is_empty() {
+            write!(f, ", held by: {}", self.holders.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
 /// One lock time-out that will be retried.
 #[derive(Clone, Debug)]
 pub struct Wait {
     pub file: String,
     pub attempt: u32,
-    /// Sessions holding locks on scheduler tables for longer than the lock timeout.
-    pub holders: Vec<String>,
+    pub blocked: Blocked,
     pub retry_in: Duration,
 }
 
@@ -50,15 +71,13 @@ impl fmt::Display for Wait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "migration {} could not take its locks within lock_timeout (attempt {}); ",
-            self.file, self.attempt
-        )?;
-        if self.holders.is_empty() {
-            write!(f, "no long-held lock seen now")?;
-        } else {
-            write!(f, "held by: {}", self.holders.join("; "))?;
-        }
-        write!(f, "; retrying in {:.1} s", self.retry_in.as_secs_f64())
+            "migration {} could not take its locks within lock_timeout (attempt {}); {}; \
+             retrying in {:.1} s",
+            self.file,
+            self.attempt,
+            self.blocked,
+            self.retry_in.as_secs_f64()
+        )
     }
 }
 
@@ -68,7 +87,8 @@ pub struct GaveUp {
     pub file: String,
     pub attempts: u32,
     pub waited: Duration,
-    pub holders: Vec<String>,
+    /// What the last attempt waited on (migrations only).
+    pub blocked: Option<Blocked>,
     /// A concurrent index build (left INVALID; the next `db migrate` rebuilds it).
     pub index: Option<String>,
 }
@@ -95,8 +115,8 @@ impl fmt::Display for GaveUp {
                 self.waited.as_secs_f64()
             )?,
         }
-        if !self.holders.is_empty() {
-            write!(f, " (held by: {})", self.holders.join("; "))?;
+        if let Some(b) = &self.blocked {
+            write!(f, " (the last attempt {b})")?;
         }
         Ok(())
     }
@@ -138,7 +158,8 @@ pub async fn migrate_set(
     opts: &MigrateOptions,
     on_wait: &mut (dyn FnMut(&Wait) + Send),
 ) -> Result<Vec<String>, StoreError> {
-    let mut client = crate::store::connect(owner).await?;
+    let owner: crate::store::Target = owner.into();
+    let mut client = crate::store::connect(&owner).await?;
     client
         .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
         .await?;
@@ -186,6 +207,12 @@ pub async fn migrate_set(
             opts.lock_timeout.as_millis().max(1)
         ))
         .await?;
+    // A second session watches what a waiting migration waits on (the waiting one cannot).
+    let mut monitor: Option<tokio_postgres::Client> = None;
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
     let started = Instant::now();
     let mut applied = Vec::new();
     for (i, m) in pending.iter().enumerate() {
@@ -195,24 +222,45 @@ pub async fn migrate_set(
         let mut backoff = opts.lock_timeout.max(Duration::from_millis(100));
         loop {
             attempt += 1;
-            match apply_one(&mut client, set, m, roles, last).await {
+            if monitor.is_none() {
+                monitor = Some(crate::store::connect(&owner).await?);
+            }
+            let watcher = monitor.as_ref().expect("connected above");
+            let mut blocked = Blocked::default();
+            let res = {
+                let apply = apply_one(&mut client, set, m, roles, last);
+                tokio::pin!(apply);
+                // Looked at once, three quarters into the lock timeout: a migration that
+                // takes its locks at once is never looked at.
+                let watch = async {
+                    tokio::time::sleep(opts.lock_timeout * 3 / 4).await;
+                    blocked_on(watcher, pid).await
+                };
+                tokio::select! {
+                    r = &mut apply => r,
+                    seen = watch => {
+                        blocked = seen?;
+                        apply.await
+                    }
+                }
+            };
+            match res {
                 Ok(()) => break,
                 Err(e) if is_lock_wait(&e) => {
-                    let holders = long_holders(&client, opts.lock_timeout).await?;
                     let left = opts.max_wait.saturating_sub(started.elapsed());
                     if left < backoff {
                         return Err(StoreError::MigrationGaveUp(Box::new(GaveUp {
                             file,
                             attempts: attempt,
                             waited: started.elapsed(),
-                            holders,
+                            blocked: Some(blocked),
                             index: None,
                         })));
                     }
                     on_wait(&Wait {
                         file: file.clone(),
                         attempt,
-                        holders,
+                        blocked,
                         retry_in: backoff,
                     });
                     tokio::time::sleep(backoff).await;
@@ -310,30 +358,40 @@ async fn has_table(client: &tokio_postgres::Client, table: &str) -> Result<bool,
         .get(0))
 }
 
-/// Sessions that have held a lock on a scheduler table for longer than `at_least` (their
-/// transaction is that old): who a migration's lock request queued behind.
-async fn long_holders(
-    client: &tokio_postgres::Client,
-    at_least: Duration,
-) -> Result<Vec<String>, StoreError> {
-    let rows = client
-        .query(
-            "SELECT format('%s %s by pid %s (%s, transaction open %s s)',
-                           l.relation::regclass, l.mode, a.pid, coalesce(a.usename::text, '?'),
-                           round(extract(epoch FROM clock_timestamp() - a.xact_start))::bigint)
-               FROM pg_locks l
-               JOIN pg_stat_activity a ON a.pid = l.pid
-               JOIN pg_class c ON c.oid = l.relation
-               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
-              WHERE l.locktype = 'relation' AND l.granted AND c.relkind IN ('r', 'p')
-                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND a.pid <> pg_backend_pid()
-                AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
-              ORDER BY a.xact_start, 1 LIMIT 5",
-            &[&SCHEMA, &at_least.as_secs_f64()],
+/// What session `pid` is waiting for (a relation lock) and who holds what blocks it, from
+/// the lock table (readable by every role; the holders' queries are not shown).
+async fn blocked_on(monitor: &tokio_postgres::Client, pid: i32) -> Result<Blocked, StoreError> {
+    let waiting_for: Option<String> = monitor
+        .query_opt(
+            "SELECT format('%s on %s', w.mode, w.relation::regclass)
+               FROM pg_locks w
+              WHERE w.pid = $1 AND NOT w.granted AND w.locktype = 'relation'
+              LIMIT 1",
+            &[&pid],
         )
-        .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+        .await?
+        .map(|r| r.get(0));
+    let holders = monitor
+        .query(
+            "SELECT DISTINCT format('%s %s by pid %s (%s)', b.relation::regclass, b.mode, b.pid,
+                                    coalesce(a.usename::text, '?'))
+               FROM pg_locks w
+               JOIN pg_locks b ON b.locktype = 'relation' AND b.granted
+                              AND b.database = w.database AND b.relation = w.relation
+               LEFT JOIN pg_stat_activity a ON a.pid = b.pid
+              WHERE w.pid = $1 AND NOT w.granted AND w.locktype = 'relation'
+                AND b.pid = ANY (pg_blocking_pids($1))
+              ORDER BY 1",
+            &[&pid],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(Blocked {
+        waiting_for,
+        holders,
+    })
 }
 
 /// Builds the declared concurrent indexes of the applied migrations: a valid one is kept,
@@ -406,7 +464,7 @@ pub async fn build_indexes(
                     file,
                     attempts: 1,
                     waited: started.elapsed(),
-                    holders: long_holders(client, Duration::ZERO).await?,
+                    blocked: None,
                     index: Some(idx.name.to_string()),
                 })))
             }
