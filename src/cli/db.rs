@@ -159,8 +159,13 @@ async fn check(target: &Target, prefix: &str) -> Result<(), CliError> {
             problems: problems.len(),
         });
     }
+    let range = migrate::compat::range(&client).await?;
     println!(
-        "database ready: migrations, capability {} v{} and grants as expected",
+        "database ready: migrations (the database at V{}, serving binaries that know V{} or \
+         later; this binary knows up to V{}), capability {} v{} and grants as expected",
+        range.newest,
+        range.floor,
+        migrate::newest_known(),
         migrate::CAPABILITY.0,
         migrate::CAPABILITY.1
     );
@@ -186,5 +191,23 @@ fn unreachable_or(pg: &tokio_postgres::Config, e: crate::store::StoreError) -> C
             source: e,
         },
         _ => CliError::Store(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_ms_s_m_h_and_bare_seconds() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("ms").is_err());
     }
 }

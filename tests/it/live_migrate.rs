@@ -185,10 +185,17 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
         out,
         "applied V13__schema_compat_and_replica_versions; grants installed\n"
     );
-    ok(
+    let ready = ok(
         command(&db, &["db", "check", "--dsn", &db.dsn("qlsched_runtime")])
             .output()
             .unwrap(),
+    );
+    assert!(
+        ready.starts_with(
+            "database ready: migrations (the database at V13, serving binaries that know V11 \
+             or later; this binary knows up to V13)"
+        ),
+        "{ready}"
     );
 }
 

@@ -330,6 +330,7 @@ async fn db_status_shows_migrations_range_binary_and_replica_versions() {
     assert_eq!(replicas[0]["binary_version"], migrate::BINARY_VERSION);
     assert_eq!(replicas[0]["newest_migration"], n);
     let text = ok(ql(&db, &["db", "status"]));
+    eprintln!("{text}");
     for needle in [
         "V90__newer_table.sql",
         "(newer than this binary)",
