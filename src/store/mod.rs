@@ -191,6 +191,9 @@ pub enum StoreError {
     /// changes and rolling upgrades").
     #[error("{0}")]
     MigrationGaveUp(Box<migrate::GaveUp>),
+    /// Another `db migrate` holds the migration lock of this database.
+    #[error("refusing to migrate: another `qlsched db migrate` is running on this database (backend pid {0} holds its advisory lock); let it finish")]
+    MigrateRunning(i32),
     /// A declared concurrent index build failed (it is left INVALID; the next `db migrate`
     /// drops and rebuilds it).
     #[error("building index {index} CONCURRENTLY (migration {file}) failed: {}; it is left INVALID and unused, and the next `qlsched db migrate` drops and rebuilds it", describe(source))]

@@ -13,7 +13,7 @@ use qlsched::store::{self, StoreError};
 use crate::helpers::claimed::admission;
 use crate::helpers::cli::{command, ok, refused};
 use crate::helpers::drive::{admit_once, claim_due};
-use crate::helpers::{TestDb, PREFIX};
+use crate::helpers::{wait_until, TestDb, PREFIX};
 
 fn roles() -> Roles {
     Roles::with_prefix(PREFIX).unwrap()
@@ -66,6 +66,33 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
             .await
         })
     };
+    // One `db migrate` at a time: a second one is refused while the first waits.
+    wait_until(
+        "the first migrate's advisory lock",
+        Duration::from_secs(10),
+        || async {
+            db.count(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    let second = migrate::migrate_set(
+        &db.config("qlsched_owner"),
+        &roles(),
+        &with_runs_column(),
+        &opts,
+        &mut |w| panic!("unexpected wait: {w}"),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(second, StoreError::MigrateRunning(pid) if pid > 0),
+        "{second}"
+    );
     // Admissions (the engine's claim and admission statements) while the migration waits.
     let pool = db.runtime_pool(2);
     let conn = store::conn(&pool).await.unwrap();

@@ -1,6 +1,9 @@
 use qlsched::store::migrate::{self, Drift, Grant, MigrateOptions, MigrationSet, Roles};
 
+use std::time::Duration;
+
 use crate::helpers::cli::{ok, ql};
+use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{TestDb, PREFIX};
 
 fn roles() -> Roles {
@@ -340,4 +343,31 @@ async fn db_status_shows_migrations_range_binary_and_replica_versions() {
     ] {
         assert!(text.contains(needle), "`{needle}` missing:\n{text}");
     }
+}
+
+/// The replica's readiness gate (the real binary): it starts on a database a newer binary
+/// expanded, and refuses to start once that binary applied a contract, naming it.
+#[tokio::test]
+async fn a_replica_starts_on_a_later_expand_database_and_refuses_a_contract() {
+    let db = TestDb::new().await;
+    let newer = newer_binary();
+    migrate_as(&db, &newer).await;
+    let mut a = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "a", "", &[]);
+    a.wait_ready(Duration::from_secs(30)).await;
+    assert!(a.terminate(Duration::from_secs(20)).await.success());
+    let contract = newer
+        .with_migration(
+            "V91__drop_newer_x.sql",
+            "-- qlsched: contract\nALTER TABLE qlsched.newer DROP COLUMN x;",
+        )
+        .unwrap();
+    migrate_as(&db, &contract).await;
+    let mut b = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "b", "", &[]);
+    assert!(!b.wait_exit(Duration::from_secs(30)).await.success());
+    assert!(
+        b.log()
+            .contains("by the contract migration V91__drop_newer_x.sql"),
+        "{}",
+        b.log()
+    );
 }

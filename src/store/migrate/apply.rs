@@ -145,6 +145,9 @@ const HISTORY_DDL: &str = "CREATE TABLE IF NOT EXISTS qlsched.schema_migrations(
              applied_on VARCHAR(255),
              checksum VARCHAR(255))";
 
+/// The advisory lock key `db migrate` holds for its session ("qlsmigr" in ASCII).
+const MIGRATE_LOCK: i64 = 0x0071_6c73_6d69_6772;
+
 /// Longest pause between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -173,6 +176,24 @@ pub async fn migrate_set(
         if !exists {
             return Err(StoreError::MissingRole(role.to_string()));
         }
+    }
+    // One `db migrate` at a time per database (a session advisory lock, released when this
+    // connection ends).
+    let got: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&MIGRATE_LOCK])
+        .await?
+        .get(0);
+    if !got {
+        let holder: Option<i32> = client
+            .query_opt(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND ((classid::bigint << 32) | objid::bigint) = $1 LIMIT 1",
+                &[&MIGRATE_LOCK],
+            )
+            .await?
+            .map(|r| r.get(0));
+        return Err(StoreError::MigrateRunning(holder.unwrap_or(0)));
     }
     let drift = super::drift_of(&client, set).await?;
     if let Some(changed) = drift

@@ -9,11 +9,13 @@ use std::sync::OnceLock;
 
 use super::compat::{kind_of, BASELINE};
 
-/// The one order in which relation locks are taken: the order the claim statement
-/// (replicas, then trigger_schedules, triggers, projects, tasks) and the admission
-/// statement (trigger_schedules, triggers, tasks, projects, execution_revisions, runs,
-/// attempts, run_events) open their tables. A migration that locks several of these takes
-/// them in this order, with `LOCK TABLE` statements before anything else.
+/// The one order in which relation locks are taken: the order in which the admission
+/// statement opens its tables (trigger_schedules, triggers, tasks, projects,
+/// execution_revisions, runs, attempts, run_events; a unit test reads it from
+/// `store::admit::ADMIT_SQL`), after replicas, which the claim statement opens first. (The
+/// claim opens projects before tasks; a migration never needs both exclusively at once, and
+/// the lock timeout ends any wait cycle.) A migration that locks several of these takes them
+/// in this order, with `LOCK TABLE` statements before anything else.
 pub const LOCK_ORDER: [&str; 10] = [
     "replicas",
     "trigger_schedules",
@@ -275,6 +277,46 @@ mod tests {
             all.is_empty(),
             "migrations break the rules:\n{}",
             all.join("\n")
+        );
+    }
+
+    /// The tables a statement opens, in the order it opens (and locks) them: the parser
+    /// takes each relation's lock as it meets it (a CTE before the next, an UPDATE's target
+    /// before its FROM list), i.e. in the order of first mention.
+    fn opened(sql: &str) -> Vec<String> {
+        let re = Regex::new(r"qlsched\.([a-z_]+)").unwrap();
+        let mut out: Vec<String> = Vec::new();
+        for c in re.captures_iter(sql) {
+            if !out.iter().any(|t| *t == c[1]) {
+                out.push(c[1].to_string());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_lock_order_is_the_order_the_admission_statement_locks_in() {
+        let tables = opened(crate::store::admit::ADMIT_SQL);
+        let positions: Vec<usize> = tables
+            .iter()
+            .map(|t| {
+                LOCK_ORDER
+                    .iter()
+                    .position(|o| o == t)
+                    .unwrap_or_else(|| panic!("{t} is not in LOCK_ORDER"))
+            })
+            .collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "the admission opens {tables:?}, against LOCK_ORDER {LOCK_ORDER:?}"
+        );
+        assert_eq!(tables.len(), 8, "{tables:?}");
+        // The claim opens replicas first, then trigger_schedules and triggers.
+        let claim = opened(crate::store::claim::CLAIM_DUE_SQL);
+        assert_eq!(
+            claim[..3],
+            ["replicas", "trigger_schedules", "triggers"],
+            "{claim:?}"
         );
     }
 
