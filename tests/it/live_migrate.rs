@@ -48,7 +48,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
         .await
         .unwrap();
     let opts = MigrateOptions {
-        lock_timeout: Duration::from_millis(200),
+        lock_timeout: Duration::from_millis(300),
         max_wait: Duration::from_secs(2),
     };
     let waits = Arc::new(Mutex::new(Vec::new()));
@@ -185,7 +185,7 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
         "--dsn",
         &owner,
         "--lock-timeout",
-        "200ms",
+        "300ms",
         "--max-wait",
         "1s",
     ];
@@ -196,7 +196,7 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
             "qlsched: waiting: migration V13__schema_compat_and_replica_versions.sql could not take \
              its locks within lock_timeout (attempt 1); waited for AccessExclusiveLock on \
              qlsched.replicas, held by: qlsched.replicas AccessShareLock by pid",
-            "retrying in 0.2 s",
+            "retrying in 0.3 s",
             "qlsched: gave up on migration V13__schema_compat_and_replica_versions.sql after ",
             "nothing of it was applied",
         ],
