@@ -1,6 +1,7 @@
-//! `qlsched db bootstrap | migrate | check`.
+//! `qlsched db bootstrap | migrate | check | status`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Subcommand;
 
@@ -33,14 +34,51 @@ pub enum DbCommand {
         /// A file whose first line is the owner's password.
         #[arg(long)]
         password_file: Option<PathBuf>,
+        /// How long one migration waits for a table lock before it lets go and retries
+        /// (admissions queue behind a waiting migration for at most this long): 500ms, 1s, 2m.
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        lock_timeout: Duration,
+        /// Give up (exit 1, the waiting migration not applied) once lock time-outs and
+        /// back-offs have taken this long in total.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        max_wait: Duration,
     },
-    /// The readiness gate: migration stream, capability and grants.
+    /// The readiness gate: migration stream and compatible range, capability and grants.
     Check {
         #[command(flatten)]
         target: Target,
         #[arg(long, default_value = "qlsched")]
         prefix: String,
     },
+    /// Applied migrations (checksum, applied at, kind), the range of binaries the schema
+    /// serves, this binary, and what each live replica runs.
+    Status {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `500ms`, `2s`, `10m`, `1h` (a bare number is seconds).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}`: not a duration such as 500ms, 2s, 10m"))?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n * 1000,
+        "m" | "min" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => return Err(format!("`{s}`: unit must be ms, s, m or h")),
+    };
+    if ms == 0 {
+        return Err(format!("`{s}`: must be more than 0"));
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 pub async fn run(cmd: DbCommand) -> Result<(), CliError> {
@@ -55,8 +93,17 @@ pub async fn run(cmd: DbCommand) -> Result<(), CliError> {
             dsn,
             prefix,
             password_file,
-        } => migrate(&dsn, &prefix, password_file).await,
+            lock_timeout,
+            max_wait,
+        } => {
+            let opts = migrate::MigrateOptions {
+                lock_timeout,
+                max_wait,
+            };
+            migrate(&dsn, &prefix, password_file, &opts).await
+        }
         DbCommand::Check { target, prefix } => check(&target, &prefix).await,
+        DbCommand::Status { target, json } => status(&target, json).await,
     }
 }
 
@@ -78,12 +125,20 @@ async fn bootstrap(
     Ok(())
 }
 
-async fn migrate(dsn: &str, prefix: &str, password_file: Option<PathBuf>) -> Result<(), CliError> {
+async fn migrate(
+    dsn: &str,
+    prefix: &str,
+    password_file: Option<PathBuf>,
+    opts: &migrate::MigrateOptions,
+) -> Result<(), CliError> {
     let roles = migrate::Roles::with_prefix(prefix)?;
     let pg = connect::with_password(dsn, password_file.as_deref())?;
-    let applied = migrate::migrate(&pg, &roles)
-        .await
-        .map_err(|source| unreachable_or(&pg, source))?;
+    let set = migrate::MigrationSet::embedded();
+    let applied = migrate::migrate_set(&pg, &roles, &set, opts, &mut |w| {
+        eprintln!("qlsched: waiting: {w}")
+    })
+    .await
+    .map_err(|source| unreachable_or(&pg, source))?;
     if applied.is_empty() {
         println!("schema up to date; grants installed");
     } else {
@@ -104,11 +159,27 @@ async fn check(target: &Target, prefix: &str) -> Result<(), CliError> {
             problems: problems.len(),
         });
     }
+    let range = migrate::compat::range(&client).await?;
     println!(
-        "database ready: migrations, capability {} v{} and grants as expected",
+        "database ready: migrations (the database at V{}, serving binaries that know V{} or \
+         later; this binary knows up to V{}), capability {} v{} and grants as expected",
+        range.newest,
+        range.floor,
+        migrate::newest_known(),
         migrate::CAPABILITY.0,
         migrate::CAPABILITY.1
     );
+    Ok(())
+}
+
+async fn status(target: &Target, json: bool) -> Result<(), CliError> {
+    let client = connect::connect_target(target).await?;
+    let s = migrate::report::read(&client).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", s.render());
+    }
     Ok(())
 }
 
@@ -120,5 +191,23 @@ fn unreachable_or(pg: &tokio_postgres::Config, e: crate::store::StoreError) -> C
             source: e,
         },
         _ => CliError::Store(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_ms_s_m_h_and_bare_seconds() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("ms").is_err());
     }
 }

@@ -9,6 +9,33 @@ use super::{StoreError, SCHEMA};
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
+mod apply;
+pub mod compat;
+pub mod lint;
+mod manifest;
+pub mod report;
+
+pub use apply::{
+    build_indexes, migrate_set, Blocked, ConcurrentIndex, GaveUp, MigrateOptions, Wait,
+    CONCURRENT_INDEXES,
+};
+pub use compat::{file_name, Kind, MigrationSet, Range, BASELINE};
+pub use manifest::{Grant, Object};
+
+/// This binary's version as `db status` and the replica guard row show it: the package
+/// version and the commit it was built from.
+pub const BINARY_VERSION: &str =
+    concat!(env!("CARGO_PKG_VERSION"), "+", env!("QLSCHED_GIT_COMMIT"));
+
+/// The newest migration this binary carries.
+pub fn newest_known() -> i32 {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| m.version())
+        .max()
+        .unwrap_or(0)
+}
 
 /// The capability this binary was built for.
 pub const CAPABILITY: (&str, i32) = ("cluster_scheduler_admission", 1);
@@ -45,7 +72,17 @@ impl Roles {
             dispatcher: format!("{prefix}_dispatcher"),
         })
     }
-    fn all(&self) -> [&str; 5] {
+    /// The role of a kind ("admin" | "runtime" | "worker_ingress" | "dispatcher").
+    pub fn of_kind(&self, kind: &str) -> Option<&str> {
+        match kind {
+            "admin" => Some(&self.admin),
+            "runtime" => Some(&self.runtime),
+            "worker_ingress" => Some(&self.worker_ingress),
+            "dispatcher" => Some(&self.dispatcher),
+            _ => None,
+        }
+    }
+    pub(crate) fn all(&self) -> [&str; 5] {
         [
             &self.owner,
             &self.admin,
@@ -79,7 +116,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 12] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 14] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -103,6 +140,9 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 12] = [
     ("schema_migrations", &["SELECT"], &["SELECT"]),
     // Retention (V11): replicas claim the 'prune' lease; `trigger backfill` reads the horizon.
     ("maintenance", &["SELECT"], &["SELECT", "UPDATE"]),
+    // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
+    ("schema_compat", &["SELECT"], &["SELECT"]),
+    ("grant_manifest", &["SELECT"], &["SELECT"]),
 ];
 
 /// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
@@ -162,6 +202,30 @@ pub const EXECUTE_GRANTS: [(&str, &str); 2] = [
     ),
     ("qlsched.prune_queued(bigint,uuid[])", "admin"),
 ];
+
+/// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and
+/// [`EXECUTE_GRANTS`]: this binary's manifest, sorted.
+pub fn manifest() -> Vec<Grant> {
+    let mut out = Vec::new();
+    for (table, admin, runtime) in GRANTS {
+        out.extend(admin.iter().map(|p| Grant::table("admin", table, p)));
+        out.extend(runtime.iter().map(|p| Grant::table("runtime", table, p)));
+    }
+    for (table, privs) in DISPATCHER_GRANTS {
+        out.extend(privs.iter().map(|p| Grant::table("dispatcher", table, p)));
+    }
+    for (kind, table, privilege, cols) in COLUMN_GRANTS {
+        out.extend(
+            cols.iter()
+                .map(|c| Grant::column(kind, table, c, privilege)),
+        );
+    }
+    for (function, kind) in EXECUTE_GRANTS {
+        out.push(Grant::function(kind, function));
+    }
+    out.sort();
+    out
+}
 
 fn ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -223,110 +287,21 @@ pub async fn bootstrap(
     Ok(())
 }
 
-/// Applies pending migrations (as the owner role) and installs the exact grants.
-/// Refuses a database whose applied stream diverges from the binary's.
+/// Applies this binary's pending migrations (as the owner role) and installs the exact
+/// grants, with the default lock time-out and bound ([`MigrateOptions`]); waits are not
+/// reported. Refuses a database whose applied stream diverges from the binary's.
 pub async fn migrate(
     owner: impl Into<super::Target>,
     roles: &Roles,
 ) -> Result<Vec<String>, StoreError> {
-    let mut client = super::connect(owner).await?;
-    client
-        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
-        .await?;
-    // Every role must exist before anything is applied: grants are installed after the
-    // migrations, and a missing role would leave the schema migrated without them.
-    for role in roles.all() {
-        let exists = client
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
-            .await?
-            .is_some();
-        if !exists {
-            return Err(StoreError::MissingRole(role.to_string()));
-        }
-    }
-    let drift = stream_drift(&client).await?;
-    if let Some(changed) = drift
-        .iter()
-        .find(|d| !matches!(d, Drift::NotApplied { .. }))
-    {
-        return Err(StoreError::MigrationDrift(Box::new(changed.clone())));
-    }
-    let mut runner = embedded::migrations::runner();
-    runner.set_migration_table_name(HISTORY_TABLE);
-    let report = runner
-        .set_abort_divergent(true)
-        .set_abort_missing(true)
-        .run_async(&mut client)
-        .await?;
-    install_grants(&client, roles).await?;
-    Ok(report
-        .applied_migrations()
-        .iter()
-        .map(|m| m.to_string())
-        .collect())
-}
-
-async fn install_grants(client: &tokio_postgres::Client, roles: &Roles) -> Result<(), StoreError> {
-    let mut sql = String::from("BEGIN;\n");
-    let others = [
-        &roles.admin,
-        &roles.runtime,
-        &roles.worker_ingress,
-        &roles.dispatcher,
-    ]
-    .map(|r| ident(r))
-    .join(", ");
-    sql += &format!("REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
-    sql += &format!("REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
-    sql += &format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
-    sql += &format!("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC, {others};\n");
-    sql += &format!(
-        "GRANT USAGE ON SCHEMA {SCHEMA} TO {}, {}, {};\n",
-        ident(&roles.admin),
-        ident(&roles.runtime),
-        ident(&roles.dispatcher)
-    );
-    for (table, admin, runtime) in GRANTS {
-        sql += &format!(
-            "GRANT {} ON {SCHEMA}.{table} TO {};\n",
-            admin.join(", "),
-            ident(&roles.admin)
-        );
-        sql += &format!(
-            "GRANT {} ON {SCHEMA}.{table} TO {};\n",
-            runtime.join(", "),
-            ident(&roles.runtime)
-        );
-    }
-    for (table, privs) in DISPATCHER_GRANTS {
-        sql += &format!(
-            "GRANT {} ON {SCHEMA}.{table} TO {};\n",
-            privs.join(", "),
-            ident(&roles.dispatcher)
-        );
-    }
-    for (kind, table, privilege, cols) in COLUMN_GRANTS {
-        let role = match kind {
-            "admin" => &roles.admin,
-            _ => &roles.dispatcher,
-        };
-        sql += &format!(
-            "GRANT {privilege} ({}) ON {SCHEMA}.{table} TO {};\n",
-            cols.join(", "),
-            ident(role)
-        );
-    }
-    for (function, kind) in EXECUTE_GRANTS {
-        let role = if kind == "runtime" {
-            &roles.runtime
-        } else {
-            &roles.admin
-        };
-        sql += &format!("GRANT EXECUTE ON FUNCTION {function} TO {};\n", ident(role));
-    }
-    sql += "COMMIT;";
-    client.batch_execute(&sql).await?;
-    Ok(())
+    migrate_set(
+        owner,
+        roles,
+        &MigrationSet::embedded(),
+        &MigrateOptions::default(),
+        &mut |_| {},
+    )
+    .await
 }
 
 /// One difference between the database's applied stream and the binary's.
@@ -337,7 +312,7 @@ pub enum Drift {
     /// Applied with a different checksum (the file was edited after release).
     Changed { file: String },
     /// Applied in the database, unknown to this binary (a newer or foreign migration).
-    Extra { file: String },
+    Extra { file: String, version: i32 },
 }
 
 impl fmt::Display for Drift {
@@ -351,7 +326,7 @@ impl fmt::Display for Drift {
                 f,
                 "migration {file} was changed after it was applied (checksum differs)"
             ),
-            Drift::Extra { file } => write!(
+            Drift::Extra { file, .. } => write!(
                 f,
                 "migration {file} is applied in the database but unknown to this binary"
             ),
@@ -359,12 +334,16 @@ impl fmt::Display for Drift {
     }
 }
 
-fn file_name(version: i32, name: &str) -> String {
-    format!("V{version}__{name}.sql")
-}
-
 /// Compares the applied stream with the embedded one. Reads only (works as the runtime role).
 pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>, StoreError> {
+    drift_of(client, &MigrationSet::embedded()).await
+}
+
+/// Compares the applied stream with `set`'s.
+pub async fn drift_of(
+    client: &tokio_postgres::Client,
+    set: &MigrationSet,
+) -> Result<Vec<Drift>, StoreError> {
     let exists: bool = client
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE])
         .await?
@@ -388,11 +367,9 @@ pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>,
     } else {
         Vec::new()
     };
-    let runner = embedded::migrations::runner();
-    let mut local = runner.get_migrations().clone();
-    local.sort_by_key(|m| m.version());
+    let local = &set.migrations;
     let mut drift = Vec::new();
-    for m in &local {
+    for m in local {
         match applied.iter().find(|(v, _, _)| *v == m.version()) {
             None => drift.push(Drift::NotApplied {
                 file: file_name(m.version(), m.name()),
@@ -407,6 +384,7 @@ pub async fn stream_drift(client: &tokio_postgres::Client) -> Result<Vec<Drift>,
     for (v, name, _) in &applied {
         if !local.iter().any(|m| m.version() == *v) {
             drift.push(Drift::Extra {
+                version: *v,
                 file: file_name(*v, name),
             });
         }
@@ -437,37 +415,23 @@ pub async fn table_privileges(
 /// "runtime" | "worker_ingress" | "dispatcher"); column-level ones are in
 /// [`expected_column_privileges`].
 pub fn expected_privileges(kind: &str) -> Vec<(String, String)> {
-    if kind == "dispatcher" {
-        let mut out: Vec<(String, String)> = DISPATCHER_GRANTS
-            .iter()
-            .flat_map(|(table, privs)| {
-                privs
-                    .iter()
-                    .map(move |p| (table.to_string(), p.to_string()))
-            })
-            .collect();
-        out.sort();
-        return out;
-    }
-    let mut out: Vec<(String, String)> = GRANTS
+    table_grants_of(&manifest(), kind)
+}
+
+/// A manifest's table privileges of a role kind, as (table, privilege), sorted.
+fn table_grants_of(grants: &[Grant], kind: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = grants
         .iter()
-        .flat_map(|(table, admin, runtime)| {
-            let privs: &[&str] = match kind {
-                "admin" => admin,
-                "runtime" => runtime,
-                _ => &[],
-            };
-            privs
-                .iter()
-                .map(move |p| (table.to_string(), p.to_string()))
+        .filter(|g| g.kind == kind)
+        .filter_map(|g| match &g.object {
+            Object::Table(t) => Some((t.clone(), g.privilege.clone())),
+            _ => None,
         })
         .collect();
     out.sort();
     out
 }
 
-/// The readiness gate: applied stream equals the binary's, capability matches, and the
-/// given roles hold exactly their grants. Returns every problem found (empty = ready).
 /// How many migrations this binary carries.
 pub fn embedded_count() -> usize {
     embedded::migrations::runner().get_migrations().len()
@@ -481,15 +445,63 @@ pub async fn current_role(client: &tokio_postgres::Client) -> Result<String, Sto
         .get(0))
 }
 
+/// The readiness gate of this binary: see [`check_with`].
 pub async fn check(
     client: &tokio_postgres::Client,
     roles_to_check: &[(&str, &str)],
 ) -> Result<Vec<String>, StoreError> {
-    let mut problems: Vec<String> = stream_drift(client)
-        .await?
+    check_with(client, roles_to_check, &MigrationSet::embedded()).await
+}
+
+/// The readiness gate (docs/design.md, "Schema changes and rolling upgrades"): every
+/// migration of `set` applied unchanged, any newer ones applied by a newer binary within the
+/// range the database serves (no contract this set does not know), the capability, and the
+/// given roles holding exactly the grants of the database's manifest, which must include
+/// every grant `set` needs. Returns every problem found (empty = ready). Read in one
+/// snapshot: a migration writes its history row, its kind and the manifest together.
+pub async fn check_with(
+    client: &tokio_postgres::Client,
+    roles_to_check: &[(&str, &str)],
+    set: &MigrationSet,
+) -> Result<Vec<String>, StoreError> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let res = check_in_snapshot(client, roles_to_check, set).await;
+    let end = if res.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    client.batch_execute(end).await?;
+    res
+}
+
+async fn check_in_snapshot(
+    client: &tokio_postgres::Client,
+    roles_to_check: &[(&str, &str)],
+    set: &MigrationSet,
+) -> Result<Vec<String>, StoreError> {
+    let known = set.newest();
+    let range = compat::range(client).await?;
+    let drift = drift_of(client, set).await?;
+    let missing = drift.iter().any(|d| matches!(d, Drift::NotApplied { .. }));
+    let mut problems: Vec<String> = drift
         .iter()
+        .filter(|d| !matches!(d, Drift::Extra { version, .. } if *version > known))
         .map(|d| d.to_string())
         .collect();
+    if !range.serves(known) {
+        problems.push(format!(
+            "the database is at {newest}, migrated past this binary (which knows up to V{known}) \
+             by the contract migration {floor}: it serves only binaries that know V{f} or later; \
+             run a binary that knows {floor} (docs/operations.md, upgrades)",
+            newest = range.newest_file.as_deref().unwrap_or("?"),
+            floor = range.floor_file.as_deref().unwrap_or("?"),
+            f = range.floor,
+        ));
+    } else if missing {
+        problems.push(format!(
+            "this binary knows migrations up to V{known}; the database's newest is {}",
+            range.newest_file.as_deref().unwrap_or("none")
+        ));
+    }
     if !problems.is_empty() {
         return Ok(problems);
     }
@@ -507,9 +519,13 @@ pub async fn check(
         )),
         None => problems.push("capability row is missing".into()),
     }
+    // The manifest the database holds is what the roles must hold exactly; before V13 there
+    // is none and this binary's own stands in.
+    let recorded = manifest::read(client).await?;
+    let db_manifest = recorded.clone().unwrap_or_else(|| set.grants.clone());
     for (role, kind) in roles_to_check {
         let have = table_privileges(client, role).await?;
-        let want = expected_privileges(kind);
+        let want = table_grants_of(&db_manifest, kind);
         for extra in have.iter().filter(|p| !want.contains(p)) {
             problems.push(format!(
                 "role {role} has {} on {SCHEMA}.{}, which it must not",
@@ -522,7 +538,19 @@ pub async fn check(
                 missing.1, missing.0
             ));
         }
-        problems.extend(other_privileges(client, role, kind).await?);
+        problems.extend(other_privileges(client, role, kind, &db_manifest).await?);
+        if recorded.is_some() {
+            for g in set
+                .grants
+                .iter()
+                .filter(|g| g.kind == *kind && !db_manifest.contains(g))
+            {
+                problems.push(format!(
+                    "the database's grant manifest lacks {g} for the {kind} role, which this \
+                     binary needs (run `qlsched db migrate` with this binary)"
+                ));
+            }
+        }
     }
     Ok(problems)
 }
@@ -541,6 +569,7 @@ async fn other_privileges(
     client: &tokio_postgres::Client,
     role: &str,
     kind: &str,
+    grants: &[Grant],
 ) -> Result<Vec<String>, StoreError> {
     const SQL: &str = "
         WITH r AS (SELECT oid FROM pg_roles WHERE rolname = $1)
@@ -605,15 +634,26 @@ async fn other_privileges(
             OR NOT has_function_privilege($1, to_regprocedure(f)::oid, 'EXECUTE')
          ORDER BY 1";
     let uses_schema = matches!(kind, "admin" | "runtime" | "dispatcher");
-    let want = expected_column_privileges(kind);
+    let mut want: Vec<(String, String, String)> = grants
+        .iter()
+        .filter(|g| g.kind == kind)
+        .filter_map(|g| match &g.object {
+            Object::Column(t, c) => Some((t.clone(), c.clone(), g.privilege.clone())),
+            _ => None,
+        })
+        .collect();
+    want.sort();
     let granted: Vec<String> = want
         .iter()
         .map(|(t, c, p)| format!("{t}.{c}.{p}"))
         .collect();
-    let functions: Vec<String> = EXECUTE_GRANTS
+    let functions: Vec<String> = grants
         .iter()
-        .filter(|(_, k)| *k == kind)
-        .map(|(f, _)| f.to_string())
+        .filter(|g| g.kind == kind)
+        .filter_map(|g| match &g.object {
+            Object::Function(f) => Some(f.clone()),
+            _ => None,
+        })
         .collect();
     let rows = client
         .query(SQL, &[&role, &SCHEMA, &uses_schema, &granted, &functions])

@@ -187,6 +187,21 @@ pub enum StoreError {
     BadRolePrefix(String),
     #[error("refusing to migrate: {0}")]
     MigrationDrift(Box<migrate::Drift>),
+    /// `db migrate` waited for its locks for all of `--max-wait` (docs/design.md, "Schema
+    /// changes and rolling upgrades").
+    #[error("{0}")]
+    MigrationGaveUp(Box<migrate::GaveUp>),
+    /// Another `db migrate` holds the migration lock of this database.
+    #[error("refusing to migrate: another `qlsched db migrate` is running on this database (backend pid {0} holds its advisory lock); let it finish")]
+    MigrateRunning(i32),
+    /// A declared concurrent index build failed (it is left INVALID; the next `db migrate`
+    /// drops and rebuilds it).
+    #[error("building index {index} CONCURRENTLY (migration {file}) failed: {}; it is left INVALID and unused, and the next `qlsched db migrate` drops and rebuilds it", describe(source))]
+    IndexBuild {
+        index: String,
+        file: String,
+        source: tokio_postgres::Error,
+    },
     /// A role `db migrate` grants to does not exist (an install bootstrapped before the
     /// role was added).
     #[error("refusing to migrate: role {0} does not exist; run `qlsched db bootstrap` (idempotent) first")]

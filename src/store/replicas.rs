@@ -13,6 +13,7 @@
 
 use uuid::Uuid;
 
+use super::migrate::BINARY_VERSION;
 use super::StoreError;
 
 /// Who holds a replica id now.
@@ -53,7 +54,8 @@ const SESSION_GONE: &str = "r.session_pid IS NOT NULL AND NOT EXISTS (
 /// Takes the id if it is free, stopped, expired — or held by a process of this host name
 /// whose database session is gone (a crashed predecessor restarted by systemd, or a
 /// restarted container, need not wait for expiry). A holder whose session lives keeps the
-/// id, in whatever PID namespace either process runs.
+/// id, in whatever PID namespace either process runs. The row records this binary's version
+/// and newest known migration (`qlsched db status`).
 pub async fn acquire(
     conn: &tokio_postgres::Client,
     id: &str,
@@ -62,21 +64,24 @@ pub async fn acquire(
     pid: i32,
     ttl_ms: i64,
 ) -> Result<(), GuardError> {
+    // What this process runs, for `qlsched db status` (V13).
+    let newest = super::migrate::newest_known();
     let taken = conn
         .query_opt(
             &format!(
                 "INSERT INTO qlsched.replicas AS r (replica_id, incarnation, hostname, pid, started_at_ms, heartbeat_at_ms, expires_at_ms,
-                                                    session_pid, session_started_at)
-                 VALUES ($1, $2, $3, $4, {NOW}, {NOW}, {NOW} + $5, {SESSION})
+                                                    session_pid, session_started_at, binary_version, newest_migration)
+                 VALUES ($1, $2, $3, $4, {NOW}, {NOW}, {NOW} + $5, {SESSION}, $6, $7)
                  ON CONFLICT (replica_id) DO UPDATE
                    SET incarnation = EXCLUDED.incarnation, hostname = EXCLUDED.hostname, pid = EXCLUDED.pid,
                        started_at_ms = EXCLUDED.started_at_ms, heartbeat_at_ms = EXCLUDED.heartbeat_at_ms,
                        expires_at_ms = EXCLUDED.expires_at_ms, stopped_at_ms = NULL,
-                       session_pid = EXCLUDED.session_pid, session_started_at = EXCLUDED.session_started_at
+                       session_pid = EXCLUDED.session_pid, session_started_at = EXCLUDED.session_started_at,
+                       binary_version = EXCLUDED.binary_version, newest_migration = EXCLUDED.newest_migration
                  WHERE r.stopped_at_ms IS NOT NULL OR r.expires_at_ms <= {NOW}
                  RETURNING 1"
             ),
-            &[&id, &incarnation, &hostname, &pid, &ttl_ms],
+            &[&id, &incarnation, &hostname, &pid, &ttl_ms, &BINARY_VERSION, &newest],
         )
         .await
         .map_err(StoreError::from)?;
@@ -109,10 +114,11 @@ pub async fn acquire(
                     "UPDATE qlsched.replicas r
                         SET incarnation = $2, hostname = $3, pid = $4, started_at_ms = {NOW},
                             heartbeat_at_ms = {NOW}, expires_at_ms = {NOW} + $5, stopped_at_ms = NULL,
-                            (session_pid, session_started_at) = (SELECT {SESSION})
+                            (session_pid, session_started_at) = (SELECT {SESSION}),
+                            binary_version = $7, newest_migration = $8
                       WHERE replica_id = $1 AND incarnation = $6 AND {SESSION_GONE}"
                 ),
-                &[&id, &incarnation, &hostname, &pid, &ttl_ms, &previous],
+                &[&id, &incarnation, &hostname, &pid, &ttl_ms, &previous, &BINARY_VERSION, &newest],
             )
             .await
             .map_err(StoreError::from)?;

@@ -17,6 +17,7 @@ mod engine;
 mod guard;
 mod integrity;
 mod lifecycle;
+mod live_migrate;
 mod manage_projects;
 mod manage_triggers;
 mod manage_wake;

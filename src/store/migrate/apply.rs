@@ -1,0 +1,549 @@
+//! `db migrate` on a live database (docs/design.md, "Schema changes and rolling upgrades").
+//!
+//! Each pending migration runs in its own transaction with a session `lock_timeout`: a
+//! migration that would queue behind a long reader (and so queue every admission and claim
+//! behind itself) gives up its lock request after the timeout instead, and is retried with a
+//! back-off until `max_wait` is spent. The transaction also writes refinery's history row
+//! (same table, same columns, refinery's checksum), the migration's kind into
+//! `qlsched.schema_compat`, and — in the last migration's transaction — the grants and
+//! their manifest, so a database is never seen migrated with its range or grants lagging.
+//! Declared concurrent index builds run afterwards, outside any transaction.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::error::SqlState;
+
+use super::compat::{file_name, MigrationSet};
+use super::{manifest, Drift, Roles, HISTORY_TABLE};
+use crate::store::{StoreError, SCHEMA};
+
+/// How `db migrate` waits for locks.
+#[derive(Clone, Debug)]
+pub struct MigrateOptions {
+    /// The session `lock_timeout` of each migration's transaction.
+    pub lock_timeout: Duration,
+    /// How long the retries of lock time-outs may take in total before `db migrate` gives up.
+    pub max_wait: Duration,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        MigrateOptions {
+            lock_timeout: Duration::from_secs(1),
+            max_wait: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a migration's lock request waited on, as seen from another session while it waited.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Blocked {
+    /// `AccessExclusiveLock on qlsched.runs`
+    pub waiting_for: Option<String>,
+    /// `qlsched.runs AccessShareLock by pid 4242 (postgres)`, one per blocking session.
+    pub holders: Vec<String>,
+}
+
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.waiting_for {
+            Some(w) => write!(f, "waited for {w}")?,
+            None => write!(f, "waited for a lock")?,
+        }
+        if !self.holders.is_empty() {
+            write!(f, ", held by: {}", self.holders.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// One lock time-out that will be retried.
+#[derive(Clone, Debug)]
+pub struct Wait {
+    pub file: String,
+    pub attempt: u32,
+    pub blocked: Blocked,
+    pub retry_in: Duration,
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "migration {} could not take its locks within lock_timeout (attempt {}); {}; \
+             retrying in {:.1} s",
+            self.file,
+            self.attempt,
+            self.blocked,
+            self.retry_in.as_secs_f64()
+        )
+    }
+}
+
+/// Why `db migrate` gave up waiting.
+#[derive(Clone, Debug)]
+pub struct GaveUp {
+    pub file: String,
+    pub attempts: u32,
+    pub waited: Duration,
+    /// What the last attempt waited on (migrations only).
+    pub blocked: Option<Blocked>,
+    /// A concurrent index build (left INVALID; the next `db migrate` rebuilds it).
+    pub index: Option<String>,
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.index {
+            Some(index) => write!(
+                f,
+                "gave up building index {SCHEMA}.{index} (migration {}) after {:.1} s: it waited for \
+                 locks (sessions with older transactions) for all of --max-wait; it is left INVALID \
+                 and unused, and the next `qlsched db migrate` drops and rebuilds it",
+                self.file,
+                self.waited.as_secs_f64()
+            )?,
+            None => write!(
+                f,
+                "gave up on migration {} after {} attempt(s) over {:.1} s (--max-wait): its locks \
+                 were never free within lock_timeout; nothing of it was applied (the migrations \
+                 before it are); end or wait out the long transaction and run `qlsched db migrate` \
+                 again",
+                self.file,
+                self.attempts,
+                self.waited.as_secs_f64()
+            )?,
+        }
+        if let Some(b) = &self.blocked {
+            write!(f, " (the last attempt {b})")?;
+        }
+        Ok(())
+    }
+}
+
+/// An index a migration declares to be built `CONCURRENTLY` after its transaction (a
+/// migration file runs in a transaction, where `CREATE INDEX CONCURRENTLY` cannot).
+#[derive(Clone, Copy, Debug)]
+pub struct ConcurrentIndex {
+    /// The migration it belongs to: built once that migration is applied.
+    pub version: i32,
+    /// The index name, in the scheduler schema.
+    pub name: &'static str,
+    pub unique: bool,
+    /// What follows `ON`: `qlsched.runs (status) WHERE …`.
+    pub on: &'static str,
+}
+
+/// The concurrent index builds of the embedded migrations (none yet).
+pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[];
+
+/// The refinery history table, as refinery creates it.
+const HISTORY_DDL: &str = "CREATE TABLE IF NOT EXISTS qlsched.schema_migrations(
+             version int4 PRIMARY KEY,
+             name VARCHAR(255),
+             applied_on VARCHAR(255),
+             checksum VARCHAR(255))";
+
+/// The advisory lock key `db migrate` holds for its session ("qlsmigr" in ASCII).
+const MIGRATE_LOCK: i64 = 0x0071_6c73_6d69_6772;
+
+/// Longest pause between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Applies the pending migrations of `set` in order, installs its grants and manifest,
+/// then builds its concurrent indexes. Returns the applied migrations (`V13__name`).
+/// `on_wait` hears of every lock time-out that will be retried.
+pub async fn migrate_set(
+    owner: impl Into<crate::store::Target>,
+    roles: &Roles,
+    set: &MigrationSet,
+    opts: &MigrateOptions,
+    on_wait: &mut (dyn FnMut(&Wait) + Send),
+) -> Result<Vec<String>, StoreError> {
+    let owner: crate::store::Target = owner.into();
+    let mut client = crate::store::connect(&owner).await?;
+    let pending = pending(&client, roles, set).await?;
+    client
+        .batch_execute(&format!(
+            "SET lock_timeout = {}; SET statement_timeout = 0",
+            opts.lock_timeout.as_millis().max(1)
+        ))
+        .await?;
+    let started = Instant::now();
+    let mut applied = Vec::new();
+    if pending.is_empty() {
+        let record = has_table(&client, "grant_manifest").await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(&manifest::install_sql(&set.grants, roles, record))
+            .await?;
+        tx.commit().await?;
+    } else {
+        // A second session watches what a waiting migration waits on (the waiting one
+        // cannot).
+        let monitor = crate::store::connect(&owner).await?;
+        for (i, m) in pending.iter().enumerate() {
+            let step = Step {
+                set,
+                migration: m,
+                roles,
+                last: i + 1 == pending.len(),
+            };
+            step.apply_retrying(&mut client, &monitor, opts, started, on_wait)
+                .await?;
+            applied.push(m.to_string());
+        }
+    }
+    let left = opts.max_wait.saturating_sub(started.elapsed());
+    build_indexes(&client, set, left).await?;
+    Ok(applied)
+}
+
+/// The migrations of `set` not applied yet, in order, after the refusals: a missing role, a
+/// `db migrate` already running (a session advisory lock, held until this connection
+/// ends), drift or a newer migration unknown to `set`, or a hole below what is applied.
+async fn pending<'s>(
+    client: &tokio_postgres::Client,
+    roles: &Roles,
+    set: &'s MigrationSet,
+) -> Result<Vec<&'s refinery::Migration>, StoreError> {
+    client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+        .await?;
+    // Every role must exist before anything is applied: a missing role would leave the
+    // schema migrated without its grants.
+    for role in roles.all() {
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await?
+            .is_some();
+        if !exists {
+            return Err(StoreError::MissingRole(role.to_string()));
+        }
+    }
+    let got: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&MIGRATE_LOCK])
+        .await?
+        .get(0);
+    if !got {
+        let holder: Option<i32> = client
+            .query_opt(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND ((classid::bigint << 32) | objid::bigint) = $1 LIMIT 1",
+                &[&MIGRATE_LOCK],
+            )
+            .await?
+            .map(|r| r.get(0));
+        return Err(StoreError::MigrateRunning(holder.unwrap_or(0)));
+    }
+    let drift = super::drift_of(client, set).await?;
+    if let Some(changed) = drift
+        .iter()
+        .find(|d| !matches!(d, Drift::NotApplied { .. }))
+    {
+        return Err(StoreError::MigrationDrift(Box::new(changed.clone())));
+    }
+    client.batch_execute(HISTORY_DDL).await?;
+    let applied_max: Option<i32> = client
+        .query_one(&format!("SELECT max(version) FROM {HISTORY_TABLE}"), &[])
+        .await?
+        .get(0);
+    let pending: Vec<&refinery::Migration> = set
+        .migrations
+        .iter()
+        .filter(|m| {
+            let file = file_name(m.version(), m.name());
+            drift
+                .iter()
+                .any(|d| matches!(d, Drift::NotApplied { file: f } if *f == file))
+        })
+        .collect();
+    if let (Some(first), Some(max)) = (pending.first(), applied_max) {
+        if first.version() < max {
+            // A hole below what is applied: refinery refuses this too.
+            return Err(StoreError::MigrationDrift(Box::new(Drift::NotApplied {
+                file: file_name(first.version(), first.name()),
+            })));
+        }
+    }
+    Ok(pending)
+}
+
+/// One pending migration of a `db migrate` run.
+struct Step<'a> {
+    set: &'a MigrationSet,
+    migration: &'a refinery::Migration,
+    roles: &'a Roles,
+    /// The last pending one: its transaction installs the grants.
+    last: bool,
+}
+
+impl Step<'_> {
+    /// Applies it, retrying a lock time-out (or a deadlock) with a doubling back-off until
+    /// `opts.max_wait` (counted from `started`, the start of the run) is spent.
+    async fn apply_retrying(
+        &self,
+        client: &mut tokio_postgres::Client,
+        monitor: &tokio_postgres::Client,
+        opts: &MigrateOptions,
+        started: Instant,
+        on_wait: &mut (dyn FnMut(&Wait) + Send),
+    ) -> Result<(), StoreError> {
+        let m = self.migration;
+        let file = file_name(m.version(), m.name());
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let mut backoff = opts.lock_timeout.max(Duration::from_millis(100));
+        for attempt in 1.. {
+            let mut blocked = Blocked::default();
+            let res = {
+                let apply = apply_one(client, self.set, m, self.roles, self.last);
+                tokio::pin!(apply);
+                // Looked at from three quarters into the lock timeout on, until the lock
+                // wait shows: a migration that takes its locks at once is never looked at.
+                let watch = async {
+                    tokio::time::sleep(opts.lock_timeout * 3 / 4).await;
+                    loop {
+                        let seen = blocked_on(monitor, pid).await?;
+                        if seen.waiting_for.is_some() {
+                            return Ok::<_, StoreError>(seen);
+                        }
+                        tokio::time::sleep(opts.lock_timeout / 8).await;
+                    }
+                };
+                tokio::select! {
+                    r = &mut apply => r,
+                    seen = watch => {
+                        blocked = seen?;
+                        apply.await
+                    }
+                }
+            };
+            match res {
+                Ok(()) => return Ok(()),
+                Err(e) if is_lock_wait(&e) => {
+                    let left = opts.max_wait.saturating_sub(started.elapsed());
+                    if left < backoff {
+                        return Err(StoreError::MigrationGaveUp(Box::new(GaveUp {
+                            file,
+                            attempts: attempt,
+                            waited: started.elapsed(),
+                            blocked: Some(blocked),
+                            index: None,
+                        })));
+                    }
+                    on_wait(&Wait {
+                        file: file.clone(),
+                        attempt,
+                        blocked,
+                        retry_in: backoff,
+                    });
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        unreachable!("the attempts are unbounded; max_wait ends them")
+    }
+}
+
+/// One migration in one transaction: its SQL, refinery's history row, its kind, and (for
+/// the last) the grants with their manifest.
+async fn apply_one(
+    client: &mut tokio_postgres::Client,
+    set: &MigrationSet,
+    m: &refinery::Migration,
+    roles: &Roles,
+    last: bool,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.batch_execute(m.sql().unwrap_or("")).await?;
+    tx.execute(
+        &format!(
+            "INSERT INTO {HISTORY_TABLE} (version, name, applied_on, checksum)
+             VALUES ($1, $2,
+                     to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                     $3)"
+        ),
+        &[&m.version(), &m.name(), &m.checksum().to_string()],
+    )
+    .await?;
+    let compat: bool = tx
+        .query_one(
+            "SELECT to_regclass('qlsched.schema_compat') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if compat {
+        // Every migration of the set up to this one (V13 back-fills the earlier ones).
+        let (versions, kinds): (Vec<i32>, Vec<&str>) = set
+            .migrations
+            .iter()
+            .filter(|k| k.version() <= m.version())
+            .map(|k| (k.version(), set.kind(k.version()).as_str()))
+            .unzip();
+        tx.execute(
+            "INSERT INTO qlsched.schema_compat (version, kind, recorded_by)
+             SELECT v, k, $3 FROM unnest($1::int4[], $2::text[]) AS u(v, k)
+             ON CONFLICT (version) DO NOTHING",
+            &[&versions, &kinds, &super::BINARY_VERSION],
+        )
+        .await?;
+    }
+    if last {
+        let record: bool = tx
+            .query_one(
+                "SELECT to_regclass('qlsched.grant_manifest') IS NOT NULL",
+                &[],
+            )
+            .await?
+            .get(0);
+        tx.batch_execute(&manifest::install_sql(&set.grants, roles, record))
+            .await?;
+    }
+    tx.commit().await
+}
+
+fn is_lock_wait(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+async fn has_table(client: &tokio_postgres::Client, table: &str) -> Result<bool, StoreError> {
+    Ok(client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{SCHEMA}.{table}")],
+        )
+        .await?
+        .get(0))
+}
+
+/// What session `pid` is waiting for (a relation lock) and who holds what blocks it, from
+/// the lock table (readable by every role; the holders' queries are not shown).
+async fn blocked_on(monitor: &tokio_postgres::Client, pid: i32) -> Result<Blocked, StoreError> {
+    let waiting_for: Option<String> = monitor
+        .query_opt(
+            "SELECT format('%s on %s', w.mode, w.relation::regclass)
+               FROM pg_locks w
+              WHERE w.pid = $1 AND NOT w.granted AND w.locktype = 'relation'
+              LIMIT 1",
+            &[&pid],
+        )
+        .await?
+        .map(|r| r.get(0));
+    let holders = monitor
+        .query(
+            "SELECT DISTINCT format('%s %s by pid %s (%s)', b.relation::regclass, b.mode, b.pid,
+                                    coalesce(a.usename::text, '?'))
+               FROM pg_locks w
+               JOIN pg_locks b ON b.locktype = 'relation' AND b.granted
+                              AND b.database = w.database AND b.relation = w.relation
+               LEFT JOIN pg_stat_activity a ON a.pid = b.pid
+              WHERE w.pid = $1 AND NOT w.granted AND w.locktype = 'relation'
+                AND b.pid = ANY (pg_blocking_pids($1))
+              ORDER BY 1",
+            &[&pid],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(Blocked {
+        waiting_for,
+        holders,
+    })
+}
+
+/// Builds the declared concurrent indexes of the applied migrations: a valid one is kept,
+/// an INVALID one (an interrupted build) is dropped `CONCURRENTLY` and built again. Each
+/// build waits for older transactions (it blocks no admission or claim while it waits: its
+/// SHARE UPDATE EXCLUSIVE lock conflicts only with DDL and VACUUM), at most `budget`.
+pub async fn build_indexes(
+    client: &tokio_postgres::Client,
+    set: &MigrationSet,
+    budget: Duration,
+) -> Result<Vec<String>, StoreError> {
+    let mut built = Vec::new();
+    if set.indexes.is_empty() {
+        return Ok(built);
+    }
+    let started = Instant::now();
+    let applied: Vec<i32> = client
+        .query(&format!("SELECT version FROM {HISTORY_TABLE}"), &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for idx in set.indexes.iter().filter(|i| applied.contains(&i.version)) {
+        let valid: Option<bool> = client
+            .query_opt(
+                "SELECT i.indisvalid FROM pg_index i
+                   JOIN pg_class c ON c.oid = i.indexrelid
+                   JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+                  WHERE c.relname = $2",
+                &[&SCHEMA, &idx.name],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if valid == Some(true) {
+            continue;
+        }
+        let file = set
+            .get(idx.version)
+            .map(|m| file_name(m.version(), m.name()))
+            .unwrap_or_else(|| format!("V{}", idx.version));
+        let left = budget
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_secs(1));
+        client
+            .batch_execute(&format!("SET lock_timeout = {}", left.as_millis()))
+            .await?;
+        let mut sql = String::new();
+        if valid == Some(false) {
+            sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{};", idx.name);
+        }
+        let res = async {
+            if !sql.is_empty() {
+                client.batch_execute(&sql).await?;
+            }
+            client
+                .batch_execute(&format!(
+                    "CREATE {}INDEX CONCURRENTLY {} ON {}",
+                    if idx.unique { "UNIQUE " } else { "" },
+                    idx.name,
+                    idx.on
+                ))
+                .await
+        }
+        .await;
+        client.batch_execute("RESET lock_timeout").await?;
+        match res {
+            Ok(()) => built.push(idx.name.to_string()),
+            Err(e) if is_lock_wait(&e) => {
+                return Err(StoreError::MigrationGaveUp(Box::new(GaveUp {
+                    file,
+                    attempts: 1,
+                    waited: started.elapsed(),
+                    blocked: None,
+                    index: Some(idx.name.to_string()),
+                })))
+            }
+            Err(e) => {
+                return Err(StoreError::IndexBuild {
+                    index: format!("{SCHEMA}.{}", idx.name),
+                    file,
+                    source: e,
+                })
+            }
+        }
+    }
+    Ok(built)
+}

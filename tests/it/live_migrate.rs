@@ -1,0 +1,295 @@
+//! `db migrate` on a live database (docs/design.md, "Schema changes and rolling upgrades"):
+//! a migration behind a long reader lets go of its lock request after `lock_timeout`, so
+//! admissions keep committing; it retries with a back-off, gives up after `--max-wait` with
+//! nothing of it applied, and succeeds once the reader is gone. An interrupted concurrent
+//! index build is resumed by the next run.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use qlsched::store::migrate::{self, ConcurrentIndex, MigrateOptions, MigrationSet, Roles};
+use qlsched::store::{self, StoreError};
+
+use crate::helpers::claimed::admission;
+use crate::helpers::cli::{command, ok, refused};
+use crate::helpers::drive::{admit_once, claim_due};
+use crate::helpers::{wait_until, TestDb, PREFIX};
+
+fn roles() -> Roles {
+    Roles::with_prefix(PREFIX).unwrap()
+}
+
+/// An expand migration that needs ACCESS EXCLUSIVE on runs for a moment (a catalog change).
+fn with_runs_column() -> MigrationSet {
+    MigrationSet::embedded()
+        .with_migration(
+            "V90__runs_note.sql",
+            "-- qlsched: expand\nALTER TABLE qlsched.runs ADD COLUMN note text;",
+        )
+        .unwrap()
+}
+
+async fn has_note_column(db: &TestDb) -> bool {
+    db.count(
+        "SELECT count(*) FROM information_schema.columns
+          WHERE table_schema = 'qlsched' AND table_name = 'runs' AND column_name = 'note'",
+    )
+    .await
+        == 1
+}
+
+#[tokio::test]
+async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_then_succeeds() {
+    let db = TestDb::with_due(60).await;
+    // The long reader: a report holding ACCESS SHARE on runs.
+    let reader = db.superuser().await;
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM qlsched.runs")
+        .await
+        .unwrap();
+    let opts = MigrateOptions {
+        lock_timeout: Duration::from_millis(300),
+        max_wait: Duration::from_secs(2),
+    };
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let migrating = {
+        let (owner, set, opts, waits) = (
+            db.config("qlsched_owner"),
+            with_runs_column(),
+            opts.clone(),
+            waits.clone(),
+        );
+        tokio::spawn(async move {
+            migrate::migrate_set(&owner, &roles(), &set, &opts, &mut |w| {
+                waits.lock().unwrap().push(w.to_string())
+            })
+            .await
+        })
+    };
+    // One `db migrate` at a time: a second one is refused while the first waits.
+    wait_until(
+        "the first migrate's advisory lock",
+        Duration::from_secs(10),
+        || async {
+            db.count(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    let second = migrate::migrate_set(
+        &db.config("qlsched_owner"),
+        &roles(),
+        &with_runs_column(),
+        &opts,
+        &mut |w| panic!("unexpected wait: {w}"),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(second, StoreError::MigrateRunning(pid) if pid > 0),
+        "{second}"
+    );
+    // Admissions (the engine's claim and admission statements) while the migration waits.
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    let (mut admitted, mut slowest) = (0, Duration::ZERO);
+    let mut pace = tokio::time::interval(Duration::from_millis(30));
+    while !migrating.is_finished() {
+        pace.tick().await;
+        let started = Instant::now();
+        let rows = claim_due(&conn, "r1", 30_000, 1, uuid::Uuid::new_v4())
+            .await
+            .unwrap();
+        let Some(row) = rows.first() else { break };
+        admit_once(&conn, &admission(row)).await.unwrap();
+        slowest = slowest.max(started.elapsed());
+        admitted += 1;
+    }
+    let err = migrating.await.unwrap().unwrap_err();
+    assert!(matches!(err, StoreError::MigrationGaveUp(_)), "{err}");
+    let msg = err.to_string();
+    for needle in [
+        "gave up on migration V90__runs_note.sql after ",
+        "nothing of it was applied",
+        "(the last attempt waited for AccessExclusiveLock on qlsched.runs, held by: \
+         qlsched.runs AccessShareLock by pid",
+    ] {
+        assert!(msg.contains(needle), "`{needle}` missing: {msg}");
+    }
+    let waits = waits.lock().unwrap().clone();
+    eprintln!(
+        "{admitted} admissions while migrating, slowest {slowest:?}; waits: {waits:#?}; {msg}"
+    );
+    // At least one retry (each wait is one), then the give-up.
+    assert!(!waits.is_empty(), "{waits:?}");
+    assert!(
+        waits[0].starts_with(
+            "migration V90__runs_note.sql could not take its locks within lock_timeout (attempt 1); \
+             waited for AccessExclusiveLock on qlsched.runs, held by: qlsched.runs AccessShareLock \
+             by pid"
+        ),
+        "{waits:?}"
+    );
+    // Admissions went on: each waited at most about one lock_timeout behind the migration's
+    // queued request (without the time-out the first would wait for the reader).
+    assert!(admitted >= 3, "only {admitted} admissions while migrating");
+    assert!(
+        slowest < Duration::from_millis(1000),
+        "an admission took {slowest:?}"
+    );
+    assert!(!has_note_column(&db).await);
+    // The reader goes: the next run applies it.
+    reader.batch_execute("COMMIT").await.unwrap();
+    let applied = migrate::migrate_set(
+        &db.config("qlsched_owner"),
+        &roles(),
+        &with_runs_column(),
+        &opts,
+        &mut |w| panic!("unexpected wait: {w}"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(applied, vec!["V90__runs_note"]);
+    assert!(has_note_column(&db).await);
+    db.assert_invariants().await;
+}
+
+/// The real binary behind a reader: each wait on stderr, then exit 1 with V13 not applied;
+/// after the reader, V13 applies and `db check` passes.
+#[tokio::test]
+async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    // The database as the previous release left it: V13 not applied.
+    su.batch_execute(&format!(
+        "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest;
+         ALTER TABLE qlsched.replicas DROP COLUMN binary_version, DROP COLUMN newest_migration;
+         DELETE FROM {} WHERE version = 13",
+        migrate::HISTORY_TABLE
+    ))
+    .await
+    .unwrap();
+    let reader = db.superuser().await;
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM qlsched.replicas")
+        .await
+        .unwrap();
+    let owner = db.dsn("qlsched_owner");
+    let args = [
+        "db",
+        "migrate",
+        "--dsn",
+        &owner,
+        "--lock-timeout",
+        "300ms",
+        "--max-wait",
+        "1s",
+    ];
+    let err = refused(
+        command(&db, &args).output().unwrap(),
+        1,
+        &[
+            "qlsched: waiting: migration V13__schema_compat_and_replica_versions.sql could not take \
+             its locks within lock_timeout (attempt 1); waited for AccessExclusiveLock on \
+             qlsched.replicas, held by: qlsched.replicas AccessShareLock by pid",
+            "retrying in 0.3 s",
+            "qlsched: gave up on migration V13__schema_compat_and_replica_versions.sql after ",
+            "nothing of it was applied",
+        ],
+    );
+    assert!(!err.contains("attempt 9"), "{err}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM pg_class WHERE relname = 'schema_compat'")
+            .await,
+        0
+    );
+    reader.batch_execute("COMMIT").await.unwrap();
+    let out = ok(command(&db, &args).output().unwrap());
+    assert_eq!(
+        out,
+        "applied V13__schema_compat_and_replica_versions; grants installed\n"
+    );
+    let ready = ok(
+        command(&db, &["db", "check", "--dsn", &db.dsn("qlsched_runtime")])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        ready.starts_with(
+            "database ready: migrations (the database at V13, serving binaries that know V11 \
+             or later; this binary knows up to V13)"
+        ),
+        "{ready}"
+    );
+}
+
+#[tokio::test]
+async fn an_interrupted_concurrent_index_build_is_resumed_by_the_next_migrate() {
+    let db = TestDb::new().await;
+    let owner = db.client("qlsched_owner").await;
+    // A unique index over duplicate rows: the build fails after creating the index, which
+    // is left INVALID, as a cancelled or crashed build leaves it.
+    owner
+        .batch_execute(
+            "CREATE TABLE qlsched.scratch (x int); INSERT INTO qlsched.scratch VALUES (1), (1)",
+        )
+        .await
+        .unwrap();
+    let mut set = MigrationSet::embedded();
+    set.indexes.push(ConcurrentIndex {
+        version: migrate::newest_known(),
+        name: "scratch_x_key",
+        unique: true,
+        on: "qlsched.scratch (x)",
+    });
+    let (cfg, roles, opts) = (
+        db.config("qlsched_owner"),
+        roles(),
+        MigrateOptions::default(),
+    );
+    let run = || async {
+        migrate::migrate_set(&cfg, &roles, &set, &opts, &mut |w| {
+            panic!("unexpected wait: {w}")
+        })
+        .await
+    };
+    let index = || async {
+        owner
+            .query_opt(
+                "SELECT i.indexrelid::oid, i.indisvalid FROM pg_index i
+                  WHERE i.indexrelid = to_regclass('qlsched.scratch_x_key')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|r| (r.get::<_, u32>(0), r.get::<_, bool>(1)))
+    };
+    let err = run().await.unwrap_err().to_string();
+    assert!(
+        err.starts_with("building index qlsched.scratch_x_key CONCURRENTLY (migration V")
+            && err.contains("left INVALID"),
+        "{err}"
+    );
+    let (invalid, valid) = index().await.expect("the interrupted build left its index");
+    assert!(!valid);
+    owner
+        .batch_execute(
+            "UPDATE qlsched.scratch SET x = 2 WHERE ctid = (SELECT min(ctid) FROM qlsched.scratch)",
+        )
+        .await
+        .unwrap();
+    run().await.unwrap();
+    let (rebuilt, valid) = index().await.unwrap();
+    assert!(valid);
+    assert_ne!(
+        rebuilt, invalid,
+        "the INVALID index was dropped and built again"
+    );
+    // A valid one is kept as it is.
+    run().await.unwrap();
+    assert_eq!(index().await, Some((rebuilt, true)));
+}
