@@ -20,7 +20,12 @@
 # and keeps the run in bench/results/<date>-<commit>-<mode>.md (and, for --quick/--full, as the
 # latest table in docs/benchmark.md).
 #
-# usage: scripts/bench.sh [--quick|--full|--smoke|--wal|--tls]
+#   R retention  (--retention only) 1,000 every-second triggers, 3 replicas, the reference
+#               dispatcher, retention 2 minutes: size over 10 minutes, duplicates, lost and
+#               unfinished pruned runs, lag p99 with pruning vs without (alternating phases),
+#               prune throughput while admitting, WAL and server CPU per pruned run
+#               (bench/retention_rows.sh)
+# usage: scripts/bench.sh [--quick|--full|--smoke|--wal|--tls|--retention|--retention-quick]
 #   --quick  (default) 10k drain, 70 + 30 s lag, 1k/100k claim scales, 3 herd boundaries; about 6 min
 #   --full   10k and 100k drains, 190 + 60 s lag, 1k/100k/1M claim scales, medians of 3, 6 herd
 #            boundaries; about 17 min after the build
@@ -31,12 +36,17 @@
 #   --tls    only the TLS cost row: drain 10k due with 3 replicas, plain (sslmode=disable) and
 #            TLS (sslmode=verify-full, certificates made with openssl) alternately, twice each,
 #            on one server with ssl = on; about 2 min after the build
+#   --retention        only the retention rows (R): a 10-minute main phase, then four 60 s
+#                      phases off/on/off/on; about 16 min after the builds
+#   --retention-quick  the same with a 4-minute main phase and 40 s phases; about 8 min
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
 #   QLSCHED_BENCH_LEASE    lease of the drain replicas (default 30s)
 #   QLSCHED_BENCH_PORT     first PostgreSQL port to try (default 55441)
 #   QLSCHED_BENCH_BIN      use this qlsched binary instead of building target/release/qlsched
 #   QLSCHED_BENCH_KEEP=1   keep the work directory (server log, replica logs, pgbench output)
+#   QLSCHED_BENCH_DISPATCHER  use this reference dispatcher binary (--retention) instead of building it
+#   QLSCHED_BENCH_PRUNE_BATCH [retention] batch of the --retention replicas (default 1000, the default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -50,6 +60,8 @@ case "${1:-}" in
   --smoke) MODE=smoke ;;
   --tls) MODE=tls ;;
   --wal) MODE=wal ;;
+  --retention) MODE=retention ;;
+  --retention-quick) MODE=retention-quick ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -62,7 +74,7 @@ case $MODE in
   quick) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
          CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=3;  SECOND_N=200; SECOND_S=30 ;;
-  tls|wal) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
+  tls|wal|retention|retention-quick) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
          CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=3;  SECOND_N=200; SECOND_S=30 ;;
   full)  CEIL_T=20; CEIL_ROWS=150000; DRAIN_NS="10000 100000"; STEADY_N=10000; STEADY_S=190; STEADY_WARM=5
@@ -244,6 +256,7 @@ claim_budget = $budget
 lease = "$lease"
 [http]
 bind = "127.0.0.1:$port"
+${REPLICA_EXTRA:-}
 TOML
     "$QL" run --config "$WORK/r$i.toml" >>"$WORK/r$i.log" 2>&1 &
     RPIDS+=($!); RPORTS+=("$port")
@@ -303,7 +316,7 @@ bench/claim_sql.sh "'pgbench-' || :client_id" 30000 1 core >"$WORK/claim1.sql"
 declare -A CEIL_TPS=()
 # median_index V1 V2 ...: index (0-based) of the median value
 median_index() { local i=0 v; for v in "$@"; do echo "$v $i"; i=$((i + 1)); done | sort -g | awk -v m=$(( ($# + 1) / 2 )) 'NR == m {print $2}'; }
-if [ "$MODE" != tls ] && [ "$MODE" != wal ]; then   # (--tls and --wal run only their own rows, after drain_once)
+if [ "$MODE" != tls ] && [ "$MODE" != wal ] && [ "${MODE#retention}" = "$MODE" ]; then   # (--tls, --wal and --retention run only their own rows, after drain_once)
 for c in $REPLICA_COUNTS; do
   tpss=(); rowtxt=(); notetxt=()
   for rep in $(seq 1 "$REPS"); do
@@ -434,6 +447,9 @@ finish_own_rows() {
   echo "results kept in $RESULT"
   exit 0
 }
+# ==== R. retention (--retention, --retention-quick only) ===========================================
+if [ "${MODE#retention}" != "$MODE" ]; then . bench/retention_rows.sh; fi
+
 # ==== T. TLS cost (--tls only) =======================================================================
 # Plain and TLS drains alternate on the same server so that machine load hits both alike.
 if [ "$MODE" = tls ]; then
