@@ -14,7 +14,11 @@ use crate::db_now_ms;
 /// anything else is an operator's. `FOR UPDATE SKIP LOCKED`: concurrent dispatchers take
 /// disjoint runs; a run another transaction holds (a dispatcher's take, a `runs cancel`) is
 /// skipped, and one that was taken and committed meanwhile fails the re-check of `status`.
-/// Order: `runs_unfinished_idx` (status, run_id). Returns run id, attempt id, trigger id,
+/// Order: `runs_unfinished_idx` (status, run_id), read in that order and stopped at the
+/// limit: the attempt test is one scalar subquery per run, which PostgreSQL cannot turn into
+/// a join over every queued run's attempt (with a backlog, that scan and sort made each take
+/// slower the further behind a dispatcher was); the updates reach their rows by key arrays,
+/// so even a generic plan (which cannot know the limit) never hashes a whole table. Returns run id, attempt id, trigger id,
 /// scheduled instant (Unix ms), idempotency key and the execution revision's spec.
 pub const TAKE_SQL: &str = concat!(
     "WITH obs AS MATERIALIZED (SELECT ",
@@ -22,22 +26,24 @@ pub const TAKE_SQL: &str = concat!(
     " AS now_ms), picked AS (
     SELECT r.run_id FROM qlsched.runs r
      WHERE r.status = 'queued' AND NOT r.cancelled
-       AND (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) = 1
-       AND EXISTS (SELECT 1 FROM qlsched.attempts a
-                    WHERE a.run_id = r.run_id AND a.attempt_no = 1 AND a.state = 'claimed'
-                      AND num_nonnulls(a.worker_id, a.session_id, a.lease_id, a.lease_expires_at_ms,
-                                       a.offer_id, a.callback_token, a.started_at_ms,
-                                       a.finished_at_ms, a.result, a.error) = 0)
+       AND (SELECT count(*) = 1
+                   AND bool_and(a.attempt_no = 1 AND a.state = 'claimed'
+                                AND num_nonnulls(a.worker_id, a.session_id, a.lease_id,
+                                                 a.lease_expires_at_ms, a.offer_id,
+                                                 a.callback_token, a.started_at_ms,
+                                                 a.finished_at_ms, a.result, a.error) = 0)
+              FROM qlsched.attempts a WHERE a.run_id = r.run_id)
      ORDER BY r.status, r.run_id
      LIMIT $1
      FOR UPDATE OF r SKIP LOCKED
 ), run AS (
     UPDATE qlsched.runs r SET status = 'dispatching'
-      FROM picked WHERE r.run_id = picked.run_id AND r.status = 'queued'
+     WHERE r.run_id = ANY (ARRAY(SELECT run_id FROM picked)) AND r.status = 'queued'
     RETURNING r.run_id, r.trigger_id, r.scheduled_for_ms, r.idempotency_key, r.execution_revision_id
 ), att AS (
     UPDATE qlsched.attempts a SET state = 'dispatching'
-      FROM run WHERE a.run_id = run.run_id AND a.attempt_no = 1 AND a.state = 'claimed'
+     WHERE a.run_id = ANY (ARRAY(SELECT run_id FROM run)) AND a.attempt_no = 1
+       AND a.state = 'claimed'
     RETURNING a.run_id, a.attempt_id
 ), ev AS (
     INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)

@@ -348,3 +348,68 @@ async fn an_install_from_before_the_dispatcher_gets_its_role_from_a_second_boots
         Vec::<String>::new()
     );
 }
+
+/// The take reads queued runs through `runs_unfinished_idx` in run-id order and stops at
+/// its limit: with 50,000 pristine queued runs (a dispatcher that fell behind), taking 16
+/// touches a few hundred buffers, not every queued run's attempt (a scan and sort of the
+/// whole backlog made each take slower the further behind the dispatcher was).
+#[tokio::test]
+async fn a_take_behind_a_large_backlog_reads_only_the_runs_it_takes() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "WITH run AS (
+           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                     task_revision, execution_revision_id, idempotency_key,
+                                     scheduled_for_ms, queued_at_ms, admitted_by)
+           SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
+                  'ql3:cron:v1:t:1:' || g, g, g, 'test'
+             FROM generate_series(1, 50000) g
+           RETURNING run_id, queued_at_ms)
+         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+         SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run;
+         ANALYZE qlsched.runs; ANALYZE qlsched.attempts;",
+    )
+    .await
+    .unwrap();
+    let d = db.client("qlsched_dispatcher").await;
+    // Warm the plan cache as a long-running dispatcher does (a generic plan after five).
+    for _ in 0..6 {
+        d.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(take(&d, 16).await.len(), 16);
+        d.batch_execute("ROLLBACK").await.unwrap();
+    }
+    su.batch_execute(&format!(
+        "PREPARE take(bigint) AS {TAKE_SQL}; SET plan_cache_mode = force_generic_plan; BEGIN"
+    ))
+    .await
+    .unwrap();
+    let plan: Vec<String> = su
+        .query(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE take(16)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    su.batch_execute("ROLLBACK").await.unwrap();
+    let plan = plan.join("\n");
+    for table in ["runs", "attempts"] {
+        assert!(!plan.contains(&format!("Seq Scan on {table}")), "{plan}");
+    }
+    // Every "Buffers:" figure of the plan's top node (the statement's total).
+    let top = plan
+        .lines()
+        .find(|l| l.trim_start().starts_with("Buffers:"))
+        .unwrap_or_else(|| panic!("{plan}"));
+    let buffers: u64 = top
+        .split_whitespace()
+        .filter_map(|w| w.split_once('=').and_then(|(_, n)| n.parse::<u64>().ok()))
+        .sum();
+    assert!(
+        buffers < 2_000,
+        "taking 16 of 50,000 queued runs touched {buffers} buffers:\n{plan}"
+    );
+}
