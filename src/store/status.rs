@@ -90,7 +90,7 @@ impl ByKind {
 /// the age of the oldest, read from the claim index's head: cheap whatever the table size
 /// while the backlog is small.
 pub async fn due_backlog(
-    client: &tokio_postgres::Client,
+    client: &impl tokio_postgres::GenericClient,
 ) -> Result<(i64, Option<i64>), StoreError> {
     let r = client
         .query_one(
@@ -114,7 +114,10 @@ pub async fn due_backlog(
     Ok((r.get(0), r.get(1)))
 }
 
-pub async fn read(client: &tokio_postgres::Client, last: i64) -> Result<Status, StoreError> {
+pub async fn read(
+    client: &impl tokio_postgres::GenericClient,
+    last: i64,
+) -> Result<Status, StoreError> {
     let now_sql = crate::db_now_ms!();
     let replicas = client
         .query(
@@ -297,40 +300,6 @@ fn span(ms: i64) -> String {
     }
     parts.retain(|p| !p.starts_with('0'));
     parts.join(" ")
-}
-
-pub async fn list_runs(
-    client: &tokio_postgres::Client,
-    trigger: Option<&str>,
-    limit: i64,
-) -> Result<Vec<String>, StoreError> {
-    let rows = client
-        .query(
-            "SELECT r.idempotency_key, r.status, r.scheduled_for_ms, r.queued_at_ms, r.admitted_by
-               FROM qlsched.runs r
-              WHERE $1::text IS NULL OR r.trigger_id = $1
-              ORDER BY r.queued_at_ms DESC NULLS LAST LIMIT $2",
-            &[&trigger, &limit],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let sf: i64 = r.get(2);
-            let q: Option<i64> = r.get(3);
-            let when = chrono::DateTime::from_timestamp_millis(sf)
-                .map(|d| d.to_rfc3339())
-                .unwrap_or_default();
-            format!(
-                "{}  {}  scheduled {}  lag {} ms  by {}",
-                r.get::<_, String>(0),
-                r.get::<_, String>(1),
-                when,
-                q.map(|q| q - sf).unwrap_or(-1),
-                r.get::<_, String>(4)
-            )
-        })
-        .collect())
 }
 
 #[cfg(test)]

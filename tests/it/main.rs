@@ -4,6 +4,7 @@ mod helpers;
 
 mod config_validation;
 mod connect;
+mod console;
 mod contrib;
 mod coordinator;
 mod counting;

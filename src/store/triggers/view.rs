@@ -137,9 +137,33 @@ fn view(r: &tokio_postgres::Row) -> TriggerView {
     }
 }
 
+/// [`LIST_SQL`] narrowed to ids starting with `$5` (the console's search): a filter on the
+/// same walk of the primary key, which stops at the page size once enough ids matched.
+static PREFIX_LIST_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    LIST_SQL.replace(
+        "\n ORDER BY t.trigger_id",
+        "\n   AND ($5::text IS NULL OR starts_with(t.trigger_id, $5))\n ORDER BY t.trigger_id",
+    )
+});
+
+/// Like [`list`], only ids starting with `prefix` (when given).
+pub async fn list_with_prefix(
+    client: &impl tokio_postgres::GenericClient,
+    q: &ListQuery<'_>,
+    prefix: Option<&str>,
+) -> Result<Vec<TriggerView>, StoreError> {
+    let rows = client
+        .query(
+            PREFIX_LIST_SQL.as_str(),
+            &[&q.project, &q.state.as_str(), &q.after, &q.limit, &prefix],
+        )
+        .await?;
+    Ok(rows.iter().map(view).collect())
+}
+
 /// One page of live (not deleted) triggers in id order. Read-only, one statement.
 pub async fn list(
-    client: &tokio_postgres::Client,
+    client: &impl tokio_postgres::GenericClient,
     q: &ListQuery<'_>,
 ) -> Result<Vec<TriggerView>, StoreError> {
     let rows = client
@@ -153,7 +177,10 @@ pub async fn list(
 
 /// One trigger, deleted ones included (`trigger show` says so). `UnknownTrigger` if the id
 /// was never published.
-pub async fn show(client: &tokio_postgres::Client, id: &str) -> Result<TriggerView, ManageError> {
+pub async fn show(
+    client: &impl tokio_postgres::GenericClient,
+    id: &str,
+) -> Result<TriggerView, ManageError> {
     let sql = format!(
         "WITH n AS MATERIALIZED (SELECT {} AS now_ms)
          SELECT {VIEW_COLUMNS}
