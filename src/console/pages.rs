@@ -344,7 +344,7 @@ fn runs_table(runs: &[views::RunItem], with_trigger: bool) -> Markup {
                 tbody {
                     @for r in runs {
                         tr {
-                            td { code title=(r.idempotency_key) { (r.run_id.get(..8).unwrap_or(&r.run_id)) } }
+                            td { code.id title=(r.idempotency_key) { (r.run_id) } }
                             @if with_trigger { td { (trigger_link(&r.trigger_id)) } }
                             td { (r.kind) }
                             td { (r.status) }

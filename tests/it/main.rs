@@ -5,6 +5,7 @@ mod helpers;
 mod config_validation;
 mod connect;
 mod console;
+mod console_browser;
 mod contrib;
 mod coordinator;
 mod counting;
