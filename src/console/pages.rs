@@ -79,7 +79,9 @@ fn age(ms: Option<i64>) -> String {
 pub fn overview(o: &Overview) -> String {
     let s = &o.status;
     let h = &o.admissions;
-    let x = (h.window_start_ms as f64, h.now_ms as f64);
+    // The hour up to the end of the current minute, so the last bar fits.
+    let end = (h.now_ms / 60_000 + 1) * 60_000;
+    let x = ((end - 3_600_000) as f64, end as f64);
     let labels = ("−60 min", "now");
     let admitted: Vec<(f64, f64)> = h
         .minutes
@@ -155,7 +157,7 @@ pub fn overview(o: &Overview) -> String {
                 thead { tr { th { "Cause" } th.num { "Count" } th { "Metric" } th { "Meaning" } } }
                 tbody {
                     @for r in &o.refusals {
-                        tr { td { (r.cause) } td.num { (r.count) } td { code { (r.metric) } } td { (r.meaning) } }
+                        tr { td { (r.cause) } td.num { (r.count) } td { code { (r.metric) } } td.wrap { (r.meaning) } }
                     }
                 }
             }
@@ -248,7 +250,7 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (v.task_id) }
             td { code { (v.cron_expr) } }
             td { (v.timezone) }
-            td { (views::state_text(v)) }
+            td.wrap { (views::state_text(v)) }
             td { (t.next_fire_utc.as_deref().unwrap_or("-")) }
             td { (t.next_fire_local.as_deref().unwrap_or("-")) }
             td { (render::utc(v.last_scheduled_at_ms)) }
