@@ -46,6 +46,10 @@ const CSS: &str = include_str!("static/console.css");
 const JS: &str = include_str!("static/console.js");
 const ICON: &str = include_str!("static/icon.svg");
 
+/// The overview's per-kind lag covers each kind's last 1000 runs among this many newest
+/// admissions (`qlsched status` reads without the bound).
+pub const STATUS_SCAN: i64 = 20_000;
+
 /// What the console's handlers share.
 #[derive(Clone)]
 pub struct Console {
@@ -325,7 +329,7 @@ fn refusals(m: &Metrics) -> Vec<Refusal> {
 async fn overview(console: web::Data<Console>, format: Format) -> HttpResponse {
     let c = console.get_ref();
     let r = read!(c, tx => Overview {
-        status: crate::store::status::read(&tx, 1000).await?,
+        status: crate::store::status::read_bounded(&tx, 1000, Some(STATUS_SCAN)).await?,
         admissions: views::admission_history(&tx, "cron").await?,
         served_by: ServedBy {
             replica_id: c.replica_id.clone(),

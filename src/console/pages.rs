@@ -142,6 +142,7 @@ pub fn overview(o: &Overview) -> String {
                 figcaption { "Lag (queued − scheduled) p50 / p99 per minute" }
             }
             table {
+                caption { "Per kind: admissions in the last minute; lag over the kind's last 1000 runs among the newest " (super::STATUS_SCAN) " admissions" }
                 thead { tr { th { "Kind" } th.num { "Admitted last minute" } th.num { "Lag p50" } th.num { "Lag p99" } th.num { "Over runs" } } }
                 tbody {
                     @for (kind, k) in [("cron", &s.by_kind.cron), ("manual", &s.by_kind.manual), ("backfill", &s.by_kind.backfill)] {

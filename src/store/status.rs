@@ -118,6 +118,16 @@ pub async fn read(
     client: &impl tokio_postgres::GenericClient,
     last: i64,
 ) -> Result<Status, StoreError> {
+    read_bounded(client, last, None).await
+}
+
+/// [`read`], with each kind's lag taken over its last `last` runs among the newest `scan`
+/// admissions only (the console: a rare kind would otherwise walk the whole index).
+pub async fn read_bounded(
+    client: &impl tokio_postgres::GenericClient,
+    last: i64,
+    scan: Option<i64>,
+) -> Result<Status, StoreError> {
     let now_sql = crate::db_now_ms!();
     let replicas = client
         .query(
@@ -167,11 +177,13 @@ pub async fn read(
                                percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
                                count(*) AS sample
                           FROM (SELECT r.queued_at_ms - r.scheduled_for_ms AS lag
-                                  FROM qlsched.runs r
-                                 WHERE r.queued_at_ms IS NOT NULL AND ({RUN_KIND_SQL}) = k.kind
+                                  FROM (SELECT * FROM qlsched.runs r
+                                         WHERE r.queued_at_ms IS NOT NULL
+                                         ORDER BY r.queued_at_ms DESC LIMIT $3) r
+                                 WHERE ({RUN_KIND_SQL}) = k.kind
                                  ORDER BY r.queued_at_ms DESC LIMIT $1) s) l"
             ),
-            &[&last, &RUN_KINDS.to_vec()],
+            &[&last, &RUN_KINDS.to_vec(), &scan],
         )
         .await?;
     for r in rows {

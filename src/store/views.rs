@@ -281,9 +281,10 @@ pub fn parse_run_cursor(s: &str) -> Option<(i64, uuid::Uuid)> {
     Some((q.parse().ok()?, uuid::Uuid::parse_str(id).ok()?))
 }
 
-/// One page of runs, newest admission first: `runs_queued_at_idx` read backwards (or a
-/// trigger's runs through `runs_trigger_idx`), stopping after `limit` rows that pass the
-/// filters. Runs without `queued_at_ms` come last on the first page and are not paged.
+/// One page of runs, newest admission first: `runs_queued_at_idx` read backwards from the
+/// cursor (the order is the index's, `DESC` = `DESC NULLS FIRST`, so no sort of the table),
+/// or a trigger's runs through `runs_trigger_idx`, stopping after `limit` rows that pass
+/// the filters. Every admission sets `queued_at_ms`; a row without one is not listed.
 pub async fn run_page(
     client: &impl tokio_postgres::GenericClient,
     f: &RunFilter<'_>,
@@ -297,11 +298,13 @@ pub async fn run_page(
                 r.scheduled_for_ms, r.queued_at_ms, r.queued_at_ms - r.scheduled_for_ms, r.admitted_by,
                 r.run_id
            FROM qlsched.runs r
-          WHERE ($1::text IS NULL OR r.trigger_id = $1)
+          WHERE r.queued_at_ms IS NOT NULL
+            AND ($1::text IS NULL OR r.trigger_id = $1)
             AND ($2::text IS NULL OR ({RUN_KIND_SQL}) = $2)
             AND ($3::text IS NULL OR r.status = $3)
-            AND ($4::bigint IS NULL OR r.queued_at_ms < $4 OR (r.queued_at_ms = $4 AND r.run_id < $5))
-          ORDER BY r.queued_at_ms DESC NULLS LAST, r.run_id DESC LIMIT $6"
+            AND r.queued_at_ms <= coalesce($4::bigint, 9223372036854775807)
+            AND ($4::bigint IS NULL OR r.queued_at_ms < $4 OR r.run_id < $5)
+          ORDER BY r.queued_at_ms DESC, r.run_id DESC LIMIT $6"
     );
     let rows = client
         .query(&sql, &[&f.trigger, &f.kind, &f.status, &bq, &bid, &f.limit])
