@@ -375,7 +375,7 @@ async fn triggers(
             after: given(&q.after),
             limit: page_limit(q.limit)?,
         };
-        let page = read!(console, tx => views::trigger_page(&tx, &f).await?)?;
+        let page = read!(console, tx => views::trigger_page(&tx, &f, true).await?)?;
         Ok((pages::triggers(&q, f.limit, &page), to_json(&page)?))
     }
     .await;

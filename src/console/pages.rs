@@ -230,6 +230,9 @@ pub fn triggers(q: &TriggersQuery, limit: i64, page: &TriggerPage) -> String {
                 }
             }
         }
+        @if page.next_after.is_some() && (page.triggers.len() as i64) < limit {
+            p.note { "A filtered page searches " (views::WALK_CAP) " triggers at a time; more may match further on." }
+        }
         nav.paging aria-label="Pages" {
             @if q.after.as_deref().is_some_and(|a| !a.is_empty()) {
                 a href=(format!("/triggers{}", qs(&[("q", q.q.as_deref()), ("project", q.project.as_deref()), ("state", Some(state)), ("limit", Some(&limit_s))]))) { "First page" }

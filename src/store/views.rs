@@ -111,10 +111,19 @@ pub struct TriggerFilter<'a> {
     pub limit: i64,
 }
 
-/// One page of live triggers in id order (keyset on the id).
+/// How many ids a filtered page walks at most ([`trigger_page`] with `walk`).
+pub const WALK_CAP: i64 = 10_000;
+
+/// One page of live triggers in id order (keyset on the id). Without `walk` (the CLI) the
+/// page walks the index until `limit` rows matched. With `walk` (the console and the API)
+/// an id-prefix or state filter searches a stretch of at most [`WALK_CAP`] ids from the
+/// cursor: a page may then hold fewer rows than `limit` while `next_after` (the last id
+/// looked at) continues the walk, so a filter that matches few triggers never reads the
+/// whole table in one request.
 pub async fn trigger_page(
     client: &impl tokio_postgres::GenericClient,
     f: &TriggerFilter<'_>,
+    walk: bool,
 ) -> Result<TriggerPage, StoreError> {
     let q = ListQuery {
         project: f.project,
@@ -122,6 +131,22 @@ pub async fn trigger_page(
         after: f.after,
         limit: f.limit,
     };
+    let filtered = f.prefix.is_some() || f.state != StateFilter::All;
+    if walk && filtered {
+        let ids = triggers::walk_ids(client, f.project, f.after, f.prefix, WALK_CAP).await?;
+        let page = triggers::list_among(client, &q, &ids, f.prefix).await?;
+        let next_after = if page.len() as i64 == f.limit && f.limit > 0 {
+            Some(page[page.len() - 1].trigger_id.clone())
+        } else if ids.len() as i64 == WALK_CAP {
+            ids.last().cloned()
+        } else {
+            None
+        };
+        return Ok(TriggerPage {
+            triggers: page.into_iter().map(TriggerItem::new).collect(),
+            next_after,
+        });
+    }
     let page = triggers::list_with_prefix(client, &q, f.prefix).await?;
     let next_after = (page.len() as i64 == f.limit && f.limit > 0)
         .then(|| page[page.len() - 1].trigger_id.clone());

@@ -383,3 +383,61 @@ async fn off_loopback_the_console_is_off_without_a_token_and_needs_it_with_one()
     assert_eq!(status, 200);
     basic.terminate(Duration::from_secs(20)).await;
 }
+
+/// A filter that matches few triggers searches a bounded stretch of ids per page (10,000),
+/// and `next_after` continues the walk: no request reads the whole table.
+#[tokio::test]
+async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it() {
+    let db = TestDb::new().await;
+    db.seed_bulk(10_050, "0 0 1 1 *", 86_400_000).await;
+    let client = db.client("qlsched_runtime").await;
+    let f = |after: Option<&'static str>| qlsched::store::views::TriggerFilter {
+        project: None,
+        state: qlsched::store::triggers::StateFilter::Disabled,
+        prefix: None,
+        after,
+        limit: 5,
+    };
+    // No trigger is disabled: the first page looked at 10,000 ids and says where it stopped.
+    let p1 = qlsched::store::views::trigger_page(&client, &f(None), true)
+        .await
+        .unwrap();
+    assert!(p1.triggers.is_empty());
+    assert_eq!(p1.next_after.as_deref(), Some("trg-09999"));
+    // The rest (50 ids) ends the walk.
+    let p2 = qlsched::store::views::trigger_page(&client, &f(Some("trg-09999")), true)
+        .await
+        .unwrap();
+    assert!(p2.triggers.is_empty());
+    assert_eq!(p2.next_after, None);
+    // The CLI's walk is not bounded: it reads on until the page is full (here: to the end).
+    let cli = qlsched::store::views::trigger_page(&client, &f(None), false)
+        .await
+        .unwrap();
+    assert!(cli.triggers.is_empty() && cli.next_after.is_none());
+    // A prefix is searched from the prefix on.
+    let g = qlsched::store::views::TriggerFilter {
+        state: qlsched::store::triggers::StateFilter::All,
+        prefix: Some("trg-1004"),
+        ..f(None)
+    };
+    let p = qlsched::store::views::trigger_page(&client, &g, true)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = p
+        .triggers
+        .iter()
+        .map(|t| t.view.trigger_id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "trg-10040",
+            "trg-10041",
+            "trg-10042",
+            "trg-10043",
+            "trg-10044"
+        ]
+    );
+    assert_eq!(p.next_after.as_deref(), Some("trg-10044"));
+}

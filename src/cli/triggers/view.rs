@@ -27,7 +27,7 @@ pub async fn list(
         after,
         limit,
     };
-    let page = views::trigger_page(&client, &f).await?;
+    let page = views::trigger_page(&client, &f, false).await?;
     if json {
         println!(
             "{}",

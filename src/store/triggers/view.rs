@@ -146,6 +146,53 @@ static PREFIX_LIST_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
     )
 });
 
+/// [`PREFIX_LIST_SQL`] over the ids `$3` (an array) instead of after an id.
+static AMONG_LIST_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    PREFIX_LIST_SQL.replace(
+        "AND t.trigger_id > coalesce($3::text, '')",
+        "AND t.trigger_id = ANY ($3::text[])",
+    )
+});
+
+/// At most `cap` trigger ids after `after` in id order, from `prefix` on (a string that
+/// starts with a prefix never sorts before it), in `project` when given: the stretch a
+/// filtered page searches, so a filter that matches few rows reads a bounded walk of the
+/// primary key (or of `triggers_project_page_idx`), never the whole table.
+pub async fn walk_ids(
+    client: &impl tokio_postgres::GenericClient,
+    project: Option<&str>,
+    after: Option<&str>,
+    prefix: Option<&str>,
+    cap: i64,
+) -> Result<Vec<String>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT t.trigger_id FROM qlsched.triggers t
+              WHERE ($1::text IS NULL OR t.project_id = $1)
+                AND t.trigger_id > coalesce($2::text, '') AND t.trigger_id >= coalesce($3::text, '')
+              ORDER BY t.trigger_id LIMIT $4",
+            &[&project, &after, &prefix, &cap],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// [`list_with_prefix`] among `ids` (a stretch from [`walk_ids`]).
+pub async fn list_among(
+    client: &impl tokio_postgres::GenericClient,
+    q: &ListQuery<'_>,
+    ids: &[String],
+    prefix: Option<&str>,
+) -> Result<Vec<TriggerView>, StoreError> {
+    let rows = client
+        .query(
+            AMONG_LIST_SQL.as_str(),
+            &[&q.project, &q.state.as_str(), &ids, &q.limit, &prefix],
+        )
+        .await?;
+    Ok(rows.iter().map(view).collect())
+}
+
 /// Like [`list`], only ids starting with `prefix` (when given).
 pub async fn list_with_prefix(
     client: &impl tokio_postgres::GenericClient,
