@@ -15,6 +15,13 @@ cd "$(dirname "$0")/.."
 pg_ensure_installed
 ensure_faketime
 ensure_pgbouncer
+# The web console's browser tests drive headless Chromium through chromedriver (Debian
+# packages chromium and chromium-driver; tests/it/console_browser.rs fails without them).
+ensure_chromium() {
+  [ -x /usr/bin/chromium ] || apt_install chromium "Chromium (/usr/bin/chromium, the console's browser tests need it) is"
+  [ -x /usr/bin/chromedriver ] || apt_install chromium-driver "chromedriver (/usr/bin/chromedriver, the console's browser tests need it) is"
+}
+ensure_chromium
 system_bindir="$(pg_find_bindir)"
 export QLSCHED_PG_BINDIR="$system_bindir"
 log=$(mktemp)

@@ -5,6 +5,8 @@
 //!   while the database answers; 503 from the first moment of a stop, while the supervisor is
 //!   gone, and while claim rounds have failed for longer than one lease.
 //! - `GET /metrics`: Prometheus text.
+//! - The read-only web console and `/api/v1/…` when `[http] console` turns it on
+//!   (src/console, docs/console.md).
 
 use std::net::SocketAddr;
 
@@ -17,6 +19,8 @@ use crate::metrics::Metrics;
 pub struct State {
     pub health: Health,
     pub metrics: Metrics,
+    /// `None`: the console is off (its paths answer 404).
+    pub console: Option<crate::console::Console>,
 }
 
 async fn healthz() -> HttpResponse {
@@ -44,11 +48,17 @@ async fn metrics(state: web::Data<State>) -> HttpResponse {
 /// Binds and starts the server on the current actix system; returns its handle.
 pub fn serve(bind: SocketAddr, state: State) -> std::io::Result<actix_web::dev::ServerHandle> {
     let server = HttpServer::new(move || {
+        let console = state.console.clone();
         App::new()
             .app_data(web::Data::new(state.clone()))
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz))
             .route("/metrics", web::get().to(metrics))
+            .configure(move |cfg| {
+                if let Some(c) = console {
+                    crate::console::configure(cfg, c);
+                }
+            })
     })
     .workers(1)
     .disable_signals()

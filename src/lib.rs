@@ -8,6 +8,7 @@ pub mod actors;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod engine;
 pub mod health;
 pub mod http;

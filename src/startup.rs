@@ -216,6 +216,8 @@ pub struct Replica {
     health: Health,
     watchdog: Option<Heartbeat>,
     running: Option<Running>,
+    /// Where the console's pool connects (the pool's target, keepalives included).
+    console_target: store::Target,
 }
 
 struct Running {
@@ -285,6 +287,7 @@ impl Replica {
             health: Health::default(),
             watchdog,
             running: None,
+            console_target: pg,
         }))
     }
 
@@ -300,9 +303,22 @@ impl Replica {
         .start();
         let http = match self.cfg.http.bind {
             Some(addr) => {
+                // The console reads through its own small pool (never the claim or admission
+                // connections), built with the same target as the replica's pool.
+                let console = self.cfg.http.console.clone().map(|c| {
+                    crate::console::Console::new(
+                        self.console_target.clone(),
+                        self.cfg.database.connect_timeout,
+                        c,
+                        self.metrics.clone(),
+                        self.settings.owner.to_string(),
+                        &self.log,
+                    )
+                });
                 let state = crate::http::State {
                     health: self.health.clone(),
                     metrics: self.metrics.clone(),
+                    console,
                 };
                 match crate::http::serve(addr, state) {
                     Ok(h) => Some(h),

@@ -6,7 +6,7 @@ mod connect;
 mod db;
 mod define;
 pub mod error;
-mod render;
+pub(crate) mod render;
 mod runs;
 mod triggers;
 mod views;
@@ -192,6 +192,8 @@ pub enum RunsCommand {
         trigger: Option<String>,
         #[arg(long, default_value_t = 20)]
         limit: i64,
+        #[arg(long)]
+        json: bool,
     },
     /// Cancel queued runs nobody took yet (--run ID, or --trigger ID --from --to [--kind]);
     /// runs a dispatcher took are left alone and counted (admin role).
@@ -256,7 +258,8 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
             target,
             trigger,
             limit,
-        }) => views::runs_list(&target, trigger.as_deref(), limit).await,
+            json,
+        }) => views::runs_list(&target, trigger.as_deref(), limit, json).await,
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,
         Command::CheckConfig { .. } | Command::Run { .. } => unreachable!("handled in main"),

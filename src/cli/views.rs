@@ -2,7 +2,7 @@
 
 use super::connect::{self, Target};
 use super::error::CliError;
-use crate::store::status;
+use crate::store::{status, views};
 
 pub async fn status(target: &Target, json: bool, last: i64) -> Result<(), CliError> {
     let client = connect::connect_target(target).await?;
@@ -15,10 +15,25 @@ pub async fn status(target: &Target, json: bool, last: i64) -> Result<(), CliErr
     Ok(())
 }
 
-pub async fn runs_list(target: &Target, trigger: Option<&str>, limit: i64) -> Result<(), CliError> {
+pub async fn runs_list(
+    target: &Target,
+    trigger: Option<&str>,
+    limit: i64,
+    json: bool,
+) -> Result<(), CliError> {
     let client = connect::connect_target(target).await?;
-    for r in status::list_runs(&client, trigger, limit).await? {
-        println!("{r}");
+    let f = views::RunFilter {
+        trigger,
+        limit,
+        ..views::RunFilter::default()
+    };
+    let page = views::run_page(&client, &f).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    for r in &page.runs {
+        println!("{}", r.line());
     }
     Ok(())
 }

@@ -141,11 +141,33 @@ pub struct SchedulerConfig {
     pub listen: bool,
 }
 
-/// Health, readiness and metrics endpoint.
+/// Health, readiness and metrics endpoint, and the web console.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     /// `None`: HTTP is off.
     pub bind: Option<SocketAddr>,
+    /// The read-only web console (docs/console.md); `None`: off.
+    pub console: Option<ConsoleConfig>,
+}
+
+/// The web console's settings (`[http] console*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleConfig {
+    /// Required of every request when set; always set unless HTTP is bound to loopback.
+    pub auth: Option<ConsoleAuth>,
+    /// Connections of the console's own pool, 1..=8 (never the scheduler's).
+    pub pool_size: u32,
+    /// `statement_timeout` of the console's read-only transactions, 100ms..=30s.
+    pub statement_timeout: Duration,
+}
+
+/// Credentials from `[http] console_auth_file`. `Debug` never shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsoleAuth {
+    /// A line without `:`: `Authorization: Bearer TOKEN`.
+    Bearer(Secret),
+    /// A line `USER:PASSWORD`: `Authorization: Basic …` (a browser asks for them).
+    Basic { user: String, password: Secret },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -60,6 +60,10 @@ pub(super) struct RawScheduler {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHttp {
     pub bind: Option<String>,
+    pub console: Option<String>,
+    pub console_auth_file: Option<String>,
+    pub console_pool_size: Option<i64>,
+    pub console_statement_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -12,10 +12,10 @@ use super::check::Checker;
 use super::dsn::{self, Secret};
 use super::error::ConfigProblem;
 use super::layers::Merged;
-use super::raw::{RawConfig, RawDatabase, RawRetention, RawScheduler};
+use super::raw::{RawConfig, RawDatabase, RawHttp, RawRetention, RawScheduler};
 use super::{
-    Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, MetricsConfig, ReplicaId,
-    RetentionConfig, SchedulerConfig,
+    Config, ConsoleAuth, ConsoleConfig, DatabaseConfig, HttpConfig, LogConfig, LogFormat,
+    MetricsConfig, ReplicaId, RetentionConfig, SchedulerConfig,
 };
 
 const REPLICA_ID_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
@@ -32,7 +32,9 @@ pub(super) fn validate(
     let replica_id = replica_id(&mut c, raw.replica.id);
     let database = database(&mut c, raw.database);
     let scheduler = scheduler(&mut c, raw.scheduler);
-    let bind = http_bind(&mut c, raw.http.bind);
+    let raw_http = raw.http;
+    let bind = http_bind(&mut c, raw_http.bind.clone());
+    let console = console(&mut c, bind.flatten(), raw_http);
     let backlog_interval = c.duration(
         "metrics.backlog_interval",
         raw.metrics.backlog_interval,
@@ -47,7 +49,7 @@ pub(super) fn validate(
         replica_id,
         database,
         scheduler,
-        bind,
+        bind.zip(console),
         backlog_interval,
         format,
         level,
@@ -57,7 +59,7 @@ pub(super) fn validate(
             Some(replica_id),
             Some(database),
             Some(scheduler),
-            Some(bind),
+            Some((bind, console)),
             Some(bi),
             Some(f),
             Some(level),
@@ -67,7 +69,7 @@ pub(super) fn validate(
             replica_id,
             database,
             scheduler,
-            http: HttpConfig { bind },
+            http: HttpConfig { bind, console },
             metrics: MetricsConfig {
                 backlog_interval: bi.0,
             },
@@ -289,5 +291,97 @@ fn http_bind(c: &mut Checker<'_>, bind: Option<String>) -> Option<Option<SocketA
                 None
             }
         },
+    }
+}
+
+/// The console: `Some(None)` off, `Some(Some(_))` on, `None` a problem was recorded. `auto`
+/// turns it on where HTTP is bound to loopback, or elsewhere when `console_auth_file` is
+/// set; `on` elsewhere without that file is refused (nothing would guard it).
+fn console(
+    c: &mut Checker<'_>,
+    bind: Option<SocketAddr>,
+    raw: RawHttp,
+) -> Option<Option<ConsoleConfig>> {
+    let mode = c.one_of("http.console", raw.console, &["auto", "on", "off"]);
+    let pool_size = c.int(
+        "http.console_pool_size",
+        raw.console_pool_size,
+        (1, 8),
+        " (the console's own connections, apart from the scheduler's pool)",
+    );
+    let timeout = c.duration(
+        "http.console_statement_timeout",
+        raw.console_statement_timeout,
+        Duration::from_millis(100),
+        Duration::from_secs(30),
+    );
+    let file = raw.console_auth_file.filter(|f| !f.is_empty());
+    let auth = match &file {
+        None => Some(None),
+        Some(path) => match read_console_auth(path) {
+            Ok(a) => Some(Some(a)),
+            Err(msg) => {
+                c.problem("http.console_auth_file", path.clone(), msg);
+                None
+            }
+        },
+    };
+    let (mode, pool_size, (statement_timeout, _), auth) = (mode?, pool_size?, timeout?, auth?);
+    let loopback = bind.is_some_and(|b| b.ip().is_loopback());
+    let on = match mode.as_str() {
+        "off" => false,
+        _ if bind.is_none() => false,
+        "on" if !loopback && auth.is_none() => {
+            c.problem(
+                "http.console",
+                "on",
+                format!(
+                    "needs http.console_auth_file (a bearer token or USER:PASSWORD) when \
+                     http.bind ({}) is not a loopback address; or bind to 127.0.0.1 and \
+                     reach it through an SSH tunnel",
+                    bind.map(|b| b.to_string()).unwrap_or_default()
+                ),
+            );
+            return None;
+        }
+        "on" => true,
+        // auto
+        _ => loopback || auth.is_some(),
+    };
+    Some(on.then_some(ConsoleConfig {
+        auth,
+        pool_size,
+        statement_timeout,
+    }))
+}
+
+/// Reads `[http] console_auth_file`: owned by us and not readable by group or others (0600;
+/// 0640 when owned by root), one non-empty line: `USER:PASSWORD` (basic) or a token
+/// (bearer) of at least 16 characters.
+fn read_console_auth(path: &str) -> Result<ConsoleAuth, String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("must exist and be readable ({e})"))?;
+    let mode = meta.mode() & 0o777;
+    let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
+    if mode & !allowed != 0 {
+        return Err(format!(
+            "has mode {mode:04o}; it holds a secret: at most {allowed:04o} (chmod {allowed:o})"
+        ));
+    }
+    let secret = dsn::read_password_file(path).map_err(|m| m.replace("password file", "file"))?;
+    let line = secret.expose();
+    if line.contains('\n') {
+        return Err("must hold one line: a bearer token, or USER:PASSWORD".into());
+    }
+    match line.split_once(':') {
+        Some((user, password)) if !user.is_empty() && password.len() >= 8 => {
+            Ok(ConsoleAuth::Basic {
+                user: user.to_owned(),
+                password: Secret::new(password),
+            })
+        }
+        Some(_) => Err("USER:PASSWORD needs a user and a password of at least 8 characters".into()),
+        None if line.trim().len() >= 16 => Ok(ConsoleAuth::Bearer(Secret::new(line.trim()))),
+        None => Err("a bearer token must be at least 16 characters".into()),
     }
 }

@@ -20,6 +20,7 @@ pub mod session;
 pub mod status;
 pub mod tls;
 pub mod triggers;
+pub mod views;
 pub mod wake;
 
 use std::ops::{Deref, DerefMut};

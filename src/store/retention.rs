@@ -79,7 +79,9 @@ pub async fn record_alert_age(
 pub const DEFAULT_QUEUED_ALERT_AFTER: Duration = Duration::from_secs(3600);
 
 /// The recorded `queued_alert_after`, or [`DEFAULT_QUEUED_ALERT_AFTER`].
-pub async fn recorded_alert_age(client: &tokio_postgres::Client) -> Result<Duration, StoreError> {
+pub async fn recorded_alert_age(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Duration, StoreError> {
     let ms: Option<i64> = client
         .query_opt(
             "SELECT queued_alert_after_ms FROM qlsched.maintenance WHERE task = 'prune'",
@@ -161,7 +163,7 @@ pub struct RetentionView {
 /// (only unfinished runs are in it); the oldest finished run is the head of
 /// `runs_finished_idx` (V11).
 pub async fn view(
-    client: &tokio_postgres::Client,
+    client: &impl tokio_postgres::GenericClient,
     queued_alert_after: Duration,
 ) -> Result<RetentionView, StoreError> {
     let alert_ms = i64::try_from(queued_alert_after.as_millis()).unwrap_or(i64::MAX);

@@ -90,7 +90,7 @@ impl ByKind {
 /// the age of the oldest, read from the claim index's head: cheap whatever the table size
 /// while the backlog is small.
 pub async fn due_backlog(
-    client: &tokio_postgres::Client,
+    client: &impl tokio_postgres::GenericClient,
 ) -> Result<(i64, Option<i64>), StoreError> {
     let r = client
         .query_one(
@@ -114,7 +114,20 @@ pub async fn due_backlog(
     Ok((r.get(0), r.get(1)))
 }
 
-pub async fn read(client: &tokio_postgres::Client, last: i64) -> Result<Status, StoreError> {
+pub async fn read(
+    client: &impl tokio_postgres::GenericClient,
+    last: i64,
+) -> Result<Status, StoreError> {
+    read_bounded(client, last, None).await
+}
+
+/// [`read`], with each kind's lag taken over its last `last` runs among the newest `scan`
+/// admissions only (the console: a rare kind would otherwise walk the whole index).
+pub async fn read_bounded(
+    client: &impl tokio_postgres::GenericClient,
+    last: i64,
+    scan: Option<i64>,
+) -> Result<Status, StoreError> {
     let now_sql = crate::db_now_ms!();
     let replicas = client
         .query(
@@ -164,11 +177,13 @@ pub async fn read(client: &tokio_postgres::Client, last: i64) -> Result<Status, 
                                percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
                                count(*) AS sample
                           FROM (SELECT r.queued_at_ms - r.scheduled_for_ms AS lag
-                                  FROM qlsched.runs r
-                                 WHERE r.queued_at_ms IS NOT NULL AND ({RUN_KIND_SQL}) = k.kind
+                                  FROM (SELECT * FROM qlsched.runs r
+                                         WHERE r.queued_at_ms IS NOT NULL
+                                         ORDER BY r.queued_at_ms DESC LIMIT $3) r
+                                 WHERE ({RUN_KIND_SQL}) = k.kind
                                  ORDER BY r.queued_at_ms DESC LIMIT $1) s) l"
             ),
-            &[&last, &RUN_KINDS.to_vec()],
+            &[&last, &RUN_KINDS.to_vec(), &scan],
         )
         .await?;
     for r in rows {
@@ -297,40 +312,6 @@ fn span(ms: i64) -> String {
     }
     parts.retain(|p| !p.starts_with('0'));
     parts.join(" ")
-}
-
-pub async fn list_runs(
-    client: &tokio_postgres::Client,
-    trigger: Option<&str>,
-    limit: i64,
-) -> Result<Vec<String>, StoreError> {
-    let rows = client
-        .query(
-            "SELECT r.idempotency_key, r.status, r.scheduled_for_ms, r.queued_at_ms, r.admitted_by
-               FROM qlsched.runs r
-              WHERE $1::text IS NULL OR r.trigger_id = $1
-              ORDER BY r.queued_at_ms DESC NULLS LAST LIMIT $2",
-            &[&trigger, &limit],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let sf: i64 = r.get(2);
-            let q: Option<i64> = r.get(3);
-            let when = chrono::DateTime::from_timestamp_millis(sf)
-                .map(|d| d.to_rfc3339())
-                .unwrap_or_default();
-            format!(
-                "{}  {}  scheduled {}  lag {} ms  by {}",
-                r.get::<_, String>(0),
-                r.get::<_, String>(1),
-                when,
-                q.map(|q| q - sf).unwrap_or(-1),
-                r.get::<_, String>(4)
-            )
-        })
-        .collect())
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@ mod helpers;
 
 mod config_validation;
 mod connect;
+mod console;
+mod console_browser;
 mod contrib;
 mod coordinator;
 mod counting;

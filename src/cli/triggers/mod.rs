@@ -15,12 +15,7 @@ pub use backfill::{
 pub use ops::{delete, disable, enable, fire, ChangeArgs};
 pub use view::{list, show};
 
-use serde_json::{json, Value};
-
 use super::error::CliError;
-use super::render;
-use crate::schedule::Schedule;
-use crate::store::triggers::TriggerView;
 
 /// Parses an RFC 3339 time given to `arg` into Unix ms.
 pub fn parse_time(arg: &'static str, value: &str) -> Result<i64, CliError> {
@@ -60,59 +55,4 @@ pub(super) async fn actor(
     })
 }
 
-/// The next occurrence the cron will admit: the cursor, or (not yet decided) the first
-/// after now; none while the trigger cannot fire.
-pub(super) fn next_fire(v: &TriggerView) -> Option<i64> {
-    if !v.enabled || v.project_status != "active" {
-        return None;
-    }
-    v.next_fire_at_ms.or_else(|| {
-        Schedule::parse(&v.cron_expr, &v.timezone)
-            .ok()?
-            .next_after_ms(v.now_ms)
-    })
-}
-
-pub(super) fn state_text(v: &TriggerView) -> String {
-    if v.deleted_at_ms.is_some() {
-        return format!(
-            "deleted {} by {}",
-            render::utc(v.deleted_at_ms),
-            v.deleted_by.as_deref().unwrap_or("-")
-        );
-    }
-    let base = if v.enabled { "enabled" } else { "disabled" };
-    let mut s = base.to_string();
-    if !v.enabled && v.operator_disabled {
-        s = format!(
-            "disabled {} by {}",
-            render::utc(v.disabled_at_ms),
-            v.disabled_by.as_deref().unwrap_or("-")
-        );
-        if let Some(n) = &v.disabled_note {
-            s.push_str(&format!(": {n}"));
-        }
-    }
-    if v.project_status != "active" {
-        s.push_str(&format!(" (project {})", v.project_status));
-    }
-    s
-}
-
-pub(super) fn holder(v: &TriggerView) -> String {
-    match (&v.claim_owner, v.claim_expires_at_ms) {
-        (Some(o), Some(exp)) if exp > v.now_ms => format!("{o} until {}", render::utc(Some(exp))),
-        (Some(o), Some(_)) => format!("{o} (expired)"),
-        _ => "-".into(),
-    }
-}
-
-pub(super) fn view_json(v: &TriggerView) -> Result<Value, CliError> {
-    let mut j = serde_json::to_value(v)?;
-    let next = next_fire(v);
-    j["next_fire_ms"] = json!(next);
-    j["next_fire_utc"] = json!(next.map(|n| render::utc(Some(n))));
-    j["next_fire_local"] = json!(next.map(|n| render::local(Some(n), &v.timezone)));
-    j["held"] = json!(v.claim_owner.is_some() && v.claim_expires_at_ms > Some(v.now_ms));
-    Ok(j)
-}
+pub(super) use crate::store::views::{holder, state_text};

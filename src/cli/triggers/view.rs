@@ -1,13 +1,11 @@
 //! `trigger list` and `trigger show`.
 
-use serde_json::json;
-
-use super::{holder, next_fire, state_text, view_json};
+use super::{holder, state_text};
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::cli::render;
-use crate::schedule::Schedule;
-use crate::store::triggers::{self, ListQuery, StateFilter};
+use crate::store::triggers::StateFilter;
+use crate::store::views::{self, TriggerFilter};
 
 /// `trigger list`.
 pub async fn list(
@@ -22,26 +20,27 @@ pub async fn list(
         return Err(CliError::LimitOutOfRange { limit });
     }
     let client = connect::connect_target(target).await?;
-    let q = ListQuery {
+    let f = TriggerFilter {
         project,
         state,
+        prefix: None,
         after,
         limit,
     };
-    let page = triggers::list(&client, &q).await?;
-    let next_after = (page.len() as i64 == limit).then(|| page[page.len() - 1].trigger_id.clone());
+    let page = views::trigger_page(&client, &f, false).await?;
     if json {
-        let items = page.iter().map(view_json).collect::<Result<Vec<_>, _>>()?;
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({ "triggers": items, "next_after": next_after }))?
+            serde_json::to_string_pretty(&serde_json::to_value(&page)?)?
         );
         return Ok(());
     }
     let rows: Vec<Vec<String>> = page
+        .triggers
         .iter()
-        .map(|v| {
-            let next = next_fire(v);
+        .map(|item| {
+            let v = &item.view;
+            let next = item.next_fire_ms;
             vec![
                 v.trigger_id.clone(),
                 v.project_id.clone(),
@@ -76,7 +75,7 @@ pub async fn list(
             &rows
         )
     );
-    if let Some(a) = next_after {
+    if let Some(a) = page.next_after {
         println!("(more: --after {a})");
     }
     Ok(())
@@ -91,28 +90,18 @@ pub async fn show(
     json: bool,
 ) -> Result<(), CliError> {
     let client = connect::connect_target(target).await?;
-    let v = triggers::show(&client, id).await?;
-    // From the cursor when it is set (a due occurrence not yet admitted is still upcoming),
-    // else from now.
-    let upcoming = if v.enabled {
-        let from = v
-            .next_fire_at_ms
-            .map_or(v.now_ms, |c| (c - 1).min(v.now_ms));
-        Schedule::parse(&v.cron_expr, &v.timezone)?.explain(from, count)
-    } else {
-        Vec::new()
-    };
-    let recent = crate::store::status::list_runs(&client, Some(id), runs).await?;
+    // Upcoming from the cursor when it is set (a due occurrence not yet admitted is still
+    // upcoming), else from now.
+    let d = views::trigger_detail(&client, id, count, runs).await?;
     if json {
-        let mut j = view_json(&v)?;
-        j["upcoming"] = json!(upcoming
-            .iter()
-            .map(|(ms, local)| json!({"ms": ms, "utc": render::utc(Some(*ms)), "local": local}))
-            .collect::<Vec<_>>());
-        j["recent_runs"] = json!(recent);
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::to_value(&d)?)?
+        );
         return Ok(());
     }
+    let v = &d.item.view;
+    let (upcoming, recent) = (&d.upcoming, &d.recent_runs);
     println!("trigger      {} (revision {})", v.trigger_id, v.revision);
     println!("project      {} ({})", v.project_id, v.project_status);
     println!("task         {}", v.task_id);
@@ -121,7 +110,7 @@ pub async fn show(
         "misfire      {} (grace {} ms)",
         v.misfire_policy, v.misfire_grace_ms
     );
-    println!("state        {}", state_text(&v));
+    println!("state        {}", state_text(v));
     if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
         println!(
             "last disable {} by {}{}",
@@ -153,16 +142,16 @@ pub async fn show(
     );
     println!(
         "claim        {} (claim version {}, state version {})",
-        holder(&v),
+        holder(v),
         v.claim_version,
         v.state_version
     );
     println!("next {} occurrences:", upcoming.len());
-    for (ms, local) in &upcoming {
-        println!("  {}  {local}", render::utc(Some(*ms)));
+    for o in upcoming {
+        println!("  {}  {}", o.utc, o.local);
     }
     println!("last {} runs:", recent.len());
-    for r in &recent {
+    for r in recent {
         println!("  {r}");
     }
     Ok(())

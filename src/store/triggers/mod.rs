@@ -16,7 +16,10 @@ pub use admit::{
     backfill_chunk, backfill_definition, fire, manual_key, BackfillCount, BackfillDefinition, Fired,
 };
 pub use state::{delete, disable, enable};
-pub use view::{list, show, ListQuery, StateFilter, TriggerView, LIST_SQL};
+pub use view::{
+    list, list_among, list_with_prefix, show, walk_ids, ListQuery, StateFilter, TriggerView,
+    LIST_SQL,
+};
 
 use super::manage::ManageError;
 

@@ -137,9 +137,80 @@ fn view(r: &tokio_postgres::Row) -> TriggerView {
     }
 }
 
+/// [`LIST_SQL`] narrowed to ids starting with `$5` (the console's search): a filter on the
+/// same walk of the primary key, which stops at the page size once enough ids matched.
+static PREFIX_LIST_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    LIST_SQL.replace(
+        "\n ORDER BY t.trigger_id",
+        "\n   AND ($5::text IS NULL OR starts_with(t.trigger_id, $5))\n ORDER BY t.trigger_id",
+    )
+});
+
+/// [`PREFIX_LIST_SQL`] over the ids `$3` (an array) instead of after an id.
+static AMONG_LIST_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    PREFIX_LIST_SQL.replace(
+        "AND t.trigger_id > coalesce($3::text, '')",
+        "AND t.trigger_id = ANY ($3::text[])",
+    )
+});
+
+/// At most `cap` trigger ids after `after` in id order, from `prefix` on (a string that
+/// starts with a prefix never sorts before it), in `project` when given: the stretch a
+/// filtered page searches, so a filter that matches few rows reads a bounded walk of the
+/// primary key (or of `triggers_project_page_idx`), never the whole table.
+pub async fn walk_ids(
+    client: &impl tokio_postgres::GenericClient,
+    project: Option<&str>,
+    after: Option<&str>,
+    prefix: Option<&str>,
+    cap: i64,
+) -> Result<Vec<String>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT t.trigger_id FROM qlsched.triggers t
+              WHERE ($1::text IS NULL OR t.project_id = $1)
+                AND t.trigger_id > coalesce($2::text, '') AND t.trigger_id >= coalesce($3::text, '')
+              ORDER BY t.trigger_id LIMIT $4",
+            &[&project, &after, &prefix, &cap],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// [`list_with_prefix`] among `ids` (a stretch from [`walk_ids`]).
+pub async fn list_among(
+    client: &impl tokio_postgres::GenericClient,
+    q: &ListQuery<'_>,
+    ids: &[String],
+    prefix: Option<&str>,
+) -> Result<Vec<TriggerView>, StoreError> {
+    let rows = client
+        .query(
+            AMONG_LIST_SQL.as_str(),
+            &[&q.project, &q.state.as_str(), &ids, &q.limit, &prefix],
+        )
+        .await?;
+    Ok(rows.iter().map(view).collect())
+}
+
+/// Like [`list`], only ids starting with `prefix` (when given).
+pub async fn list_with_prefix(
+    client: &impl tokio_postgres::GenericClient,
+    q: &ListQuery<'_>,
+    prefix: Option<&str>,
+) -> Result<Vec<TriggerView>, StoreError> {
+    let rows = client
+        .query(
+            PREFIX_LIST_SQL.as_str(),
+            &[&q.project, &q.state.as_str(), &q.after, &q.limit, &prefix],
+        )
+        .await?;
+    Ok(rows.iter().map(view).collect())
+}
+
 /// One page of live (not deleted) triggers in id order. Read-only, one statement.
 pub async fn list(
-    client: &tokio_postgres::Client,
+    client: &impl tokio_postgres::GenericClient,
     q: &ListQuery<'_>,
 ) -> Result<Vec<TriggerView>, StoreError> {
     let rows = client
@@ -153,7 +224,10 @@ pub async fn list(
 
 /// One trigger, deleted ones included (`trigger show` says so). `UnknownTrigger` if the id
 /// was never published.
-pub async fn show(client: &tokio_postgres::Client, id: &str) -> Result<TriggerView, ManageError> {
+pub async fn show(
+    client: &impl tokio_postgres::GenericClient,
+    id: &str,
+) -> Result<TriggerView, ManageError> {
     let sql = format!(
         "WITH n AS MATERIALIZED (SELECT {} AS now_ms)
          SELECT {VIEW_COLUMNS}

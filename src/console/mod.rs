@@ -1,0 +1,534 @@
+//! The read-only web console and its JSON (`/api/v1/…`), served on the replica's HTTP port
+//! (docs/console.md).
+//!
+//! - Pages: `/` (overview), `/triggers`, `/triggers/{id}`, `/runs`: server-rendered HTML
+//!   (maud, escaping every value), working without JavaScript; `/static/console.js` only
+//!   adds auto-refresh and sorting of the rows shown.
+//! - The same data as JSON: `/api/v1/overview`, `/api/v1/triggers`, `/api/v1/triggers/{id}`,
+//!   `/api/v1/runs`, with the fields `qlsched status|trigger list|trigger show|runs list
+//!   --json` print (src/store/views.rs is the one query layer of both).
+//! - Cheap and safe: the console's own small pool (never the claim or admission
+//!   connections), each request one READ ONLY transaction with a short `statement_timeout`,
+//!   keyset pages of at most 100 rows; credentials from `[http] console_auth_file` when set
+//!   (always set unless HTTP is bound to loopback); CSP without inline script.
+
+mod charts;
+mod pages;
+
+use std::time::Duration;
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+
+use crate::config::{ConsoleAuth, ConsoleConfig};
+use crate::metrics::Metrics;
+use crate::store::manage::ManageError;
+use crate::store::triggers::StateFilter;
+use crate::store::views::{self, RunFilter, TriggerFilter, PAGE_MAX};
+use crate::store::{self, Pool, StoreError};
+
+/// The version this replica runs (shown on the overview).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("QLSCHED_GIT_COMMIT"),
+    ")"
+);
+
+/// Content-Security-Policy of every console response: nothing inline runs, nothing is
+/// fetched from elsewhere, no framing.
+pub const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; \
+     connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
+     frame-ancestors 'none'";
+
+const CSS: &str = include_str!("static/console.css");
+const JS: &str = include_str!("static/console.js");
+const ICON: &str = include_str!("static/icon.svg");
+
+/// The overview's per-kind lag covers each kind's last 1000 runs among this many newest
+/// admissions (`qlsched status` reads without the bound).
+pub const STATUS_SCAN: i64 = 20_000;
+
+/// What the console's handlers share.
+#[derive(Clone)]
+pub struct Console {
+    pool: Pool,
+    cfg: ConsoleConfig,
+    metrics: Metrics,
+    replica_id: String,
+}
+
+impl Console {
+    /// The console with its own pool of `cfg.pool_size` connections to `target` (through
+    /// the same connect path as every connection of the replica). Connects on demand.
+    pub fn new(
+        target: crate::store::Target,
+        connect_timeout: Duration,
+        cfg: ConsoleConfig,
+        metrics: Metrics,
+        replica_id: String,
+        log: &slog::Logger,
+    ) -> Console {
+        let pool = store::build_pool(target, cfg.pool_size, connect_timeout, log);
+        Console {
+            pool,
+            cfg,
+            metrics,
+            replica_id,
+        }
+    }
+
+    /// Whether the request carries the configured credentials (always, when none are).
+    fn authorised(&self, req: &HttpRequest) -> bool {
+        let Some(auth) = &self.cfg.auth else {
+            return true;
+        };
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        match auth {
+            ConsoleAuth::Bearer(token) => given
+                .strip_prefix("Bearer ")
+                .is_some_and(|t| same(t.trim().as_bytes(), token.expose().as_bytes())),
+            ConsoleAuth::Basic { user, password } => {
+                let want = basic_value(user, password.expose());
+                given
+                    .strip_prefix("Basic ")
+                    .is_some_and(|b| same(b.trim().as_bytes(), want.as_bytes()))
+            }
+        }
+    }
+
+    fn unauthorised(&self) -> HttpResponse {
+        let challenge = match &self.cfg.auth {
+            Some(ConsoleAuth::Basic { .. }) => "Basic realm=\"qlsched console\", charset=\"UTF-8\"",
+            _ => "Bearer realm=\"qlsched console\"",
+        };
+        let mut r = HttpResponse::Unauthorized();
+        secure(&mut r);
+        r.insert_header((header::WWW_AUTHENTICATE, challenge))
+            .content_type("text/plain; charset=utf-8")
+            .body("401 Unauthorized: this console needs the credentials of [http] console_auth_file\n")
+    }
+
+    /// Begins one READ ONLY transaction on a connection of the console's pool, with the
+    /// console's statement and lock timeouts.
+    async fn begin<'c>(
+        &self,
+        conn: &'c mut store::Conn<'_>,
+    ) -> Result<tokio_postgres::Transaction<'c>, StoreError> {
+        let tx = conn.build_transaction().read_only(true).start().await?;
+        let ms = self.cfg.statement_timeout.as_millis();
+        tx.batch_execute(&format!(
+            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+        ))
+        .await?;
+        Ok(tx)
+    }
+}
+
+/// Runs `$body` in one read-only transaction of the console (`$tx` names it) and commits.
+macro_rules! read {
+    ($c:expr, $tx:ident => $body:expr) => {
+        async {
+            let mut conn = store::conn(&$c.pool).await?;
+            let $tx = $c.begin(&mut conn).await?;
+            let out = $body;
+            $tx.commit().await.map_err(StoreError::from)?;
+            Ok::<_, Failure>(out)
+        }
+        .await
+    };
+}
+
+/// Base64 of `user:password` (RFC 7617), what a browser sends.
+fn basic_value(user: &str, password: &str) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let input = format!("{user}:{password}");
+    let bytes = input.as_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Compares without stopping at the first difference.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// The headers of every console response.
+fn secure(r: &mut actix_web::HttpResponseBuilder) {
+    r.insert_header((header::CONTENT_SECURITY_POLICY, CSP))
+        .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .insert_header((header::REFERRER_POLICY, "no-referrer"))
+        .insert_header((header::X_FRAME_OPTIONS, "DENY"))
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+}
+
+/// Why a request failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// A parameter out of its bounds (named).
+    BadRequest(String),
+    NotFound(String),
+    Store(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+impl From<ManageError> for Failure {
+    fn from(e: ManageError) -> Self {
+        match e {
+            ManageError::UnknownTrigger { id } => {
+                Failure::NotFound(format!("unknown trigger `{id}`"))
+            }
+            ManageError::Store(s) => Failure::Store(s),
+            other => Failure::BadRequest(other.to_string()),
+        }
+    }
+}
+
+impl Failure {
+    fn status(&self) -> actix_web::http::StatusCode {
+        use actix_web::http::StatusCode;
+        match self {
+            Failure::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Failure::NotFound(_) => StatusCode::NOT_FOUND,
+            Failure::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            Failure::BadRequest(m) | Failure::NotFound(m) => m.clone(),
+            Failure::Store(e) => format!("the database did not answer: {e}"),
+        }
+    }
+}
+
+/// HTML or JSON of one view.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Html,
+    Json,
+}
+
+fn respond(format: Format, r: Result<(String, serde_json::Value), Failure>) -> HttpResponse {
+    let (status, body, json) = match r {
+        Ok((html, json)) => (actix_web::http::StatusCode::OK, html, json),
+        Err(f) => {
+            let msg = f.message();
+            let json = serde_json::json!({ "error": msg });
+            (
+                f.status(),
+                pages::error_page(f.status().as_u16(), &msg),
+                json,
+            )
+        }
+    };
+    let mut b = HttpResponse::build(status);
+    secure(&mut b);
+    match format {
+        Format::Html => b.content_type("text/html; charset=utf-8").body(body),
+        Format::Json => b
+            .content_type("application/json")
+            .body(serde_json::to_string_pretty(&json).unwrap_or_default()),
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value, Failure> {
+    serde_json::to_value(v).map_err(|e| Failure::BadRequest(e.to_string()))
+}
+
+/// `limit` within 1..=100 (default 50).
+fn page_limit(limit: Option<i64>) -> Result<i64, Failure> {
+    match limit.unwrap_or(50) {
+        l if (1..=PAGE_MAX).contains(&l) => Ok(l),
+        l => Err(Failure::BadRequest(format!(
+            "limit {l}: must be within 1..={PAGE_MAX}"
+        ))),
+    }
+}
+
+/// An empty form field is no filter.
+fn given(s: &Option<String>) -> Option<&str> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// The overview: `status --json`'s fields plus this replica's identity, the last hour of
+/// admissions and lag per minute, and this replica's refusal and back-off counters.
+#[derive(serde::Serialize)]
+pub(crate) struct Overview {
+    #[serde(flatten)]
+    pub status: crate::store::status::Status,
+    pub served_by: ServedBy,
+    pub admissions: views::AdmissionHistory,
+    pub refusals: Vec<Refusal>,
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct ServedBy {
+    pub replica_id: String,
+    pub version: &'static str,
+}
+
+/// One cause of a refusal or back-off, as counted by this replica since it started
+/// (its Prometheus counters).
+#[derive(serde::Serialize)]
+pub(crate) struct Refusal {
+    pub cause: &'static str,
+    pub metric: &'static str,
+    pub count: u64,
+    pub meaning: &'static str,
+}
+
+fn refusals(m: &Metrics) -> Vec<Refusal> {
+    let r = |cause, metric, c: &prometheus_client::metrics::counter::Counter, meaning| Refusal {
+        cause,
+        metric,
+        count: c.get(),
+        meaning,
+    };
+    vec![
+        r("rejected", "qlsched_rejects_total", &m.rejects, "definition cannot be evaluated, or a corrupt execution revision: released with the reject back-off"),
+        r("error back-off", "qlsched_error_backoffs_total", &m.error_backoffs, "admission error: released with an exponential back-off"),
+        r("fence lost", "qlsched_fence_losses_total", &m.fence_losses, "write refused: the lease was no longer ours"),
+        r("re-decided", "qlsched_redecides_total", &m.redecides, "definition moved on during the admission: decided again at once"),
+        r("duplicate key", "qlsched_duplicate_keys_total", &m.duplicate_keys, "occurrence admitted before (e.g. by a backfill): cursor advanced"),
+        r("serialization retry", "qlsched_serialization_retries_total", &m.serialization_retries, "admission retried after 40001/40P01"),
+        r("misfire skipped", "qlsched_skips_total", &m.skips, "occurrence past its grace: skipped by misfire = skip"),
+        r("orphan release", "qlsched_orphan_releases_total", &m.orphan_releases, "a claim round's reply never came: its rows released"),
+    ]
+}
+
+async fn overview(console: web::Data<Console>, format: Format) -> HttpResponse {
+    let c = console.get_ref();
+    let r = read!(c, tx => Overview {
+        status: crate::store::status::read_bounded(&tx, 1000, Some(STATUS_SCAN)).await?,
+        admissions: views::admission_history(&tx, "cron").await?,
+        served_by: ServedBy {
+            replica_id: c.replica_id.clone(),
+            version: VERSION,
+        },
+        refusals: refusals(&c.metrics),
+    })
+    .and_then(|o| Ok((pages::overview(&o), to_json(&o)?)));
+    respond(format, r)
+}
+
+#[derive(Deserialize)]
+pub(crate) struct TriggersQuery {
+    pub project: Option<String>,
+    pub state: Option<String>,
+    /// Id prefix.
+    pub q: Option<String>,
+    pub after: Option<String>,
+    pub limit: Option<i64>,
+}
+
+async fn triggers(
+    console: web::Data<Console>,
+    query: web::Query<TriggersQuery>,
+    format: Format,
+) -> HttpResponse {
+    let q = query.into_inner();
+    let r = async {
+        let state = match given(&q.state).unwrap_or("all") {
+            "all" => StateFilter::All,
+            "enabled" => StateFilter::Enabled,
+            "disabled" => StateFilter::Disabled,
+            other => {
+                return Err(Failure::BadRequest(format!(
+                    "state `{other}`: must be one of all, enabled, disabled"
+                )))
+            }
+        };
+        let f = TriggerFilter {
+            project: given(&q.project),
+            state,
+            prefix: given(&q.q),
+            after: given(&q.after),
+            limit: page_limit(q.limit)?,
+        };
+        let page = read!(console, tx => views::trigger_page(&tx, &f, true).await?)?;
+        Ok((pages::triggers(&q, f.limit, &page), to_json(&page)?))
+    }
+    .await;
+    respond(format, r)
+}
+
+async fn trigger(console: web::Data<Console>, id: String, format: Format) -> HttpResponse {
+    let r = async {
+        let d = read!(console, tx => views::trigger_detail(&tx, &id, 10, 50).await?)?;
+        Ok((pages::trigger(&d), to_json(&d)?))
+    }
+    .await;
+    respond(format, r)
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RunsQuery {
+    pub trigger: Option<String>,
+    pub kind: Option<String>,
+    pub status: Option<String>,
+    pub before: Option<String>,
+    pub limit: Option<i64>,
+}
+
+async fn runs(
+    console: web::Data<Console>,
+    query: web::Query<RunsQuery>,
+    format: Format,
+) -> HttpResponse {
+    let q = query.into_inner();
+    let r = async {
+        let kind = given(&q.kind);
+        if let Some(k) = kind.filter(|k| !views::is_run_kind(k)) {
+            return Err(Failure::BadRequest(format!(
+                "kind `{k}`: must be one of cron, manual, backfill"
+            )));
+        }
+        let status = given(&q.status);
+        if let Some(s) = status.filter(|s| !views::RUN_STATUSES.contains(s)) {
+            return Err(Failure::BadRequest(format!(
+                "status `{s}`: must be one of {}",
+                views::RUN_STATUSES.join(", ")
+            )));
+        }
+        let before = match given(&q.before) {
+            None => None,
+            Some(b) => Some(views::parse_run_cursor(b).ok_or_else(|| {
+                Failure::BadRequest(format!("before `{b}`: not a cursor QUEUED_AT_MS:RUN_ID"))
+            })?),
+        };
+        let f = RunFilter {
+            trigger: given(&q.trigger),
+            kind,
+            status,
+            before,
+            limit: page_limit(q.limit)?,
+        };
+        let page = read!(console, tx => views::run_page(&tx, &f).await?)?;
+        Ok((pages::runs(&q, f.limit, &page), to_json(&page)?))
+    }
+    .await;
+    respond(format, r)
+}
+
+/// Every console route, each behind the credentials check.
+async fn dispatch(req: HttpRequest, console: web::Data<Console>) -> HttpResponse {
+    if !console.authorised(&req) {
+        return console.unauthorised();
+    }
+    let path = req.path().to_owned();
+    let query = |req: &HttpRequest| req.query_string().to_owned();
+    macro_rules! q {
+        ($t:ty) => {
+            match web::Query::<$t>::from_query(&query(&req)) {
+                Ok(q) => q,
+                Err(e) => {
+                    return respond(Format::Html, Err(Failure::BadRequest(e.to_string())));
+                }
+            }
+        };
+    }
+    let stat = |ct: &str, body: &'static str| {
+        let mut b = HttpResponse::Ok();
+        secure(&mut b);
+        b.insert_header((header::CACHE_CONTROL, "max-age=300"))
+            .content_type(ct.to_owned())
+            .body(body)
+    };
+    match path.as_str() {
+        "/" => overview(console, Format::Html).await,
+        "/api/v1/overview" => overview(console, Format::Json).await,
+        "/triggers" => triggers(console, q!(TriggersQuery), Format::Html).await,
+        "/api/v1/triggers" => triggers(console, q!(TriggersQuery), Format::Json).await,
+        "/runs" => runs(console, q!(RunsQuery), Format::Html).await,
+        "/api/v1/runs" => runs(console, q!(RunsQuery), Format::Json).await,
+        "/static/console.css" => stat("text/css; charset=utf-8", CSS),
+        "/static/console.js" => stat("text/javascript; charset=utf-8", JS),
+        "/static/icon.svg" | "/favicon.ico" => stat("image/svg+xml", ICON),
+        p => {
+            let id = req.match_info().get("id").map(str::to_owned);
+            match (p.strip_prefix("/api/v1/triggers/"), id) {
+                (Some(_), Some(id)) => trigger(console, id, Format::Json).await,
+                (None, Some(id)) => trigger(console, id, Format::Html).await,
+                _ => respond(
+                    Format::Html,
+                    Err(Failure::NotFound(format!("no page at {p}"))),
+                ),
+            }
+        }
+    }
+}
+
+/// Adds the console's routes to an HTTP app.
+pub fn configure(cfg: &mut web::ServiceConfig, console: Console) {
+    cfg.app_data(web::Data::new(console));
+    for path in [
+        "/",
+        "/api/v1/overview",
+        "/triggers",
+        "/api/v1/triggers",
+        "/triggers/{id}",
+        "/api/v1/triggers/{id}",
+        "/runs",
+        "/api/v1/runs",
+        "/static/console.css",
+        "/static/console.js",
+        "/static/icon.svg",
+        "/favicon.ico",
+    ] {
+        cfg.route(path, web::get().to(dispatch));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_credentials_encode_as_browsers_send_them() {
+        // RFC 7617's example.
+        assert_eq!(
+            basic_value("Aladdin", "open sesame"),
+            "QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
+        assert_eq!(basic_value("a", "b"), "YTpi");
+        assert_eq!(basic_value("ab", "c"), "YWI6Yw==");
+    }
+
+    #[test]
+    fn comparison_needs_equal_length_and_bytes() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"abcd"));
+        assert!(!same(b"", b"a"));
+    }
+}

@@ -1,0 +1,446 @@
+//! The read-only views of the cluster, as serde structs: one query layer for the CLI's
+//! `--json` (`status`, `trigger list`, `trigger show`, `runs list`), the web console's pages
+//! and its JSON under `/api/v1/` (src/console). Every query is bounded: keyset pages of at
+//! most [`PAGE_MAX`] rows on an index, and windows capped by a `LIMIT`.
+
+use chrono::TimeZone;
+use chrono_tz::Tz;
+use serde::Serialize;
+
+use super::manage::ManageError;
+use super::status::{RUN_KINDS, RUN_KIND_SQL};
+use super::triggers::{self, ListQuery, StateFilter, TriggerView};
+use super::StoreError;
+use crate::cli::render;
+use crate::db_now_ms;
+use crate::schedule::Schedule;
+
+/// The largest keyset page the console and the API serve.
+pub const PAGE_MAX: i64 = 100;
+
+/// One trigger as `trigger list --json` prints it: the stored view plus the next fire (UTC
+/// and the trigger's zone) and whether a live lease holds it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TriggerItem {
+    #[serde(flatten)]
+    pub view: TriggerView,
+    pub next_fire_ms: Option<i64>,
+    pub next_fire_utc: Option<String>,
+    pub next_fire_local: Option<String>,
+    pub held: bool,
+}
+
+impl TriggerItem {
+    pub fn new(view: TriggerView) -> TriggerItem {
+        let next = next_fire(&view);
+        TriggerItem {
+            next_fire_ms: next,
+            next_fire_utc: next.map(|n| render::utc(Some(n))),
+            next_fire_local: next.map(|n| render::local(Some(n), &view.timezone)),
+            held: view.claim_owner.is_some() && view.claim_expires_at_ms > Some(view.now_ms),
+            view,
+        }
+    }
+}
+
+/// The next occurrence the cron will admit: the cursor, or (not yet decided) the first
+/// after now; none while the trigger cannot fire.
+pub fn next_fire(v: &TriggerView) -> Option<i64> {
+    if !v.enabled || v.project_status != "active" {
+        return None;
+    }
+    v.next_fire_at_ms.or_else(|| {
+        Schedule::parse(&v.cron_expr, &v.timezone)
+            .ok()?
+            .next_after_ms(v.now_ms)
+    })
+}
+
+/// `enabled`, `disabled 2026-… by alice via qlsched_admin: note`, `deleted …`, with the
+/// project's status when it is not active.
+pub fn state_text(v: &TriggerView) -> String {
+    if v.deleted_at_ms.is_some() {
+        return format!(
+            "deleted {} by {}",
+            render::utc(v.deleted_at_ms),
+            v.deleted_by.as_deref().unwrap_or("-")
+        );
+    }
+    let base = if v.enabled { "enabled" } else { "disabled" };
+    let mut s = base.to_string();
+    if !v.enabled && v.operator_disabled {
+        s = format!(
+            "disabled {} by {}",
+            render::utc(v.disabled_at_ms),
+            v.disabled_by.as_deref().unwrap_or("-")
+        );
+        if let Some(n) = &v.disabled_note {
+            s.push_str(&format!(": {n}"));
+        }
+    }
+    if v.project_status != "active" {
+        s.push_str(&format!(" (project {})", v.project_status));
+    }
+    s
+}
+
+/// `a until 2026-…`, `a (expired)` or `-`.
+pub fn holder(v: &TriggerView) -> String {
+    match (&v.claim_owner, v.claim_expires_at_ms) {
+        (Some(o), Some(exp)) if exp > v.now_ms => format!("{o} until {}", render::utc(Some(exp))),
+        (Some(o), Some(_)) => format!("{o} (expired)"),
+        _ => "-".into(),
+    }
+}
+
+/// `trigger list --json`: one page and the id to continue after.
+#[derive(Clone, Debug, Serialize)]
+pub struct TriggerPage {
+    pub triggers: Vec<TriggerItem>,
+    pub next_after: Option<String>,
+}
+
+/// Which triggers a page shows.
+#[derive(Clone, Copy, Debug)]
+pub struct TriggerFilter<'a> {
+    pub project: Option<&'a str>,
+    pub state: StateFilter,
+    /// Only ids starting with this (the console's search).
+    pub prefix: Option<&'a str>,
+    pub after: Option<&'a str>,
+    pub limit: i64,
+}
+
+/// How many ids a filtered page walks at most ([`trigger_page`] with `walk`).
+pub const WALK_CAP: i64 = 10_000;
+
+/// One page of live triggers in id order (keyset on the id). Without `walk` (the CLI) the
+/// page walks the index until `limit` rows matched. With `walk` (the console and the API)
+/// an id-prefix or state filter searches a stretch of at most [`WALK_CAP`] ids from the
+/// cursor: a page may then hold fewer rows than `limit` while `next_after` (the last id
+/// looked at) continues the walk, so a filter that matches few triggers never reads the
+/// whole table in one request.
+pub async fn trigger_page(
+    client: &impl tokio_postgres::GenericClient,
+    f: &TriggerFilter<'_>,
+    walk: bool,
+) -> Result<TriggerPage, StoreError> {
+    let q = ListQuery {
+        project: f.project,
+        state: f.state,
+        after: f.after,
+        limit: f.limit,
+    };
+    let filtered = f.prefix.is_some() || f.state != StateFilter::All;
+    if walk && filtered {
+        let ids = triggers::walk_ids(client, f.project, f.after, f.prefix, WALK_CAP).await?;
+        let page = triggers::list_among(client, &q, &ids, f.prefix).await?;
+        let next_after = if page.len() as i64 == f.limit && f.limit > 0 {
+            Some(page[page.len() - 1].trigger_id.clone())
+        } else if ids.len() as i64 == WALK_CAP {
+            ids.last().cloned()
+        } else {
+            None
+        };
+        return Ok(TriggerPage {
+            triggers: page.into_iter().map(TriggerItem::new).collect(),
+            next_after,
+        });
+    }
+    let page = triggers::list_with_prefix(client, &q, f.prefix).await?;
+    let next_after = (page.len() as i64 == f.limit && f.limit > 0)
+        .then(|| page[page.len() - 1].trigger_id.clone());
+    Ok(TriggerPage {
+        triggers: page.into_iter().map(TriggerItem::new).collect(),
+        next_after,
+    })
+}
+
+/// One upcoming occurrence: instant, UTC, wall clock in the trigger's zone, and a mark when
+/// the zone's offset differs from the previous occurrence's (a DST change in between).
+#[derive(Clone, Debug, Serialize)]
+pub struct Occurrence {
+    pub ms: i64,
+    pub utc: String,
+    pub local: String,
+    /// `+01:00 → +02:00` when the offset changed since the previous occurrence (or since
+    /// the start of the listing).
+    pub dst: Option<String>,
+}
+
+/// The next `count` occurrences after `from_ms` (src/schedule), with DST marks.
+pub fn occurrences(schedule: &Schedule, from_ms: i64, count: usize) -> Vec<Occurrence> {
+    let tz: Tz = schedule.timezone();
+    let offset = |ms: i64| {
+        tz.timestamp_millis_opt(ms)
+            .single()
+            .map(|t| t.format("%:z").to_string())
+    };
+    let mut prev = offset(from_ms);
+    schedule
+        .explain(from_ms, count)
+        .into_iter()
+        .map(|(ms, local)| {
+            let now = offset(ms);
+            let dst = match (&prev, &now) {
+                (Some(a), Some(b)) if a != b => Some(format!("{a} → {b}")),
+                _ => None,
+            };
+            prev = now;
+            Occurrence {
+                ms,
+                utc: render::utc(Some(ms)),
+                local,
+                dst,
+            }
+        })
+        .collect()
+}
+
+/// `trigger show --json`: the trigger, its next occurrences, its last runs (as the lines
+/// `runs list` prints, and as rows).
+#[derive(Clone, Debug, Serialize)]
+pub struct TriggerDetail {
+    #[serde(flatten)]
+    pub item: TriggerItem,
+    pub upcoming: Vec<Occurrence>,
+    pub recent_runs: Vec<String>,
+    pub runs: Vec<RunItem>,
+}
+
+/// One trigger (deleted ones too), its next `count` occurrences (from the cursor when it is
+/// set, else from now; none while disabled) and its last `runs` runs.
+pub async fn trigger_detail(
+    client: &impl tokio_postgres::GenericClient,
+    id: &str,
+    count: usize,
+    runs: i64,
+) -> Result<TriggerDetail, ManageError> {
+    let v = triggers::show(client, id).await?;
+    let upcoming = if v.enabled {
+        let from = v
+            .next_fire_at_ms
+            .map_or(v.now_ms, |c| (c - 1).min(v.now_ms));
+        let s = Schedule::parse(&v.cron_expr, &v.timezone).map_err(|source| {
+            ManageError::Definition {
+                id: id.into(),
+                source,
+            }
+        })?;
+        occurrences(&s, from, count)
+    } else {
+        Vec::new()
+    };
+    let page = run_page(
+        client,
+        &RunFilter {
+            trigger: Some(id),
+            limit: runs,
+            ..RunFilter::default()
+        },
+    )
+    .await?;
+    Ok(TriggerDetail {
+        item: TriggerItem::new(v),
+        upcoming,
+        recent_runs: page.runs.iter().map(RunItem::line).collect(),
+        runs: page.runs,
+    })
+}
+
+/// One admitted run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunItem {
+    pub run_id: String,
+    pub trigger_id: String,
+    pub idempotency_key: String,
+    /// `cron`, `manual` or `backfill`.
+    pub kind: String,
+    pub status: String,
+    pub scheduled_for_ms: i64,
+    pub queued_at_ms: Option<i64>,
+    /// `queued_at − scheduled_for`.
+    pub lag_ms: Option<i64>,
+    pub admitted_by: String,
+}
+
+impl RunItem {
+    /// The line `runs list` prints.
+    pub fn line(&self) -> String {
+        let when = chrono::DateTime::from_timestamp_millis(self.scheduled_for_ms)
+            .map(|d| d.to_rfc3339())
+            .unwrap_or_default();
+        format!(
+            "{}  {}  scheduled {}  lag {} ms  by {}",
+            self.idempotency_key,
+            self.status,
+            when,
+            self.lag_ms.unwrap_or(-1),
+            self.admitted_by
+        )
+    }
+}
+
+/// Which runs a page shows: newest admission first, keyset on `(queued_at_ms, run_id)`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunFilter<'a> {
+    pub trigger: Option<&'a str>,
+    /// `cron`, `manual` or `backfill`.
+    pub kind: Option<&'a str>,
+    pub status: Option<&'a str>,
+    /// Continue below this run (the `next_before` of the previous page).
+    pub before: Option<(i64, uuid::Uuid)>,
+    pub limit: i64,
+}
+
+/// `runs list --json`: one page and the cursor of the next (`QUEUED_AT_MS:RUN_ID`).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunsPage {
+    pub runs: Vec<RunItem>,
+    pub next_before: Option<String>,
+}
+
+/// Parses a `next_before` cursor.
+pub fn parse_run_cursor(s: &str) -> Option<(i64, uuid::Uuid)> {
+    let (q, id) = s.split_once(':')?;
+    Some((q.parse().ok()?, uuid::Uuid::parse_str(id).ok()?))
+}
+
+/// One page of runs, newest admission first: `runs_queued_at_idx` read backwards from the
+/// cursor (the order is the index's, `DESC` = `DESC NULLS FIRST`, so no sort of the table),
+/// or a trigger's runs through `runs_trigger_idx`, stopping after `limit` rows that pass
+/// the filters. Every admission sets `queued_at_ms`; a row without one is not listed.
+pub async fn run_page(
+    client: &impl tokio_postgres::GenericClient,
+    f: &RunFilter<'_>,
+) -> Result<RunsPage, StoreError> {
+    let (bq, bid) = match f.before {
+        Some((q, id)) => (Some(q), Some(id)),
+        None => (None, None),
+    };
+    let sql = format!(
+        "SELECT r.run_id::text, r.trigger_id, r.idempotency_key, {RUN_KIND_SQL}, r.status,
+                r.scheduled_for_ms, r.queued_at_ms, r.queued_at_ms - r.scheduled_for_ms, r.admitted_by,
+                r.run_id
+           FROM qlsched.runs r
+          WHERE r.queued_at_ms IS NOT NULL
+            AND ($1::text IS NULL OR r.trigger_id = $1)
+            AND ($2::text IS NULL OR ({RUN_KIND_SQL}) = $2)
+            AND ($3::text IS NULL OR r.status = $3)
+            AND r.queued_at_ms <= coalesce($4::bigint, 9223372036854775807)
+            AND ($4::bigint IS NULL OR r.queued_at_ms < $4 OR r.run_id < $5)
+          ORDER BY r.queued_at_ms DESC, r.run_id DESC LIMIT $6"
+    );
+    let rows = client
+        .query(&sql, &[&f.trigger, &f.kind, &f.status, &bq, &bid, &f.limit])
+        .await?;
+    let runs: Vec<RunItem> = rows
+        .iter()
+        .map(|r| RunItem {
+            run_id: r.get(0),
+            trigger_id: r.get(1),
+            idempotency_key: r.get(2),
+            kind: r.get(3),
+            status: r.get(4),
+            scheduled_for_ms: r.get(5),
+            queued_at_ms: r.get(6),
+            lag_ms: r.get(7),
+            admitted_by: r.get(8),
+        })
+        .collect();
+    let next_before = match rows.last() {
+        Some(last) if rows.len() as i64 == f.limit => last
+            .get::<_, Option<i64>>(6)
+            .map(|q| format!("{q}:{}", last.get::<_, uuid::Uuid>(9))),
+        _ => None,
+    };
+    Ok(RunsPage { runs, next_before })
+}
+
+/// One minute of admissions: how many, and their lag percentiles.
+#[derive(Clone, Debug, Serialize)]
+pub struct MinuteBucket {
+    pub minute_start_ms: i64,
+    pub admitted: i64,
+    pub lag_p50_ms: Option<f64>,
+    pub lag_p99_ms: Option<f64>,
+}
+
+/// The last hour of admissions per minute, from runs' `queued_at_ms − scheduled_for_ms`.
+#[derive(Clone, Debug, Serialize)]
+pub struct AdmissionHistory {
+    /// Oldest first; minutes without admissions are absent.
+    pub minutes: Vec<MinuteBucket>,
+    pub window_start_ms: i64,
+    pub now_ms: i64,
+    /// Of which kind (`cron` unless asked otherwise).
+    pub kind: String,
+    /// Only the newest [`HISTORY_CAP`] admissions of the hour were read (a busier hour
+    /// shows its last part only).
+    pub capped: bool,
+}
+
+/// Most runs one history reads.
+pub const HISTORY_CAP: i64 = 200_000;
+
+/// Admissions per minute and lag p50/p99 over the last hour: a range of
+/// `runs_queued_at_idx` read backwards, at most [`HISTORY_CAP`] rows. `trigger` narrows it
+/// to one trigger (through `runs_trigger_idx`, its last 50 runs: a trigger's chart).
+pub async fn admission_history(
+    client: &impl tokio_postgres::GenericClient,
+    kind: &str,
+) -> Result<AdmissionHistory, StoreError> {
+    let sql = format!(
+        "WITH n AS MATERIALIZED (SELECT {} AS ms),
+              w AS (SELECT r.queued_at_ms AS q, r.queued_at_ms - r.scheduled_for_ms AS lag
+                      FROM qlsched.runs r
+                     WHERE r.queued_at_ms > (SELECT ms FROM n) - 3600000
+                       AND ({RUN_KIND_SQL}) = $1
+                     ORDER BY r.queued_at_ms DESC LIMIT $2)
+         SELECT (SELECT ms FROM n), (SELECT count(*) FROM w),
+                b.m, b.c, b.p50, b.p99
+           FROM (SELECT (q / 60000) * 60000 AS m, count(*) AS c,
+                        percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+                        percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99
+                   FROM w GROUP BY 1) b
+          RIGHT JOIN (SELECT 1) one ON true
+          ORDER BY b.m",
+        db_now_ms!()
+    );
+    let rows = client.query(&sql, &[&kind, &HISTORY_CAP]).await?;
+    let now_ms: i64 = rows.first().map(|r| r.get(0)).unwrap_or_default();
+    let read: i64 = rows.first().map(|r| r.get(1)).unwrap_or_default();
+    let minutes = rows
+        .iter()
+        .filter_map(|r| {
+            Some(MinuteBucket {
+                minute_start_ms: r.get::<_, Option<i64>>(2)?,
+                admitted: r.get(3),
+                lag_p50_ms: r.get(4),
+                lag_p99_ms: r.get(5),
+            })
+        })
+        .collect();
+    Ok(AdmissionHistory {
+        minutes,
+        window_start_ms: now_ms - 3_600_000,
+        now_ms,
+        kind: kind.into(),
+        capped: read >= HISTORY_CAP,
+    })
+}
+
+/// Whether `kind` is one [`RUN_KIND_SQL`] yields.
+pub fn is_run_kind(kind: &str) -> bool {
+    RUN_KINDS.contains(&kind)
+}
+
+/// The statuses a run can have.
+pub const RUN_STATUSES: [&str; 6] = [
+    "queued",
+    "dispatching",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+];

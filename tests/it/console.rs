@@ -1,0 +1,443 @@
+//! The web console over plain HTTP (the browser tests are in `console_browser`): its JSON
+//! is the CLI's `--json` (one query layer), values are escaped, the security headers are
+//! set, the auth rules hold, and the config refuses an unguarded console on a non-loopback
+//! address before PostgreSQL is opened.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::helpers::cli::{ok, ql};
+use crate::helpers::replica::{binary, ReplicaProc};
+use crate::helpers::TestDb;
+
+/// One HTTP/1.0 GET with extra headers: (status, lower-cased headers, body).
+pub fn get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<(String, String)>, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// A project, a task and triggers: `con-a` every second (runs come), `con-b` daily,
+/// `con-x` disabled with a note holding a script, all in `proj`.
+pub async fn seed(db: &TestDb) {
+    let mut admin = db.admin_with_project().await;
+    for (id, cron) in [
+        ("con-a", "* * * * * *"),
+        ("con-b", "0 3 * * *"),
+        ("con-x", "30 2 * * *"),
+    ] {
+        let spec =
+            qlsched::store::manage::TriggerSpec::new(id, "proj", "task", cron, "Europe/Berlin");
+        qlsched::store::manage::publish_trigger(&mut admin, &spec)
+            .await
+            .unwrap();
+    }
+    ok(ql(
+        db,
+        &[
+            "trigger",
+            "disable",
+            "con-x",
+            "--note",
+            "<script>window.__xss=1</script> & <b>bold</b>",
+            "--actor",
+            "<img src=x onerror=alert(1)>",
+        ],
+    ));
+}
+
+/// The keys of a JSON object.
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().expect("an object").keys().cloned().collect();
+    k.sort();
+    k
+}
+
+#[tokio::test]
+async fn console_json_is_the_clis_json_and_pages_escape_every_value() {
+    let db = TestDb::new().await;
+    seed(&db).await;
+    let mut r = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "con1", "", &[]);
+    r.wait_ready(Duration::from_secs(30)).await;
+    crate::helpers::wait_until("a run of con-a", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a'")
+            .await
+            >= 2
+    })
+    .await;
+
+    // Escaping: the note and the actor are shown as text, never as markup.
+    let (status, h, page) = get(r.http, "/triggers/con-x", &[]);
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("&lt;script&gt;window.__xss=1&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;"),
+        "{page}"
+    );
+    assert!(
+        page.contains("&lt;img src=x onerror=alert(1)&gt;"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<script>window") && !page.contains("<b>bold") && !page.contains("<img"),
+        "{page}"
+    );
+    // Security headers.
+    let csp = header(&h, "content-security-policy").expect("a CSP");
+    for part in [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(part), "{csp}");
+    }
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(header(&h, "x-content-type-options"), Some("nosniff"));
+    assert_eq!(header(&h, "referrer-policy"), Some("no-referrer"));
+    // No inline script or style anywhere in the page.
+    assert!(
+        !page.contains("<script>") && !page.contains("style="),
+        "{page}"
+    );
+    // A search value is reflected escaped.
+    let (_, _, page) = get(
+        r.http,
+        "/triggers?q=%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+        &[],
+    );
+    assert!(
+        page.contains("value=\"&lt;script&gt;alert(1)&lt;/script&gt;\""),
+        "{page}"
+    );
+
+    // The API answers with the CLI's --json fields (same values where time does not move).
+    let api = |path: &str| {
+        let (status, h, body) = get(r.http, path, &[]);
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(
+            header(&h, "content-type"),
+            Some("application/json"),
+            "{path}"
+        );
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let cli = |args: &[&str]| serde_json::from_str::<Value>(&ok(ql(&db, args))).unwrap();
+
+    let show_api = api("/api/v1/triggers/con-x");
+    let show_cli = cli(&[
+        "trigger", "show", "con-x", "--json", "--count", "10", "--runs", "50",
+    ]);
+    assert_eq!(keys(&show_api), keys(&show_cli));
+    for k in [
+        "trigger_id",
+        "revision",
+        "disabled_note",
+        "disabled_by",
+        "enabled",
+        "cron_expr",
+        "timezone",
+        "upcoming",
+    ] {
+        assert_eq!(show_api[k], show_cli[k], "{k}");
+    }
+    let list_api = api("/api/v1/triggers?limit=2");
+    let list_cli = cli(&["trigger", "list", "--json", "--limit", "2"]);
+    assert_eq!(keys(&list_api), keys(&list_cli));
+    assert_eq!(list_api["next_after"], list_cli["next_after"]);
+    assert_eq!(list_api["next_after"], "con-b");
+    assert_eq!(
+        keys(&list_api["triggers"][0]),
+        keys(&list_cli["triggers"][0])
+    );
+    let status_api = api("/api/v1/overview");
+    let status_cli = cli(&["status", "--json"]);
+    for k in keys(&status_cli) {
+        assert!(
+            status_api.get(&k).is_some(),
+            "overview lacks status's `{k}`"
+        );
+    }
+    assert_eq!(status_api["served_by"]["replica_id"], "con1");
+    assert!(
+        status_api["admissions"]["minutes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["admitted"].as_i64() >= Some(1)),
+        "{status_api}"
+    );
+    let runs_api = api("/api/v1/runs?trigger=con-a&limit=1");
+    let runs_cli = cli(&[
+        "runs",
+        "list",
+        "--trigger",
+        "con-a",
+        "--limit",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(keys(&runs_api), keys(&runs_cli));
+    assert_eq!(keys(&runs_api["runs"][0]), keys(&runs_cli["runs"][0]));
+    // Keyset paging: the second page starts below the first.
+    let next = runs_api["next_before"].as_str().expect("a next page");
+    let page2 = api(&format!("/api/v1/runs?trigger=con-a&limit=1&before={next}"));
+    assert_ne!(page2["runs"][0]["run_id"], runs_api["runs"][0]["run_id"]);
+    assert!(
+        page2["runs"][0]["queued_at_ms"].as_i64() <= runs_api["runs"][0]["queued_at_ms"].as_i64()
+    );
+
+    // Bounds: a page of more than 100 is refused, naming the bound.
+    let (status, _, body) = get(r.http, "/api/v1/triggers?limit=101", &[]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("1..=100"), "{body}");
+    let (status, _, _) = get(r.http, "/triggers/no-such-trigger", &[]);
+    assert_eq!(status, 404);
+    // The pages never show the DSN.
+    let (_, _, page) = get(r.http, "/", &[]);
+    assert!(
+        page.contains("con1")
+            && !page.contains(&db.dsn("qlsched_runtime"))
+            && !page.contains("dbname="),
+        "{page}"
+    );
+    r.terminate(Duration::from_secs(20)).await;
+}
+
+/// Writes `text` to a file of `mode` in `dir`; returns its path.
+fn secret_file(dir: &std::path::Path, name: &str, text: &str, mode: u32) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    p.display().to_string()
+}
+
+/// `check-config` of a replica file with this `[http]` section: (success, output).
+fn check(dir: &std::path::Path, http: &str) -> (bool, String) {
+    let path = dir.join("r.toml");
+    std::fs::write(
+        &path,
+        format!("[replica]\nid = \"c\"\n[database]\ndsn = \"host=127.0.0.1 dbname=x\"\n[http]\n{http}\n"),
+    )
+    .unwrap();
+    let o = std::process::Command::new(binary())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+    )
+}
+
+#[test]
+fn an_unguarded_console_off_loopback_is_refused_before_postgresql_is_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, out) = check(dir.path(), "bind = \"0.0.0.0:9187\"\nconsole = \"on\"");
+    assert!(!good, "{out}");
+    assert!(
+        out.contains("http.console = on")
+            && out.contains("console_auth_file")
+            && out.contains("loopback"),
+        "{out}"
+    );
+    // auto on a non-loopback address: valid, the console is simply off (served: see below).
+    let (good, out) = check(dir.path(), "bind = \"0.0.0.0:9187\"");
+    assert!(good, "{out}");
+    // A secret file readable by others is refused, naming the file, the key and the bound.
+    let loose = secret_file(dir.path(), "loose", "0123456789abcdef0123\n", 0o604);
+    let (good, out) = check(
+        dir.path(),
+        &format!("bind = \"0.0.0.0:9187\"\nconsole_auth_file = \"{loose}\""),
+    );
+    assert!(!good, "{out}");
+    assert!(
+        out.contains("http.console_auth_file")
+            && out.contains(&loose)
+            && out.contains("has mode 0604"),
+        "{out}"
+    );
+    // Too short a token; an unknown mode; a pool out of bounds.
+    let short = secret_file(dir.path(), "short", "abc\n", 0o600);
+    let (good, out) = check(
+        dir.path(),
+        &format!("console_auth_file = \"{short}\"\nconsole = \"sometimes\"\nconsole_pool_size = 9"),
+    );
+    assert!(!good, "{out}");
+    for needle in [
+        "at least 16 characters",
+        "http.console = sometimes",
+        "auto, on, off",
+        "http.console_pool_size = 9",
+        "1..=8",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    // The secret never appears in a message.
+    assert!(!out.contains("0123456789abcdef"), "{out}");
+}
+
+#[tokio::test]
+async fn off_loopback_the_console_is_off_without_a_token_and_needs_it_with_one() {
+    let db = TestDb::new().await;
+    let dsn = db.dsn("qlsched_runtime");
+    // No auth file, bound to every address: the console is off; health still answers.
+    let mut open = ReplicaProc::spawn_via(&[], "0.0.0.0", &dsn, "open", "", &[]);
+    open.wait_ready(Duration::from_secs(30)).await;
+    let (status, _, _) = get(open.http, "/", &[]);
+    assert_eq!(
+        status, 404,
+        "the console must be off without console_auth_file"
+    );
+    let (status, _, _) = get(open.http, "/api/v1/overview", &[]);
+    assert_eq!(status, 404);
+    assert_eq!(get(open.http, "/healthz", &[]).0, 200);
+    open.terminate(Duration::from_secs(20)).await;
+
+    // With a bearer token: 401 without it or with another, 200 with it.
+    let dir = tempfile::tempdir().unwrap();
+    let token = "s3cret-token-0123456789";
+    let file = secret_file(dir.path(), "token", &format!("{token}\n"), 0o600);
+    // The replica file already has an [http] section: the key comes through the environment.
+    let mut guarded = ReplicaProc::spawn_via(
+        &[],
+        "0.0.0.0",
+        &dsn,
+        "guarded",
+        "",
+        &[("QLSCHED__HTTP__CONSOLE_AUTH_FILE", file.as_str())],
+    );
+    guarded.wait_ready(Duration::from_secs(30)).await;
+    for path in ["/", "/triggers", "/api/v1/runs", "/static/console.css"] {
+        let (status, h, body) = get(guarded.http, path, &[]);
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(header(&h, "www-authenticate").is_some_and(|v| v.starts_with("Bearer")));
+        assert!(!body.contains(token));
+        let (status, _, _) = get(
+            guarded.http,
+            path,
+            &[("Authorization", "Bearer wrong-token-0123456789")],
+        );
+        assert_eq!(status, 401, "{path}");
+        let (status, _, body) = get(
+            guarded.http,
+            path,
+            &[("Authorization", &format!("Bearer {token}"))],
+        );
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(!body.contains(token), "{path} shows the token");
+    }
+    // Health and metrics stay open (probes and Prometheus carry no credentials).
+    assert_eq!(get(guarded.http, "/readyz", &[]).0, 200);
+    guarded.terminate(Duration::from_secs(20)).await;
+
+    // Basic credentials: the browser's prompt.
+    let file = secret_file(dir.path(), "basic", "ops:correct-horse\n", 0o600);
+    let mut basic = ReplicaProc::spawn(
+        &dsn,
+        "basic",
+        "",
+        &[("QLSCHED__HTTP__CONSOLE_AUTH_FILE", file.as_str())],
+    );
+    basic.wait_ready(Duration::from_secs(30)).await;
+    let (status, h, _) = get(basic.http, "/", &[]);
+    assert_eq!(status, 401, "credentials set on loopback are required too");
+    assert!(header(&h, "www-authenticate").is_some_and(|v| v.starts_with("Basic")));
+    // base64("ops:correct-horse")
+    let (status, _, _) = get(
+        basic.http,
+        "/",
+        &[("Authorization", "Basic b3BzOmNvcnJlY3QtaG9yc2U=")],
+    );
+    assert_eq!(status, 200);
+    basic.terminate(Duration::from_secs(20)).await;
+}
+
+/// A filter that matches few triggers searches a bounded stretch of ids per page (10,000),
+/// and `next_after` continues the walk: no request reads the whole table.
+#[tokio::test]
+async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it() {
+    let db = TestDb::new().await;
+    db.seed_bulk(10_050, "0 0 1 1 *", 86_400_000).await;
+    let client = db.client("qlsched_runtime").await;
+    let f = |after: Option<&'static str>| qlsched::store::views::TriggerFilter {
+        project: None,
+        state: qlsched::store::triggers::StateFilter::Disabled,
+        prefix: None,
+        after,
+        limit: 5,
+    };
+    // No trigger is disabled: the first page looked at 10,000 ids and says where it stopped.
+    let p1 = qlsched::store::views::trigger_page(&client, &f(None), true)
+        .await
+        .unwrap();
+    assert!(p1.triggers.is_empty());
+    assert_eq!(p1.next_after.as_deref(), Some("trg-09999"));
+    // The rest (50 ids) ends the walk.
+    let p2 = qlsched::store::views::trigger_page(&client, &f(Some("trg-09999")), true)
+        .await
+        .unwrap();
+    assert!(p2.triggers.is_empty());
+    assert_eq!(p2.next_after, None);
+    // The CLI's walk is not bounded: it reads on until the page is full (here: to the end).
+    let cli = qlsched::store::views::trigger_page(&client, &f(None), false)
+        .await
+        .unwrap();
+    assert!(cli.triggers.is_empty() && cli.next_after.is_none());
+    // A prefix is searched from the prefix on.
+    let g = qlsched::store::views::TriggerFilter {
+        state: qlsched::store::triggers::StateFilter::All,
+        prefix: Some("trg-1004"),
+        ..f(None)
+    };
+    let p = qlsched::store::views::trigger_page(&client, &g, true)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = p
+        .triggers
+        .iter()
+        .map(|t| t.view.trigger_id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "trg-10040",
+            "trg-10041",
+            "trg-10042",
+            "trg-10043",
+            "trg-10044"
+        ]
+    );
+    assert_eq!(p.next_after.as_deref(), Some("trg-10044"));
+}

@@ -1,0 +1,468 @@
+//! The web console in a real browser: headless Chromium driven over WebDriver
+//! (chromedriver, the Debian packages `chromium` and `chromium-driver`), one browser for
+//! the whole walk. Through every page: content present, filters and paging, no console
+//! error and no failed request (the browser's log, where Chromium reports both, and CSP
+//! violations too), keyboard focus order, JavaScript off, and a note holding a script shown
+//! as text. Each run saves a screenshot per page under `target/console-screenshots/`.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+use fantoccini::wd::WebDriverCompatibleCommand;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+use crate::helpers::cli::{ok, ql};
+use crate::helpers::replica::ReplicaProc;
+use crate::helpers::TestDb;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// chromedriver on a free loopback port, killed on drop.
+struct Driver {
+    child: Child,
+    port: u16,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Fails (never skips) when the browser is missing, naming the packages.
+fn require_browser() {
+    for (path, package) in [(CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")] {
+        assert!(
+            Path::new(path).exists(),
+            "{path} is missing: the console's browser tests need the Debian packages \
+             chromium and chromium-driver (apt-get install chromium chromium-driver; \
+             scripts/test.sh installs them); missing: {package}"
+        );
+    }
+}
+
+async fn start_browser() -> (Driver, Client) {
+    require_browser();
+    let port = crate::helpers::pg::free_port();
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .arg("--allowed-ips=127.0.0.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let profile = tempfile::tempdir().unwrap();
+    let driver = Driver {
+        child,
+        port,
+        _profile: profile,
+    };
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "chromedriver did not listen within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let caps = json!({
+        "browserName": "chrome",
+        "goog:loggingPrefs": { "browser": "ALL" },
+        "goog:chromeOptions": {
+            "binary": CHROMIUM,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", "--window-size=1280,900",
+                format!("--user-data-dir={}", driver._profile.path().display()),
+            ],
+        },
+    });
+    let caps = caps.as_object().unwrap().clone();
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a WebDriver session with headless Chromium");
+    (driver, client)
+}
+
+/// A chromedriver command fantoccini has no method for: `POST /session/{id}/{path}`.
+#[derive(Debug)]
+struct Post {
+    path: &'static str,
+    body: Value,
+}
+
+impl WebDriverCompatibleCommand for Post {
+    fn endpoint(
+        &self,
+        base_url: &url::Url,
+        session_id: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        base_url.join(&format!(
+            "session/{}/{}",
+            session_id.unwrap_or(""),
+            self.path
+        ))
+    }
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        (http::Method::POST, Some(self.body.to_string()))
+    }
+}
+
+/// The browser's log since the last call: console messages, failed loads, CSP violations.
+async fn browser_log(c: &Client) -> Vec<Value> {
+    let v = c
+        .issue_cmd(Post {
+            path: "se/log",
+            body: json!({ "type": "browser" }),
+        })
+        .await
+        .expect("the browser log");
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// No error and no warning was logged (a failed request is an error entry).
+async fn assert_clean_log(c: &Client, page: &str) {
+    let bad: Vec<Value> = browser_log(c)
+        .await
+        .into_iter()
+        .filter(|e| matches!(e["level"].as_str(), Some("SEVERE") | Some("WARNING")))
+        .collect();
+    assert!(bad.is_empty(), "{page}: the browser logged {bad:#?}");
+}
+
+fn shots_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let png = c.screenshot().await.expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "{name}: not a PNG");
+    std::fs::write(shots_dir().join(format!("{name}.png")), png).unwrap();
+}
+
+async fn texts(c: &Client, css: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in c.find_all(Locator::Css(css)).await.unwrap() {
+        out.push(e.text().await.unwrap());
+    }
+    out
+}
+
+/// Waits (bounded) until the page's URL satisfies `cond` and its `h1` is there.
+async fn await_url(c: &Client, what: &str, cond: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = c.current_url().await.unwrap().to_string();
+        if cond(&url) && c.find(Locator::Css("h1")).await.is_ok() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: still at {url}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn submit_filter(c: &Client, fields: &[(&str, &str)]) {
+    let before = c.current_url().await.unwrap().to_string();
+    for (name, value) in fields {
+        let e = c
+            .find(Locator::Css(&format!("form.filters [name=\"{name}\"]")))
+            .await
+            .unwrap();
+        if e.tag_name().await.unwrap() == "select" {
+            e.select_by_value(value).await.unwrap();
+        } else {
+            e.clear().await.unwrap();
+            e.send_keys(value).await.unwrap();
+        }
+    }
+    c.find(Locator::Css("form.filters button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    await_url(c, "the filtered page", |u| u != before).await;
+}
+
+/// Where keyboard focus goes on `Tab` from the top of the page: the region of each stop.
+async fn focus_regions(c: &Client, stops: usize) -> Vec<(String, String)> {
+    c.execute(
+        "document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0);",
+        vec![],
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..stops {
+        let tab = KeyActions::new("kb".into())
+            .then(KeyAction::Down { value: '\u{e004}' })
+            .then(KeyAction::Up { value: '\u{e004}' });
+        c.perform_actions(tab).await.unwrap();
+        let v = c
+            .execute(
+                "const e = document.activeElement;
+                 const r = e.closest('header nav') ? 'nav' : e.closest('form') ? 'filters'
+                         : e.closest('table') ? 'table' : e.closest('nav.paging') ? 'paging' : 'other';
+                 return [r, (e.getAttribute('name') || e.textContent || '').trim().slice(0, 30)];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        out.push((
+            v[0].as_str().unwrap_or("").to_owned(),
+            v[1].as_str().unwrap_or("").to_owned(),
+        ));
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_console_in_headless_chromium() {
+    let started = Instant::now();
+    let db = TestDb::new().await;
+    super::console::seed(&db).await;
+    let mut admin = db.admin().await;
+    qlsched::store::manage::set_project(&mut admin, "other", "active")
+        .await
+        .unwrap();
+    qlsched::store::manage::publish_task(&mut admin, "other", "task-o", "{}")
+        .await
+        .unwrap();
+    // Monthly in Berlin: the next ten occurrences cross a DST change.
+    for (id, project, task, cron) in [
+        ("con-m", "proj", "task", "0 3 1 * *"),
+        ("oth-1", "other", "task-o", "*/5 * * * *"),
+    ] {
+        let spec =
+            qlsched::store::manage::TriggerSpec::new(id, project, task, cron, "Europe/Berlin");
+        qlsched::store::manage::publish_trigger(&mut admin, &spec)
+            .await
+            .unwrap();
+    }
+    ok(ql(&db, &["trigger", "fire", "con-b", "--request-id", "r1"]));
+    let mut r = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "web1", "", &[]);
+    r.wait_ready(Duration::from_secs(30)).await;
+    crate::helpers::wait_until("runs of con-a", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a'")
+            .await
+            >= 4
+    })
+    .await;
+    let base = format!("http://{}", r.http);
+    let (_driver, c) = start_browser().await;
+    let go = |path: &str| format!("{base}{path}");
+
+    // Overview.
+    c.goto(&go("/")).await.unwrap();
+    assert_eq!(texts(&c, "h1").await, ["Overview"]);
+    let body = c
+        .find(Locator::Css("main"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "web1",
+        "Due backlog",
+        "Refusals and back-offs",
+        "retention:",
+    ] {
+        assert!(body.contains(needle), "overview lacks {needle}: {body}");
+    }
+    assert_eq!(
+        c.find_all(Locator::Css("svg.chart")).await.unwrap().len(),
+        2
+    );
+    assert!(
+        !c.find_all(Locator::Css("svg.chart rect.bar"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "no admission bar"
+    );
+    // The script ran (CSP allows the file), and its auto-refresh control is there.
+    assert!(c
+        .find(Locator::Css("html[data-js=ready] #auto-refresh"))
+        .await
+        .is_ok());
+    screenshot(&c, "overview").await;
+    assert_clean_log(&c, "/").await;
+
+    // Triggers: keyset paging of 2.
+    c.goto(&go("/triggers?limit=2")).await.unwrap();
+    assert_eq!(
+        texts(&c, "#triggers tbody tr td:first-child").await,
+        ["con-a", "con-b"]
+    );
+    c.find(Locator::Css("a[rel=next]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    await_url(&c, "page 2", |u| u.contains("after=con-b")).await;
+    assert_eq!(
+        texts(&c, "#triggers tbody tr td:first-child").await,
+        ["con-m", "con-x"]
+    );
+    c.find(Locator::Css("a[rel=next]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    await_url(&c, "page 3", |u| u.contains("after=con-x")).await;
+    assert_eq!(
+        texts(&c, "#triggers tbody tr td:first-child").await,
+        ["oth-1"]
+    );
+    assert!(
+        c.find(Locator::Css("a[rel=next]")).await.is_err(),
+        "a last page has no next"
+    );
+    // Filters: id prefix, project, state.
+    c.goto(&go("/triggers")).await.unwrap();
+    submit_filter(&c, &[("q", "con-")]).await;
+    assert_eq!(
+        texts(&c, "#triggers tbody tr td:first-child").await,
+        ["con-a", "con-b", "con-m", "con-x"]
+    );
+    submit_filter(&c, &[("q", ""), ("project", "other")]).await;
+    assert_eq!(
+        texts(&c, "#triggers tbody tr td:first-child").await,
+        ["oth-1"]
+    );
+    submit_filter(&c, &[("project", ""), ("state", "disabled")]).await;
+    assert_eq!(
+        texts(&c, "#triggers tbody tr td:first-child").await,
+        ["con-x"]
+    );
+    // Keyboard: the main navigation first, then the filters, then the table's links.
+    c.goto(&go("/triggers")).await.unwrap();
+    let stops = focus_regions(&c, 9).await;
+    let regions: Vec<&str> = stops.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        regions,
+        ["nav", "nav", "nav", "filters", "filters", "filters", "filters", "table", "table"],
+        "{stops:?}"
+    );
+    assert_eq!(stops[0].1, "Overview");
+    assert_eq!(stops[3].1, "q");
+    assert_eq!(stops[7].1, "con-a");
+    screenshot(&c, "triggers").await;
+    assert_clean_log(&c, "/triggers").await;
+
+    // One trigger: definition, next 10 occurrences with a DST mark, its runs and chart.
+    c.goto(&go("/triggers/con-m")).await.unwrap();
+    assert_eq!(texts(&c, "h1").await, ["Trigger con-m"]);
+    assert_eq!(texts(&c, "#upcoming tbody tr").await.len(), 10);
+    let dst = texts(&c, "#upcoming .dst").await;
+    assert!(
+        dst.iter().any(|d| d.contains("+01:00 → +02:00")),
+        "no DST mark in {dst:?}"
+    );
+    screenshot(&c, "trigger-dst").await;
+    c.goto(&go("/triggers/con-a")).await.unwrap();
+    assert!(texts(&c, "#runs tbody tr").await.len() >= 4);
+    assert!(c.find(Locator::Css("svg.chart polyline")).await.is_ok());
+    screenshot(&c, "trigger").await;
+    // The note holding a script is text, and nothing ran.
+    c.goto(&go("/triggers/con-x")).await.unwrap();
+    let note = c
+        .find(Locator::Css("#disable-note"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        note.contains("<script>window.__xss=1</script> & <b>bold</b>")
+            && note.contains("<img src=x onerror=alert(1)>"),
+        "{note}"
+    );
+    let xss = c.execute("return window.__xss === undefined && !document.querySelector('#disable-note b, #disable-note img, main script');", vec![]).await.unwrap();
+    assert_eq!(xss, json!(true), "markup from the note reached the DOM");
+    assert_clean_log(&c, "/triggers/{id}").await;
+
+    // Runs: filter by kind, by trigger; keyset paging.
+    c.goto(&go("/runs")).await.unwrap();
+    assert!(texts(&c, "#runs tbody tr").await.len() >= 5);
+    submit_filter(&c, &[("kind", "manual")]).await;
+    assert_eq!(
+        texts(&c, "#runs tbody tr td:nth-child(3)").await,
+        ["manual"]
+    );
+    assert_eq!(texts(&c, "#runs tbody tr td:nth-child(2)").await, ["con-b"]);
+    submit_filter(
+        &c,
+        &[("kind", ""), ("trigger", "con-a"), ("status", "queued")],
+    )
+    .await;
+    let kinds = texts(&c, "#runs tbody tr td:nth-child(3)").await;
+    assert!(
+        kinds.len() >= 4 && kinds.iter().all(|k| k == "cron"),
+        "{kinds:?}"
+    );
+    c.goto(&go("/runs?trigger=con-a&limit=2")).await.unwrap();
+    let first = texts(&c, "#runs tbody tr td:first-child").await;
+    c.find(Locator::Css("a[rel=next]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    await_url(&c, "older runs", |u| u.contains("before=")).await;
+    let second = texts(&c, "#runs tbody tr td:first-child").await;
+    assert_eq!(second.len(), 2);
+    assert!(
+        first.iter().all(|id| !second.contains(id)),
+        "{first:?} {second:?}"
+    );
+    c.goto(&go("/runs")).await.unwrap();
+    screenshot(&c, "runs").await;
+    assert_clean_log(&c, "/runs").await;
+
+    // JavaScript off: every page still works, filters too (plain GET forms).
+    c.issue_cmd(Post {
+        path: "goog/cdp/execute",
+        body: json!({ "cmd": "Emulation.setScriptExecutionDisabled", "params": { "value": true } }),
+    })
+    .await
+    .expect("disable JavaScript");
+    for path in ["/", "/triggers", "/triggers/con-a", "/runs"] {
+        c.goto(&go(path)).await.unwrap();
+        assert!(
+            c.find(Locator::Css("html[data-js]")).await.is_err(),
+            "{path}: the script ran with JavaScript off"
+        );
+        assert!(
+            c.find(Locator::Css("main table")).await.is_ok(),
+            "{path}: no table"
+        );
+    }
+    c.goto(&go("/triggers")).await.unwrap();
+    submit_filter(&c, &[("q", "oth")]).await;
+    assert_eq!(
+        texts(&c, "#triggers tbody tr td:first-child").await,
+        ["oth-1"]
+    );
+    assert_clean_log(&c, "JavaScript off").await;
+
+    c.close().await.unwrap();
+    r.terminate(Duration::from_secs(20)).await;
+    eprintln!("console browser walk: {:?}", started.elapsed());
+}
