@@ -163,6 +163,50 @@ pub async fn migrate_set(
 ) -> Result<Vec<String>, StoreError> {
     let owner: crate::store::Target = owner.into();
     let mut client = crate::store::connect(&owner).await?;
+    let pending = pending(&client, roles, set).await?;
+    client
+        .batch_execute(&format!(
+            "SET lock_timeout = {}; SET statement_timeout = 0",
+            opts.lock_timeout.as_millis().max(1)
+        ))
+        .await?;
+    let started = Instant::now();
+    let mut applied = Vec::new();
+    if pending.is_empty() {
+        let record = has_table(&client, "grant_manifest").await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(&manifest::install_sql(&set.grants, roles, record))
+            .await?;
+        tx.commit().await?;
+    } else {
+        // A second session watches what a waiting migration waits on (the waiting one
+        // cannot).
+        let monitor = crate::store::connect(&owner).await?;
+        for (i, m) in pending.iter().enumerate() {
+            let step = Step {
+                set,
+                migration: m,
+                roles,
+                last: i + 1 == pending.len(),
+            };
+            step.apply_retrying(&mut client, &monitor, opts, started, on_wait)
+                .await?;
+            applied.push(m.to_string());
+        }
+    }
+    let left = opts.max_wait.saturating_sub(started.elapsed());
+    build_indexes(&client, set, left).await?;
+    Ok(applied)
+}
+
+/// The migrations of `set` not applied yet, in order, after the refusals: a missing role, a
+/// `db migrate` already running (a session advisory lock, held until this connection
+/// ends), drift or a newer migration unknown to `set`, or a hole below what is applied.
+async fn pending<'s>(
+    client: &tokio_postgres::Client,
+    roles: &Roles,
+    set: &'s MigrationSet,
+) -> Result<Vec<&'s refinery::Migration>, StoreError> {
     client
         .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
         .await?;
@@ -177,8 +221,6 @@ pub async fn migrate_set(
             return Err(StoreError::MissingRole(role.to_string()));
         }
     }
-    // One `db migrate` at a time per database (a session advisory lock, released when this
-    // connection ends).
     let got: bool = client
         .query_one("SELECT pg_try_advisory_lock($1)", &[&MIGRATE_LOCK])
         .await?
@@ -195,7 +237,7 @@ pub async fn migrate_set(
             .map(|r| r.get(0));
         return Err(StoreError::MigrateRunning(holder.unwrap_or(0)));
     }
-    let drift = super::drift_of(&client, set).await?;
+    let drift = super::drift_of(client, set).await?;
     if let Some(changed) = drift
         .iter()
         .find(|d| !matches!(d, Drift::NotApplied { .. }))
@@ -211,7 +253,10 @@ pub async fn migrate_set(
         .migrations
         .iter()
         .filter(|m| {
-            drift.iter().any(|d| matches!(d, Drift::NotApplied { file } if *file == file_name(m.version(), m.name())))
+            let file = file_name(m.version(), m.name());
+            drift
+                .iter()
+                .any(|d| matches!(d, Drift::NotApplied { file: f } if *f == file))
         })
         .collect();
     if let (Some(first), Some(max)) = (pending.first(), applied_max) {
@@ -222,40 +267,52 @@ pub async fn migrate_set(
             })));
         }
     }
-    client
-        .batch_execute(&format!(
-            "SET lock_timeout = {}; SET statement_timeout = 0",
-            opts.lock_timeout.as_millis().max(1)
-        ))
-        .await?;
-    // A second session watches what a waiting migration waits on (the waiting one cannot).
-    let mut monitor: Option<tokio_postgres::Client> = None;
-    let pid: i32 = client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await?
-        .get(0);
-    let started = Instant::now();
-    let mut applied = Vec::new();
-    for (i, m) in pending.iter().enumerate() {
-        let last = i + 1 == pending.len();
+    Ok(pending)
+}
+
+/// One pending migration of a `db migrate` run.
+struct Step<'a> {
+    set: &'a MigrationSet,
+    migration: &'a refinery::Migration,
+    roles: &'a Roles,
+    /// The last pending one: its transaction installs the grants.
+    last: bool,
+}
+
+impl Step<'_> {
+    /// Applies it, retrying a lock time-out (or a deadlock) with a doubling back-off until
+    /// `opts.max_wait` (counted from `started`, the start of the run) is spent.
+    async fn apply_retrying(
+        &self,
+        client: &mut tokio_postgres::Client,
+        monitor: &tokio_postgres::Client,
+        opts: &MigrateOptions,
+        started: Instant,
+        on_wait: &mut (dyn FnMut(&Wait) + Send),
+    ) -> Result<(), StoreError> {
+        let m = self.migration;
         let file = file_name(m.version(), m.name());
-        let mut attempt = 0u32;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
         let mut backoff = opts.lock_timeout.max(Duration::from_millis(100));
-        loop {
-            attempt += 1;
-            if monitor.is_none() {
-                monitor = Some(crate::store::connect(&owner).await?);
-            }
-            let watcher = monitor.as_ref().expect("connected above");
+        for attempt in 1.. {
             let mut blocked = Blocked::default();
             let res = {
-                let apply = apply_one(&mut client, set, m, roles, last);
+                let apply = apply_one(client, self.set, m, self.roles, self.last);
                 tokio::pin!(apply);
-                // Looked at once, three quarters into the lock timeout: a migration that
-                // takes its locks at once is never looked at.
+                // Looked at from three quarters into the lock timeout on, until the lock
+                // wait shows: a migration that takes its locks at once is never looked at.
                 let watch = async {
                     tokio::time::sleep(opts.lock_timeout * 3 / 4).await;
-                    blocked_on(watcher, pid).await
+                    loop {
+                        let seen = blocked_on(monitor, pid).await?;
+                        if seen.waiting_for.is_some() {
+                            return Ok::<_, StoreError>(seen);
+                        }
+                        tokio::time::sleep(opts.lock_timeout / 8).await;
+                    }
                 };
                 tokio::select! {
                     r = &mut apply => r,
@@ -266,7 +323,7 @@ pub async fn migrate_set(
                 }
             };
             match res {
-                Ok(()) => break,
+                Ok(()) => return Ok(()),
                 Err(e) if is_lock_wait(&e) => {
                     let left = opts.max_wait.saturating_sub(started.elapsed());
                     if left < backoff {
@@ -290,18 +347,8 @@ pub async fn migrate_set(
                 Err(e) => return Err(e.into()),
             }
         }
-        applied.push(m.to_string());
+        unreachable!("the attempts are unbounded; max_wait ends them")
     }
-    if pending.is_empty() {
-        let record = has_table(&client, "grant_manifest").await?;
-        let tx = client.transaction().await?;
-        tx.batch_execute(&manifest::install_sql(&set.grants, roles, record))
-            .await?;
-        tx.commit().await?;
-    }
-    let left = opts.max_wait.saturating_sub(started.elapsed());
-    build_indexes(&client, set, left).await?;
-    Ok(applied)
 }
 
 /// One migration in one transaction: its SQL, refinery's history row, its kind, and (for
