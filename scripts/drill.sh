@@ -7,18 +7,21 @@
 # NAME: kill_restart | backend_termination | pg_restart | standby_promotion |
 #       commit_reply_lost | partition | actor_crash | clock_skew | same_replica_id |
 #       netns (kernel partition + flapping link; needs root) | slow_link |
-#       failover_dsn (a promotion followed through a two-host DSN) | all
+#       failover_dsn (a promotion followed through a two-host DSN) |
+#       rolling_upgrade (db migrate behind a reader, replicas moved one at a time onto a
+#       second binary with one more migration, and back) | all
 # --cycles N    kills / terminations / restarts / promotions / faults / cuts / flaps /
-#               drain rows (slow_link)
-# --duration S  seconds of steady load (actor_crash, slow_link)
+#               drain rows (slow_link) / rolling passes (rolling_upgrade)
+# --duration S  seconds of steady load (actor_crash, slow_link); seconds the reader holds
+#               runs during db migrate (rolling_upgrade)
 # --seed X      replays the random schedule a table printed
 # Without --cycles/--duration the drill's own long-form figures apply (docs/drills.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 
-DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn"
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn rolling_upgrade"
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 name=$1; shift

@@ -16,6 +16,17 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+. scripts/pg.sh
+
+# A TCP port nothing listens on (loopback).
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
+
 passed=0
 failed=0
 failures=()
@@ -67,6 +78,8 @@ for t in $tools; do
     failed=$((failed + 1)); failures+=("${t%%:*} installed")
   fi
 done
+# The postinst check runs a throwaway PostgreSQL (scripts/pg.sh installs it when missing).
+pg_ensure_installed || { failed=$((failed + 1)); failures+=("PostgreSQL server binaries installed"); }
 [ "$failed" -eq 0 ] || finish
 
 work=$(mktemp -d)
@@ -264,6 +277,63 @@ install_and_check() {
   man -w qlsched-trigger
 }
 check "dpkg -i: qlsched system user, /etc/qlsched 0750 root:qlsched, the packaged unit" install_and_check
+
+# On an upgrade, postinst restarts a running instance only if the new binary accepts its
+# database (`qlsched db check --config` with the instance's file). systemd is not PID 1 here,
+# so the installed postinst runs in a mount namespace whose /run has /run/systemd/system
+# (what it looks for), with a stub systemctl first on PATH that lists two running instances
+# and records every call. A throwaway PostgreSQL holds the database of instance `ready`
+# (migrated) and that of instance `behind` (bootstrapped, not migrated: what a new binary
+# meets before `db migrate`).
+postinst_restarts_only_ready_instances() {
+  local pgdir port stub=$work/stub out want
+  pgdir=$(mktemp -d /tmp/qlsched-pkgtest-pg.XXXXXX)
+  # shellcheck disable=SC2064 # expanded now: the locals are gone when the subshell exits
+  trap "pg_stop '$pgdir' immediate; rm -rf '$pgdir' /etc/qlsched/ready.toml /etc/qlsched/behind.toml" EXIT
+  port=$(free_port)
+  pg_start "$pgdir" "$port"
+  local su="host=127.0.0.1 port=$port user=postgres dbname=postgres"
+  for db in ready behind; do
+    /usr/bin/qlsched db bootstrap --superuser-dsn "$su" --database "qlsched_$db" >/dev/null
+    printf '[replica]\nid = "%s"\n\n[database]\ndsn = "host=127.0.0.1 port=%s user=qlsched_runtime dbname=qlsched_%s"\n' \
+      "$db" "$port" "$db" | install -m 0640 -o root -g qlsched /dev/stdin "/etc/qlsched/$db.toml"
+  done
+  /usr/bin/qlsched db migrate --dsn "host=127.0.0.1 port=$port user=qlsched_owner dbname=qlsched_ready" >/dev/null
+  /usr/bin/qlsched db check --config /etc/qlsched/ready.toml
+  if want=$(/usr/bin/qlsched db check --config /etc/qlsched/behind.toml 2>&1); then
+    echo "db check passes on the unmigrated database"; return 1
+  fi
+  mkdir -p "$stub"
+  cat >"$stub/systemctl" <<STUB
+#!/bin/sh
+echo "systemctl \$*" >>"$stub/calls"
+case "\$1" in
+  list-units) printf '%s\n' 'qlsched@behind.service loaded active running qlsched replica behind' \\
+                             'qlsched@ready.service  loaded active running qlsched replica ready' ;;
+esac
+STUB
+  chmod +x "$stub/systemctl"
+  : >"$stub/calls"
+  echo "# postinst configure 0.1.0-1   (mount namespace with /run/systemd/system, stub systemctl)"
+  out=$(PATH="$stub:$PATH" unshare --mount --propagation private \
+    sh -c 'mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && exec "$@"' \
+    sh /var/lib/dpkg/info/qlsched.postinst configure 0.1.0-1 2>&1)
+  echo "$out"
+  echo "# systemctl calls:"; cat "$stub/calls"
+  grep -qx 'systemctl try-restart qlsched@ready.service' "$stub/calls"
+  if grep 'try-restart' "$stub/calls" | grep -v 'qlsched@ready.service'; then
+    echo "postinst restarted more than qlsched@ready.service"; return 1
+  fi
+  grep -q 'qlsched@ready.service: restarted on the new binary' <<<"$out"
+  grep -q 'qlsched@behind.service: NOT restarted, still running the previous binary' <<<"$out"
+  # The check's own message, and what to do.
+  while IFS= read -r line; do
+    grep -qF -- "$line" <<<"$out" || { echo "the console lacks the check's line: $line"; return 1; }
+  done <<<"$want"
+  grep -qF 'qlsched db check --config /etc/qlsched/behind.toml && systemctl restart qlsched@behind.service' <<<"$out"
+}
+check "postinst on an upgrade restarts only the instances whose db check passes, and says so" \
+  postinst_restarts_only_ready_instances
 
 upgrade_keeps_configs() {
   printf '[replica]\nid = "a"\n' | install -m 0640 -o root -g qlsched /dev/stdin /etc/qlsched/a.toml

@@ -20,6 +20,7 @@ mod kill_restart;
 mod netns;
 mod partition;
 mod pg_restart;
+mod rolling_upgrade;
 mod same_replica_id;
 mod slow_link;
 mod standby_promotion;
