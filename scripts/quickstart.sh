@@ -5,7 +5,23 @@
 # (list, show, disable/enable, fire), SIGKILL the replica holding the most leases and watch its
 # rows taken over after the lease expiry, stop admissions and watch a short retention (1m)
 # prune every finished run, stop the rest with SIGTERM, check the invariants, clean up.
+# Each replica serves its read-only web console on its loopback HTTP port (printed below).
+#
+#   scripts/quickstart.sh [--keep [SECONDS]]
+#
+# --keep: before stopping, keep the surviving replicas running SECONDS (default 600) so their
+#         consoles can be opened in a browser; Ctrl-C ends the wait (and cleans up).
 set -euo pipefail
+KEEP=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --keep)
+      KEEP=600
+      if [ $# -gt 1 ] && [[ $2 =~ ^[0-9]+$ ]]; then KEEP=$2; shift; fi
+      shift ;;
+    *) echo "usage: scripts/quickstart.sh [--keep [SECONDS]]" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 pg_ensure_installed
@@ -100,6 +116,15 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 
+console_port() { grep -oP '^bind = "127\.0\.0\.1:\K[0-9]+' "config/replica-$1.toml"; }
+console_urls() {
+  for r in "$@"; do
+    echo "   console of replica $r: http://127.0.0.1:$(console_port "$r")/  (JSON: http://127.0.0.1:$(console_port "$r")/api/v1/overview)"
+  done
+}
+echo "each replica serves its read-only web console on loopback (docs/console.md):"
+console_urls a b c
+
 status() { $QL status --dsn "$RUNTIME" | sed 's/^/   /'; }
 for round in 1 2 3; do sleep 4; say "status after $((round * 4)) s"; status; done
 
@@ -173,6 +198,12 @@ if $QL trigger backfill nightly-berlin --from "$FROM" --to "$TO" 2>"$WORK/err"; 
   echo "a backfill over the pruned window was accepted" >&2; exit 1
 fi
 echo "   refused as expected: $(cat "$WORK/err")"
+
+if [ "$KEEP" -gt 0 ]; then
+  say "keeping the cluster for $KEEP s so the consoles can be opened (Ctrl-C ends it)"
+  console_urls "${!PIDS[@]}"
+  sleep "$KEEP"
+fi
 
 say "SIGTERM the dispatcher and the other replicas (graceful: drain, hand leases back)"
 kill -TERM "$DISPATCHER_PID"; wait "$DISPATCHER_PID" && echo "dispatcher exited 0"; DISPATCHER_PID=""

@@ -108,7 +108,7 @@ pub fn overview(o: &Overview) -> String {
                     @for r in &s.replicas {
                         tr {
                             td { (r.replica_id) }
-                            td { @if r.replica_id == o.served_by.replica_id { (o.served_by.version) } @else { "-" } }
+                            td { (r.binary_version.as_deref().unwrap_or("-")) }
                             td { @if r.live { span.ok { "live" } } @else { span.bad { "gone" } } }
                             td { (r.hostname) ":" (r.pid) }
                             td.num { (age(Some(r.heartbeat_age_ms))) " ago" }
@@ -117,7 +117,7 @@ pub fn overview(o: &Overview) -> String {
                     }
                 }
             }
-            p.note { "Version is known for the serving replica only (the replicas table does not record it); ready = heartbeat not expired and not stopped." }
+            p.note { "Version: what each replica recorded when it started (\"-\": a binary from before it recorded one); ready = heartbeat not expired and not stopped." }
         }
         section aria-labelledby="backlog-h" {
             h2 id="backlog-h" { "Backlog" }

@@ -159,6 +159,20 @@ pub struct RetentionView {
     pub old_queued: i64,
 }
 
+/// Where the view stops counting old queued runs: a count of `OLD_QUEUED_CAP` means that many
+/// or more.
+pub const OLD_QUEUED_CAP: i64 = 10_000;
+
+/// Counts queued runs admitted more than `$1` ms ago (database clock), up to
+/// [`OLD_QUEUED_CAP`] (the `LIMIT` below).
+/// Stops at [`OLD_QUEUED_CAP`], so a backlog of millions costs what ten thousand do.
+pub const OLD_QUEUED_SQL: &str = concat!(
+    "SELECT count(*) FROM (SELECT 1 FROM qlsched.runs r
+      WHERE r.status = 'queued' AND r.queued_at_ms < ",
+    crate::db_now_ms!(),
+    " - $1::bigint LIMIT 10000) q"
+);
+
 /// Reads the retention view. `old_queued` counts queued runs through `runs_unfinished_idx`
 /// (only unfinished runs are in it); the oldest finished run is the head of
 /// `runs_finished_idx` (V11).
@@ -174,8 +188,7 @@ pub async fn view(
                  SELECT m.finished_after_ms, m.pruned_through_ms,
                         (SELECT now.ms - min(r.queued_at_ms) FROM qlsched.runs r
                           WHERE r.status IN ('succeeded', 'failed', 'cancelled')),
-                        (SELECT count(*) FROM qlsched.runs r
-                          WHERE r.status = 'queued' AND r.queued_at_ms < now.ms - $1::bigint)
+                        ({OLD_QUEUED_SQL})
                    FROM now LEFT JOIN qlsched.maintenance m ON m.task = 'prune'"
             ),
             &[&alert_ms],

@@ -14,6 +14,9 @@ pub struct ReplicaStatus {
     pub live: bool,
     pub heartbeat_age_ms: i64,
     pub live_claims: i64,
+    /// What the replica recorded at start (V13): its binary version, `None` for a replica
+    /// started by a binary from before V13.
+    pub binary_version: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -135,7 +138,8 @@ pub async fn read_bounded(
                 "SELECT r.replica_id, r.hostname, r.pid, r.expires_at_ms > {now_sql} AND r.stopped_at_ms IS NULL,
                         {now_sql} - r.heartbeat_at_ms,
                         (SELECT count(*) FROM qlsched.trigger_schedules s
-                          WHERE s.claim_owner = r.replica_id AND s.claim_expires_at_ms > {now_sql})
+                          WHERE s.claim_owner = r.replica_id AND s.claim_expires_at_ms > {now_sql}),
+                        r.binary_version
                    FROM qlsched.replicas r ORDER BY r.replica_id"
             ),
             &[],
@@ -149,6 +153,7 @@ pub async fn read_bounded(
             live: r.get(3),
             heartbeat_age_ms: r.get(4),
             live_claims: r.get(5),
+            binary_version: r.get(6),
         })
         .collect();
     let live_claims: i64 = client
@@ -283,7 +288,11 @@ impl RetentionStatus {
         format!(
             "retention: finished runs kept {kept} (pruned through {through}); oldest finished run {oldest} old; queued runs older than {}: {}",
             span(self.queued_alert_after_ms),
-            v.old_queued
+            if v.old_queued >= super::retention::OLD_QUEUED_CAP {
+                format!("{} or more", super::retention::OLD_QUEUED_CAP)
+            } else {
+                v.old_queued.to_string()
+            }
         )
     }
 }

@@ -627,3 +627,83 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
         10_100
     );
 }
+
+/// The retention view (status line, console, gauge) counts old queued runs cheaply behind a
+/// long finished history, and a huge backlog only up to [`retention::OLD_QUEUED_CAP`]
+/// ("10000 or more"), so a console page or `qlsched status` stays bounded.
+#[tokio::test]
+async fn the_old_queued_count_reads_the_queued_runs_only_and_is_capped() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                   task_revision, execution_revision_id, idempotency_key, status,
+                                   scheduled_for_ms, queued_at_ms, admitted_by)
+         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
+                'ql3:cron:v1:t:1:' || g, CASE WHEN g % 5000 = 0 THEN 'queued' ELSE 'succeeded' END,
+                g, g, 'test'
+           FROM generate_series(1, 100000) g;
+         ANALYZE qlsched.runs;",
+    )
+    .await
+    .unwrap();
+    su.batch_execute("SET plan_cache_mode = force_generic_plan; BEGIN")
+        .await
+        .unwrap();
+    let plan: Vec<String> = su
+        .query(
+            &format!(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+                retention::OLD_QUEUED_SQL.replace("$1", "3600000")
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    su.batch_execute("ROLLBACK").await.unwrap();
+    let plan = plan.join("\n");
+    let top = plan
+        .lines()
+        .find(|l| l.trim_start().starts_with("Buffers:"))
+        .unwrap_or_else(|| panic!("{plan}"));
+    let buffers: u64 = top
+        .split_whitespace()
+        .filter_map(|w| w.split_once('=').and_then(|(_, n)| n.parse::<u64>().ok()))
+        .sum();
+    assert!(
+        buffers < 200,
+        "counting 20 old queued runs among 100,000 touched {buffers} buffers:\n{plan}"
+    );
+    let v = retention::view(&su, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(v.old_queued, 20);
+    // Past the cap the count stops, and the status line says so.
+    su.batch_execute(&format!(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                   task_revision, execution_revision_id, idempotency_key,
+                                   scheduled_for_ms, queued_at_ms, admitted_by)
+         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
+                'ql3:cron:v1:t:1:' || (200000 + g), 200000 + g, g, 'test'
+           FROM generate_series(1, {}) g",
+        retention::OLD_QUEUED_CAP
+    ))
+    .await
+    .unwrap();
+    let v = retention::view(&su, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(v.old_queued, retention::OLD_QUEUED_CAP);
+    let line = qlsched::store::status::RetentionStatus {
+        view: v,
+        queued_alert_after_ms: 3_600_000,
+    }
+    .render();
+    assert!(
+        line.ends_with(&format!("{} or more", retention::OLD_QUEUED_CAP)),
+        "{line}"
+    );
+}
