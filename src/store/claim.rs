@@ -183,14 +183,19 @@ WITH obs AS MATERIALIZED (
        AND ($6::bigint > 0 OR r.session_pid IS DISTINCT FROM pg_backend_pid())
     RETURNING $6::bigint > 0 AS extended
 ), picked AS (
+    -- The schedule table is the only relation of this scan, so its plan is always the claim
+    -- index's range in order, stopped by the LIMIT: the trigger and project re-checks are a
+    -- correlated subquery (evaluated per row, never turned into a join). As joins, their
+    -- order was left to the statistics of `projects`, a table of a few rows that autovacuum
+    -- never analyses; unanalysed, it made the generic plan a sequential scan of every due row,
+    -- a hash join and a sort per round (tests/it/plans.rs).
     SELECT s.trigger_id
       FROM qlsched.trigger_schedules s
-      JOIN qlsched.triggers t ON t.trigger_id = s.trigger_id
-      JOIN qlsched.projects p ON p.project_id = s.project_id
      WHERE s.claimable_at_ms <= (SELECT now_ms FROM obs)
        AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
-       AND t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision
-       AND p.status = 'active'
+       AND (SELECT t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision AND p.status = 'active'
+              FROM qlsched.triggers t, qlsched.projects p
+             WHERE t.trigger_id = s.trigger_id AND p.project_id = s.project_id)
        AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
      ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
      LIMIT $3

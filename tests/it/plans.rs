@@ -103,6 +103,76 @@ async fn every_claim_variant_keeps_its_index_range_scan_after_six_executions_and
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// `projects` (and `tasks`, with one task for many triggers) hold a few rows, so autovacuum
+/// never analyses them: on an install whose definitions came through the CLI they stay
+/// "never analysed" (`reltuples` -1), and the planner then guesses hundreds of projects. The
+/// claim's generic plan must not depend on that guess: with every schedule due (a boundary
+/// herd), it still walks the claim index in order and stops at its limit — no sequential scan
+/// of the schedules, no hash join over every due row, no sort.
+#[tokio::test]
+async fn the_claim_keeps_its_index_range_scan_when_projects_and_tasks_were_never_analysed() {
+    let db = TestDb::new().await;
+    db.seed_bulk(10_000, "* * * * * *", 60_000).await;
+    let su = db.superuser().await;
+    // seed_bulk analyses every table; put the two small ones back to the state autovacuum
+    // leaves them in (never vacuumed or analysed), and make every schedule due.
+    su.batch_execute(concat!(
+        "UPDATE pg_class SET reltuples = -1, relpages = 0
+          WHERE oid IN ('qlsched.projects'::regclass, 'qlsched.tasks'::regclass);
+         DELETE FROM pg_statistic
+          WHERE starelid IN ('qlsched.projects'::regclass, 'qlsched.tasks'::regclass);
+         UPDATE qlsched.trigger_schedules SET claimable_at_ms = ",
+        qlsched::db_now_ms!(),
+        " - 1000, next_fire_at_ms = ",
+        qlsched::db_now_ms!(),
+        " - 1000;
+         ANALYZE qlsched.trigger_schedules, qlsched.triggers;"
+    ))
+    .await
+    .unwrap();
+    let unanalysed: i64 = su
+        .query_one(
+            "SELECT count(*) FROM pg_class WHERE reltuples < 0
+                AND oid IN ('qlsched.projects'::regclass, 'qlsched.tasks'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        unanalysed, 2,
+        "the precondition: both tables look never analysed"
+    );
+    let (variant, limit) = claim_variant(64);
+    su.batch_execute(&format!(
+        "PREPARE claim(text, bigint, uuid, uuid, bigint) AS {variant};
+         BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"
+    ))
+    .await
+    .unwrap();
+    let p = plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF)
+         EXECUTE claim('probe', 30000, gen_random_uuid(),
+                       '00000000-0000-0000-0000-000000000000', 0)",
+    )
+    .await;
+    su.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(limit, 64);
+    assert!(
+        p.contains("rows=64"),
+        "the claim leased its limit (no guard):\n{p}"
+    );
+    assert!(
+        p.contains("Index Scan using trigger_schedules_claimable_idx"),
+        "no range scan of the claim index:\n{p}"
+    );
+    assert!(
+        !p.contains("Seq Scan on trigger_schedules") && !p.contains("Sort"),
+        "the claim scans or sorts every due row:\n{p}"
+    );
+}
+
 /// The admission reaches each schedule row by its TID (a tuple-level predicate lock under
 /// SERIALIZABLE; a primary-key probe would lock whole B-tree leaf pages and make admissions of
 /// neighbouring trigger ids conflict), whether planned with its values or generically.
