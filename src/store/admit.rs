@@ -317,7 +317,7 @@ WITH obs AS MATERIALIZED (
        SET next_fire_at_ms = d.next_ms, last_scheduled_at_ms = d.sf,
            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
            claimable_at_ms = d.next_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
-      FROM obs, d, qlsched.triggers t, qlsched.tasks k, qlsched.projects p, qlsched.execution_revisions e
+      FROM obs, d
      WHERE s.ctid = ANY ($1::text[]::tid[]) AND s.ctid = d.tid::tid
        -- Compared as an expression, not as an index key: the schedule row must be reached by
        -- its TID, never by a primary-key probe (page-level predicate locks under SERIALIZABLE).
@@ -327,13 +327,20 @@ WITH obs AS MATERIALIZED (
        AND s.claim_owner = d.owner AND s.claim_token = d.token AND s.claim_version = d.cv
        AND s.claim_expires_at_ms > obs.now_ms
        AND s.updated_at_ms = d.observed_ms AND d.sf <= d.observed_ms AND d.next_ms > d.sf
-       AND t.trigger_id = d.trigger_id AND t.revision = d.rev AND t.content_digest = d.tdig
-       AND t.enabled AND t.kind = 'cron' AND t.task_id = d.task_id
-       AND k.task_id = d.task_id AND k.revision = d.krev AND k.content_digest = d.kdig
-       AND k.execution_revision_id = d.erev
-       AND p.project_id = s.project_id AND p.status = 'active'
-       AND e.execution_revision_id = d.erev AND e.kind = 'remote_worker' AND e.project_id = s.project_id
-       AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')
+       -- The definition re-checks are one correlated subquery per member, each row reached by
+       -- its primary key: as joins, their order was left to the statistics of the definition
+       -- tables, and right after a mass publish (before autovacuum analysed them) the generic
+       -- plan walked every trigger of the task through its task index for each member
+       -- (tests/it/plans.rs). A missing row makes the subquery NULL: the member is refused.
+       AND (SELECT t.revision = d.rev AND t.content_digest = d.tdig AND t.enabled AND t.kind = 'cron'
+                   AND t.task_id = d.task_id
+                   AND k.revision = d.krev AND k.content_digest = d.kdig AND k.execution_revision_id = d.erev
+                   AND p.status = 'active'
+                   AND e.kind = 'remote_worker' AND e.project_id = s.project_id
+                   AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')
+              FROM qlsched.triggers t, qlsched.tasks k, qlsched.projects p, qlsched.execution_revisions e
+             WHERE t.trigger_id = d.trigger_id AND k.task_id = d.task_id AND p.project_id = s.project_id
+               AND e.execution_revision_id = d.erev)
     RETURNING s.trigger_id, s.project_id, obs.now_ms, d.rev, d.task_id, d.krev, d.erev, d.run_id,
               d.attempt_id, d.ikey, d.sf, d.admitted_by
 ), run AS (

@@ -208,3 +208,108 @@ async fn the_admission_keeps_its_tid_access_after_six_executions_and_as_a_generi
         assert!(!p.contains("Seq Scan"), "{what}:\n{p}");
     }
 }
+
+/// Right after a mass publish (10,000 triggers through the CLI), the replicas prepare the
+/// admission before autovacuum has analysed the new rows: `triggers`, `trigger_schedules`,
+/// `tasks`, `projects` and `execution_revisions` have no column statistics. The admission's
+/// generic plan must not depend on them: it reaches the batch's schedule rows by TID and each
+/// definition row by its key, and never scans a definition table.
+#[tokio::test]
+async fn the_admission_reaches_definitions_by_key_when_no_table_was_analysed() {
+    let db = TestDb::new().await;
+    db.seed_bulk(10_000, "* * * * * *", 60_000).await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "UPDATE pg_class SET reltuples = -1, relpages = 0
+          WHERE oid IN ('qlsched.projects'::regclass, 'qlsched.tasks'::regclass,
+                        'qlsched.triggers'::regclass, 'qlsched.trigger_schedules'::regclass,
+                        'qlsched.execution_revisions'::regclass);
+         DELETE FROM pg_statistic
+          WHERE starelid IN ('qlsched.projects'::regclass, 'qlsched.tasks'::regclass,
+                             'qlsched.triggers'::regclass, 'qlsched.trigger_schedules'::regclass,
+                             'qlsched.execution_revisions'::regclass);",
+    )
+    .await
+    .unwrap();
+    su.batch_execute(&format!(
+        "PREPARE admit AS {ADMIT_SQL}; SET plan_cache_mode = force_generic_plan"
+    ))
+    .await
+    .unwrap();
+    // A batch of 64 live claims, and the admission's arguments read from those rows (so every
+    // fence and definition check holds and each joined row is really reached).
+    let args: String = su
+        .query_one(
+            concat!(
+                "WITH picked AS (
+                   UPDATE qlsched.trigger_schedules
+                      SET claim_owner = 'a', claim_token = '00000000-0000-0000-0000-000000000001',
+                          claim_version = 1, claim_expires_at_ms = n.e, claimable_at_ms = n.e,
+                          next_fire_at_ms = 1000, updated_at_ms = 2000
+                     FROM (SELECT ",
+                qlsched::db_now_ms!(),
+                " + 600000 AS e) n
+                    WHERE trigger_id IN (SELECT trigger_id FROM qlsched.trigger_schedules
+                                          ORDER BY trigger_id DESC LIMIT 64)
+                   RETURNING ctid::text AS tid, trigger_id, trigger_revision AS rev, state_version AS sv
+                 ), c AS (
+                   SELECT p.*, t.content_digest AS tdig, k.task_id, k.revision AS krev,
+                          k.content_digest AS kdig, k.execution_revision_id AS erev
+                     FROM picked p JOIN qlsched.triggers t USING (trigger_id)
+                     JOIN qlsched.tasks k ON k.task_id = t.task_id
+                 )
+                 SELECT concat_ws(', ',
+                     format('%L::text[]', array_agg(tid)), format('%L::text[]', array_agg(trigger_id)),
+                     format('%L::int8[]', array_agg(rev)), format('%L::int8[]', array_agg(sv)),
+                     format('%L::int8[]', array_agg(1000::int8)), format('%L::text[]', array_agg('a'::text)),
+                     format('%L::uuid[]', array_agg('00000000-0000-0000-0000-000000000001'::uuid)),
+                     format('%L::int8[]', array_agg(1::int8)), format('%L::int8[]', array_agg(2000::int8)),
+                     format('%L::int8[]', array_agg(1000::int8)), format('%L::int8[]', array_agg(61000::int8)),
+                     format('%L::text[]', array_agg(tdig)), format('%L::text[]', array_agg(task_id)),
+                     format('%L::int8[]', array_agg(krev)), format('%L::text[]', array_agg(kdig)),
+                     format('%L::uuid[]', array_agg(erev)), format('%L::uuid[]', array_agg(gen_random_uuid())),
+                     format('%L::uuid[]', array_agg(gen_random_uuid())),
+                     format('%L::text[]', array_agg('ql3:cron:v1:' || trigger_id || ':' || rev || ':1000')),
+                     format('%L::text[]', array_agg('a'::text)))
+                   FROM c"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let p = plan(
+        &su,
+        &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE admit({args})"),
+    )
+    .await;
+    // The buffers of the statement's schedule update (it includes the definition re-checks).
+    let adv = p
+        .lines()
+        .skip_while(|l| !l.contains("Update on trigger_schedules s"))
+        .find_map(|l| l.trim().strip_prefix("Buffers: "))
+        .unwrap_or_else(|| panic!("no buffers of the schedule update:\n{p}"));
+    let pages: u64 = adv
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum();
+    assert!(
+        p.contains("Update on trigger_schedules s (actual rows=64 loops=1)"),
+        "the batch was not admitted whole:\n{p}"
+    );
+    assert!(p.contains("Tid Scan on trigger_schedules s"), "{p}");
+    assert!(
+        p.contains("Index Scan using triggers_pkey on triggers t"),
+        "the trigger rows are not reached by key:\n{p}"
+    );
+    for bad in [
+        "triggers_task_idx",
+        "Seq Scan on triggers",
+        "Seq Scan on trigger_schedules",
+    ] {
+        assert!(!p.contains(bad), "{bad}:\n{p}");
+    }
+    // About 20 pages per member (TID, four key probes, the update); the plan that walked the
+    // task's triggers read thousands per member.
+    assert!(pages < 64 * 40, "{pages} pages for 64 members:\n{p}");
+}
