@@ -39,6 +39,14 @@
 #   --retention        only the retention rows (R): a 10-minute main phase, then four 60 s
 #                      phases off/on/off/on; about 16 min after the builds
 #   --retention-quick  the same with a 4-minute main phase and 40 s phases; about 8 min
+#   --herd100k         only the 100k herd rows (H, bench/herd100k.sh): 100,000 every-minute + 200
+#                      every-second triggers published through bench/publish_cli.sh, 3 replicas,
+#                      3 boundaries; about 9-11 min at ~330 triggers/s publishing (printed), +1 min per 20,000 slower
+#   --capacity         only the sustained capacity rows (C, bench/capacity.sh): every-second triggers
+#                      stepped from 2,000 by 1,000 (60 s windows) to the first step that falls behind,
+#                      then the highest kept-up step held 5 min; about 3 min per step + 8 min
+#   --herd100k-smoke, --capacity-smoke  tiny sizes (500 + 20 triggers, 1 boundary; steps 100, 200,
+#                      20 s windows) to check the scripts; write nothing into the repository
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
 #   QLSCHED_BENCH_LEASE    lease of the drain replicas (default 30s)
@@ -62,6 +70,7 @@ case "${1:-}" in
   --wal) MODE=wal ;;
   --retention) MODE=retention ;;
   --retention-quick) MODE=retention-quick ;;
+  --herd100k|--herd100k-smoke|--capacity|--capacity-smoke) MODE=${1#--} ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -308,6 +317,9 @@ LOAD_BEFORE=$(load_sample)
 # 1-minute load average every 5 s while the benchmark runs (others share the machine)
 ( while :; do cut -d' ' -f1 /proc/loadavg; sleep 5; done ) >"$WORK/loadavg.log" 2>/dev/null &
 SAMPLER=$!
+
+# ==== H / C. 100k herd and sustained capacity (issue 24; only their own rows) ==================
+case $MODE in herd100k*) . bench/herd100k.sh ;; capacity*) . bench/capacity.sh ;; esac
 
 # ==== 1. ceiling ===============================================================================
 bench/claim_sql.sh "'pgbench-' || :client_id" 30000 1 core >"$WORK/claim1.sql"
