@@ -40,11 +40,13 @@
 #                      phases off/on/off/on; about 16 min after the builds
 #   --retention-quick  the same with a 4-minute main phase and 40 s phases; about 8 min
 #   --herd100k         only the 100k herd rows (H, bench/herd100k.sh): 100,000 every-minute + 200
-#                      every-second triggers published through bench/publish_cli.sh, 3 replicas,
-#                      3 boundaries; about 9-11 min at ~330 triggers/s publishing (printed), +1 min per 20,000 slower
+#                      every-second triggers published through bench/publish_cli.sh (rate printed),
+#                      3 replicas, 3 boundaries; about 5 min + publishing: ~13 min at 130 triggers/s
+#                      (a busy 2-core machine, niced), ~6 min at 300/s
 #   --capacity         only the sustained capacity rows (C, bench/capacity.sh): every-second triggers
 #                      stepped from 2,000 by 1,000 (60 s windows) to the first step that falls behind,
-#                      then the highest kept-up step held 5 min; about 3 min per step + 8 min
+#                      then the highest kept-up step held 5 min; about 1.6 min per step + 5.5 min
+#                      (first failure at 6,000: ~14 min; all 12 steps to 16,000: ~25 min)
 #   --herd100k-smoke, --capacity-smoke  tiny sizes (500 + 20 triggers, 1 boundary; steps 100, 200,
 #                      20 s windows) to check the scripts; write nothing into the repository
 # environment:
@@ -55,6 +57,11 @@
 #   QLSCHED_BENCH_KEEP=1   keep the work directory (server log, replica logs, pgbench output)
 #   QLSCHED_BENCH_DISPATCHER  use this reference dispatcher binary (--retention) instead of building it
 #   QLSCHED_BENCH_PRUNE_BATCH [retention] batch of the --retention replicas (default 1000, the default)
+#   QLSCHED_BENCH_HERD_N [herd100k] every-minute triggers (default 100000; smoke 500)
+#   QLSCHED_BENCH_CAP_STEPS, QLSCHED_BENCH_CAP_WINDOW_S, QLSCHED_BENCH_CAP_HOLD_S [capacity] the
+#                          steps (space-separated), window and hold seconds
+#   QLSCHED_BENCH_PUBLISH_PS [herd100k, capacity] parallelisms tried when publishing (default
+#                          "1 2 4 8" for the herd, "2 4 8" for capacity)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
