@@ -41,8 +41,8 @@
 #   --retention-quick  the same with a 4-minute main phase and 40 s phases; about 8 min
 #   --herd100k         only the 100k herd rows (H, bench/herd100k.sh): 100,000 every-minute + 200
 #                      every-second triggers published through bench/publish_cli.sh (rate printed),
-#                      3 replicas, 3 boundaries; about 5 min + publishing: ~13 min at 130 triggers/s
-#                      (a busy 2-core machine, niced), ~6 min at 300/s
+#                      3 replicas, 3 boundaries; about 5 min + publishing: ~10 min at 170 triggers/s
+#                      (P=4 measured on a busy 2-core machine, niced), ~6 min at 300/s
 #   --capacity         only the sustained capacity rows (C, bench/capacity.sh): every-second triggers
 #                      stepped from 2,000 by 1,000 (60 s windows) to the first step that falls behind,
 #                      then the highest kept-up step held 5 min; about 1.6 min per step + 5.5 min
