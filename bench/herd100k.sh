@@ -23,6 +23,9 @@ else
 fi
 HERD_N=${QLSCHED_BENCH_HERD_N:-$HERD_N}
 TRIAL_PS=${QLSCHED_BENCH_PUBLISH_PS:-"1 2 4 8"}
+# the trials publish at most half of the triggers
+[ $(( TRIAL_N * $(wc -w <<<"$TRIAL_PS") * 2 )) -le "$HERD_N" ] || TRIAL_N=$(( HERD_N / ($(wc -w <<<"$TRIAL_PS") * 2) ))
+[ "$TRIAL_N" -gt 0 ] || die "QLSCHED_BENCH_HERD_N=$HERD_N is too small for trials at $TRIAL_PS"
 
 say "H. herd: $HERD_N every-minute + $SECOND_N every-second triggers, 3 replicas (default config), $HERD_B boundaries"
 reset_db
