@@ -39,6 +39,16 @@
 #   --retention        only the retention rows (R): a 10-minute main phase, then four 60 s
 #                      phases off/on/off/on; about 16 min after the builds
 #   --retention-quick  the same with a 4-minute main phase and 40 s phases; about 8 min
+#   --herd100k         only the 100k herd rows (H, bench/herd100k.sh): 100,000 every-minute + 200
+#                      every-second triggers published through bench/publish_cli.sh (rate printed),
+#                      3 replicas, 3 boundaries; about 5 min + publishing: ~10 min at 170 triggers/s
+#                      (P=4 measured on a busy 2-core machine, niced), ~6 min at 300/s
+#   --capacity         only the sustained capacity rows (C, bench/capacity.sh): every-second triggers
+#                      stepped from 2,000 by 1,000 (60 s windows) to the first step that falls behind,
+#                      then the highest kept-up step held 5 min; about 1.6 min per step + 5.5 min
+#                      (first failure at 6,000: ~14 min; all 12 steps to 16,000: ~25 min)
+#   --herd100k-smoke, --capacity-smoke  tiny sizes (500 + 20 triggers, 1 boundary; steps 100, 200,
+#                      20 s windows) to check the scripts; write nothing into the repository
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
 #   QLSCHED_BENCH_LEASE    lease of the drain replicas (default 30s)
@@ -47,6 +57,11 @@
 #   QLSCHED_BENCH_KEEP=1   keep the work directory (server log, replica logs, pgbench output)
 #   QLSCHED_BENCH_DISPATCHER  use this reference dispatcher binary (--retention) instead of building it
 #   QLSCHED_BENCH_PRUNE_BATCH [retention] batch of the --retention replicas (default 1000, the default)
+#   QLSCHED_BENCH_HERD_N [herd100k] every-minute triggers (default 100000; smoke 500)
+#   QLSCHED_BENCH_CAP_STEPS, QLSCHED_BENCH_CAP_WINDOW_S, QLSCHED_BENCH_CAP_HOLD_S [capacity] the
+#                          steps (space-separated), window and hold seconds
+#   QLSCHED_BENCH_PUBLISH_PS [herd100k, capacity] parallelisms tried when publishing (default
+#                          "1 2 4 8" for the herd, "2 4 8" for capacity)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -62,6 +77,7 @@ case "${1:-}" in
   --wal) MODE=wal ;;
   --retention) MODE=retention ;;
   --retention-quick) MODE=retention-quick ;;
+  --herd100k|--herd100k-smoke|--capacity|--capacity-smoke) MODE=${1#--} ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -308,6 +324,9 @@ LOAD_BEFORE=$(load_sample)
 # 1-minute load average every 5 s while the benchmark runs (others share the machine)
 ( while :; do cut -d' ' -f1 /proc/loadavg; sleep 5; done ) >"$WORK/loadavg.log" 2>/dev/null &
 SAMPLER=$!
+
+# ==== H / C. 100k herd and sustained capacity (issue 24; only their own rows) ==================
+case $MODE in herd100k*) . bench/herd100k.sh ;; capacity*) . bench/capacity.sh ;; esac
 
 # ==== 1. ceiling ===============================================================================
 bench/claim_sql.sh "'pgbench-' || :client_id" 30000 1 core >"$WORK/claim1.sql"
