@@ -167,30 +167,52 @@ pub async fn read_bounded(
     let mut by_kind = ByKind::default();
     // Per kind: the last minute's admissions (a range of `runs_queued_at_idx`) and the lag
     // over that kind's last `$1` runs (the same index read backwards, filtered by kind).
-    let rows = client
-        .query(
-            &format!(
-                "WITH n AS MATERIALIZED (SELECT {now_sql} AS ms)
-                 SELECT k.kind,
-                        (SELECT count(*) FROM qlsched.runs r
-                          WHERE r.queued_at_ms > (SELECT ms FROM n) - 60000
-                            AND ({RUN_KIND_SQL}) = k.kind),
-                        l.p50, l.p99, l.sample
-                   FROM unnest($2::text[]) AS k(kind)
-                  CROSS JOIN LATERAL (
-                        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+    // Bounded by `scan` (the console), the newest `scan` admissions are read once and shared
+    // by the kinds, and the last minute once, grouped by kind; unbounded (`qlsched status`),
+    // each kind reads backwards until it has its `$1` runs.
+    let sql = if scan.is_some() {
+        format!(
+            "WITH n AS MATERIALIZED (SELECT {now_sql} AS ms),
+                  m AS (SELECT ({RUN_KIND_SQL}) AS kind, count(*) AS c FROM qlsched.runs r
+                         WHERE r.queued_at_ms > (SELECT ms FROM n) - 60000 GROUP BY 1),
+                  recent AS (SELECT kind, lag, row_number() OVER (PARTITION BY kind ORDER BY q DESC) AS nth
+                               FROM (SELECT ({RUN_KIND_SQL}) AS kind, r.queued_at_ms AS q,
+                                            r.queued_at_ms - r.scheduled_for_ms AS lag
+                                       FROM qlsched.runs r
+                                      WHERE r.queued_at_ms IS NOT NULL
+                                      ORDER BY r.queued_at_ms DESC LIMIT $3) x),
+                  l AS (SELECT kind, percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
                                percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
                                count(*) AS sample
-                          FROM (SELECT r.queued_at_ms - r.scheduled_for_ms AS lag
-                                  FROM (SELECT * FROM qlsched.runs r
-                                         WHERE r.queued_at_ms IS NOT NULL
-                                         ORDER BY r.queued_at_ms DESC LIMIT $3) r
-                                 WHERE ({RUN_KIND_SQL}) = k.kind
-                                 ORDER BY r.queued_at_ms DESC LIMIT $1) s) l"
-            ),
-            &[&last, &RUN_KINDS.to_vec(), &scan],
+                          FROM recent WHERE nth <= $1 GROUP BY kind)
+             SELECT k.kind, coalesce(m.c, 0), l.p50, l.p99, coalesce(l.sample, 0)
+               FROM unnest($2::text[]) AS k(kind)
+               LEFT JOIN m ON m.kind = k.kind LEFT JOIN l ON l.kind = k.kind"
         )
-        .await?;
+    } else {
+        format!(
+            "WITH n AS MATERIALIZED (SELECT {now_sql} AS ms)
+             SELECT k.kind,
+                    (SELECT count(*) FROM qlsched.runs r
+                      WHERE r.queued_at_ms > (SELECT ms FROM n) - 60000
+                        AND ({RUN_KIND_SQL}) = k.kind),
+                    l.p50, l.p99, l.sample
+               FROM unnest($2::text[]) AS k(kind)
+              CROSS JOIN LATERAL (
+                    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+                           percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
+                           count(*) AS sample
+                      FROM (SELECT r.queued_at_ms - r.scheduled_for_ms AS lag
+                              FROM qlsched.runs r
+                             WHERE r.queued_at_ms IS NOT NULL AND ({RUN_KIND_SQL}) = k.kind
+                             ORDER BY r.queued_at_ms DESC LIMIT $1) s) l"
+        )
+    };
+    let kinds = RUN_KINDS.to_vec();
+    let rows = match &scan {
+        Some(scan) => client.query(&sql, &[&last, &kinds, scan]).await?,
+        None => client.query(&sql, &[&last, &kinds]).await?,
+    };
     for r in rows {
         let kind: String = r.get(0);
         if let Some(k) = by_kind.get_mut(&kind) {

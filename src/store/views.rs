@@ -371,6 +371,8 @@ pub struct MinuteBucket {
 pub struct AdmissionHistory {
     /// Oldest first; minutes without admissions are absent.
     pub minutes: Vec<MinuteBucket>,
+    /// The start of the window's first minute: the 60 whole minutes up to the end of the
+    /// current one.
     pub window_start_ms: i64,
     pub now_ms: i64,
     /// Of which kind (`cron` unless asked otherwise).
@@ -378,55 +380,67 @@ pub struct AdmissionHistory {
     /// Only the newest [`HISTORY_CAP`] admissions of the hour were read (a busier hour
     /// shows its last part only).
     pub capped: bool,
+    /// Where this read started (a minute boundary): the window's start, or the `since` the
+    /// caller already knew the minutes before of.
+    #[serde(skip)]
+    pub read_from_ms: i64,
 }
 
 /// Most runs one history reads.
 pub const HISTORY_CAP: i64 = 200_000;
 
 /// Admissions per minute and lag p50/p99 over the last hour: a range of
-/// `runs_queued_at_idx` read backwards, at most [`HISTORY_CAP`] rows. `trigger` narrows it
-/// to one trigger (through `runs_trigger_idx`, its last 50 runs: a trigger's chart).
+/// `runs_queued_at_idx` read backwards, at most [`HISTORY_CAP`] rows. With `since_ms` (a
+/// minute boundary) only the minutes from there on are read: the caller holds the earlier
+/// ones (the console keeps the minutes that ended over a minute ago).
 pub async fn admission_history(
     client: &impl tokio_postgres::GenericClient,
     kind: &str,
+    since_ms: Option<i64>,
 ) -> Result<AdmissionHistory, StoreError> {
     let sql = format!(
-        "WITH n AS MATERIALIZED (SELECT {} AS ms),
+        "WITH n AS MATERIALIZED (SELECT {now} AS ms),
+              b AS MATERIALIZED (SELECT (ms / 60000) * 60000 - 3540000 AS start FROM n),
+              f AS MATERIALIZED (SELECT greatest(b.start, coalesce($3::bigint, b.start)) AS lo FROM b),
               w AS (SELECT r.queued_at_ms AS q, r.queued_at_ms - r.scheduled_for_ms AS lag
                       FROM qlsched.runs r
-                     WHERE r.queued_at_ms > (SELECT ms FROM n) - 3600000
+                     WHERE r.queued_at_ms >= (SELECT lo FROM f)
                        AND ({RUN_KIND_SQL}) = $1
                      ORDER BY r.queued_at_ms DESC LIMIT $2)
-         SELECT (SELECT ms FROM n), (SELECT count(*) FROM w),
-                b.m, b.c, b.p50, b.p99
+         SELECT (SELECT ms FROM n), (SELECT start FROM b), (SELECT lo FROM f), (SELECT count(*) FROM w),
+                x.m, x.c, x.p50, x.p99
            FROM (SELECT (q / 60000) * 60000 AS m, count(*) AS c,
                         percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
                         percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99
-                   FROM w GROUP BY 1) b
+                   FROM w GROUP BY 1) x
           RIGHT JOIN (SELECT 1) one ON true
-          ORDER BY b.m",
-        db_now_ms!()
+          ORDER BY x.m",
+        now = db_now_ms!()
     );
-    let rows = client.query(&sql, &[&kind, &HISTORY_CAP]).await?;
-    let now_ms: i64 = rows.first().map(|r| r.get(0)).unwrap_or_default();
-    let read: i64 = rows.first().map(|r| r.get(1)).unwrap_or_default();
+    let rows = client
+        .query(&sql, &[&kind, &HISTORY_CAP, &since_ms])
+        .await?;
+    // Always one row at least (the right join); its first columns are the clock and bounds.
+    let head = |i: usize| rows.first().map(|r| r.get::<_, i64>(i)).unwrap_or_default();
+    let (now_ms, window_start_ms, read_from_ms, read) = (head(0), head(1), head(2), head(3));
     let minutes = rows
         .iter()
         .filter_map(|r| {
             Some(MinuteBucket {
-                minute_start_ms: r.get::<_, Option<i64>>(2)?,
-                admitted: r.get(3),
-                lag_p50_ms: r.get(4),
-                lag_p99_ms: r.get(5),
+                minute_start_ms: r.get::<_, Option<i64>>(4)?,
+                admitted: r.get(5),
+                lag_p50_ms: r.get(6),
+                lag_p99_ms: r.get(7),
             })
         })
         .collect();
     Ok(AdmissionHistory {
         minutes,
-        window_start_ms: now_ms - 3_600_000,
+        window_start_ms,
         now_ms,
         kind: kind.into(),
         capped: read >= HISTORY_CAP,
+        read_from_ms,
     })
 }
 

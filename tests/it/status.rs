@@ -78,6 +78,30 @@ async fn status_splits_admissions_and_lag_by_cron_manual_and_backfill() {
         "{json}"
     );
 
+    // The console's bounded read (the newest admissions read once, shared by the kinds)
+    // gives what the unbounded one gives when the bound covers every run …
+    let su = db.superuser().await;
+    let by_kind = |s: qlsched::store::status::Status| serde_json::to_value(s.by_kind).unwrap();
+    let unbounded = qlsched::store::status::read(&su, 1000).await.unwrap();
+    let bounded = qlsched::store::status::read_bounded(&su, 1000, Some(20_000))
+        .await
+        .unwrap();
+    assert_eq!(by_kind(bounded), by_kind(unbounded));
+    // … and with a bound of 5, the lag covers the 5 newest: the 2 fires and 3 of the backfill.
+    let tight = qlsched::store::status::read_bounded(&su, 1000, Some(5))
+        .await
+        .unwrap()
+        .by_kind;
+    assert_eq!(
+        (
+            tight.manual.lag_sample,
+            tight.backfill.lag_sample,
+            tight.cron.lag_sample
+        ),
+        (2, 3, 0)
+    );
+    assert_eq!(tight.backfill.admitted_last_minute, 600);
+
     let text = ok(ql(&db, &["status"]));
     for (kind, sample) in [("cron", cron), ("manual", 2), ("backfill", 600)] {
         assert!(
