@@ -39,6 +39,11 @@
 #   --retention        only the retention rows (R): a 10-minute main phase, then four 60 s
 #                      phases off/on/off/on; about 16 min after the builds
 #   --retention-quick  the same with a 4-minute main phase and 40 s phases; about 8 min
+#   --stock-vs-tuned   only the stock-vs-tuned rows (S): a stock and a tuned server side by side,
+#                      drain / lag / herd (CLI-published) on each, graphile-worker 0.18's cron herd
+#                      on each, counter profiles; environment and details in bench/stock_vs_tuned.sh;
+#                      about 24 min
+#   --stock-vs-tuned-smoke  the same at tiny sizes, graphile on the tuned server only; no file kept
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
 #   QLSCHED_BENCH_LEASE    lease of the drain replicas (default 30s)
@@ -62,6 +67,8 @@ case "${1:-}" in
   --wal) MODE=wal ;;
   --retention) MODE=retention ;;
   --retention-quick) MODE=retention-quick ;;
+  --stock-vs-tuned) MODE=stock-vs-tuned ;;
+  --stock-vs-tuned-smoke) MODE=stock-vs-tuned-smoke ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -308,6 +315,9 @@ LOAD_BEFORE=$(load_sample)
 # 1-minute load average every 5 s while the benchmark runs (others share the machine)
 ( while :; do cut -d' ' -f1 /proc/loadavg; sleep 5; done ) >"$WORK/loadavg.log" 2>/dev/null &
 SAMPLER=$!
+
+# ==== S. stock vs tuned servers and graphile-worker (--stock-vs-tuned only; exits) ==============
+if [ "${MODE#stock-vs-tuned}" != "$MODE" ]; then . bench/stock_vs_tuned.sh; fi
 
 # ==== 1. ceiling ===============================================================================
 bench/claim_sql.sh "'pgbench-' || :client_id" 30000 1 core >"$WORK/claim1.sql"
