@@ -143,13 +143,16 @@ SVT_SNAP_SQL+="
  union all select 'bgwriter stops (maxwritten_clean)', maxwritten_clean from pg_stat_bgwriter
  union all select 'buffers allocated', buffers_alloc from pg_stat_bgwriter"
 [ "$SVT_MAJOR" -ge 16 ] && SVT_SNAP_SQL+="
- union all select 'io client backends: reads', coalesce(sum(reads), 0) from pg_stat_io where backend_type = 'client backend'
- union all select 'io client backends: writes', coalesce(sum(writes), 0) from pg_stat_io where backend_type = 'client backend'
- union all select 'io client backends: extends', coalesce(sum(extends), 0) from pg_stat_io where backend_type = 'client backend'
- union all select 'io client backends: evictions', coalesce(sum(evictions), 0) from pg_stat_io where backend_type = 'client backend'
- union all select 'io all: writes', coalesce(sum(writes), 0) from pg_stat_io
- union all select 'io all: evictions', coalesce(sum(evictions), 0) from pg_stat_io
- union all select 'io all: fsyncs', coalesce(sum(fsyncs), 0) from pg_stat_io"
+ union all select 'io client backends, relations: reads', coalesce(sum(reads), 0) from pg_stat_io where backend_type = 'client backend' and object = 'relation'
+ union all select 'io client backends, relations: writes', coalesce(sum(writes), 0) from pg_stat_io where backend_type = 'client backend' and object = 'relation'
+ union all select 'io client backends, relations: extends', coalesce(sum(extends), 0) from pg_stat_io where backend_type = 'client backend' and object = 'relation'
+ union all select 'io client backends, relations: evictions', coalesce(sum(evictions), 0) from pg_stat_io where backend_type = 'client backend' and object = 'relation'
+ union all select 'io all processes, relations: writes', coalesce(sum(writes), 0) from pg_stat_io where object = 'relation'
+ union all select 'io all processes, relations: evictions', coalesce(sum(evictions), 0) from pg_stat_io where object = 'relation'
+ union all select 'io all processes, relations: fsyncs', coalesce(sum(fsyncs), 0) from pg_stat_io where object = 'relation'"
+[ "$SVT_MAJOR" -ge 18 ] && SVT_SNAP_SQL+="
+ union all select 'io wal: writes', coalesce(sum(writes), 0) from pg_stat_io where object = 'wal'
+ union all select 'io wal: fsyncs', coalesce(sum(fsyncs), 0) from pg_stat_io where object = 'wal'"
 SVT_SNAP_SQL+="
  union all select 'db blocks read', sum(blks_read) from pg_stat_database
  union all select 'db blocks hit', sum(blks_hit) from pg_stat_database
@@ -372,11 +375,11 @@ SVT_PROFILE="$(svt_profile "herd ($SVT_B boundaries, from 3 s before the first u
 $(svt_profile "drain, run 1" drain-stock-1 drain-tuned-1)
 $(if [ "$SVT_DRAIN_REPS" -ge 2 ]; then svt_profile "drain, run 2" drain-stock-2 drain-tuned-2; fi)
 $(svt_profile "lag ($SVT_LAG_S s window)" lag-stock lag-tuned)
-$(svt_profile "graphile-worker herd ($SVT_B boundaries)" graphile-stock graphile-tuned)"
+$(svt_profile "graphile-worker herd ($SVT_B boundaries, incl. its workers running the no-op jobs)" graphile-stock graphile-tuned)"
 # graphile on one server only: its profile against qlsched's herd on the same server
 for s in stock tuned; do
   if [ -f "$WORK/prof-graphile-$s" ] && [ ! -f "$WORK/prof-graphile-$([ $s = stock ] && echo tuned || echo stock)" ]; then
-    SVT_PROFILE+="$(printf '\n**herd on the %s server: qlsched vs graphile-worker** (counter deltas)\n\n| counter | qlsched | graphile-worker | qlsched ÷ graphile |\n|---|---|---|---|\n'; awk -F'|' 'NR == FNR {s[$1] = $2; next} {r = ($2 > 0) ? sprintf("%.2f", s[$1] / $2) : "—"; printf "| %s | %s | %s | %s |\n", $1, s[$1], $2, r}' "$WORK/prof-herd-$s" "$WORK/prof-graphile-$s")"
+    SVT_PROFILE+="$(printf '\n**herd on the %s server: qlsched vs graphile-worker** (counter deltas; graphile'"'"'s include its workers running the no-op jobs, qlsched'"'"'s no dispatch)\n\n| counter | qlsched | graphile-worker | qlsched ÷ graphile |\n|---|---|---|---|\n' "$s"; awk -F'|' 'NR == FNR {s[$1] = $2; next} {r = ($2 > 0) ? sprintf("%.2f", s[$1] / $2) : "—"; printf "| %s | %s | %s | %s |\n", $1, s[$1], $2, r}' "$WORK/prof-herd-$s" "$WORK/prof-graphile-$s")"
   fi
 done
 

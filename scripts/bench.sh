@@ -42,7 +42,7 @@
 #   --stock-vs-tuned   only the stock-vs-tuned rows (S): a stock and a tuned server side by side,
 #                      drain / lag / herd (CLI-published) on each, graphile-worker 0.18's cron herd
 #                      on each, counter profiles; environment and details in bench/stock_vs_tuned.sh;
-#                      about 24 min
+#                      about 20 min (publishing 10k at ~115/s takes ~90 s per server)
 #   --stock-vs-tuned-smoke  the same at tiny sizes, graphile on the tuned server only; no file kept
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
