@@ -279,7 +279,7 @@ svt_graphile() { # NAME
   local conn log first b boundary deadline n t tmin tmax ms="" detail="" ok=1 i left executed
   use_server "$1"
   say "graphile-worker $SVT_G_VERSION: $SVT_N every-minute crontab entries, 3 workers, $SVT_B boundaries, $1 server"
-  sqlpg "DROP DATABASE IF EXISTS graphile" >/dev/null; sqlpg "CREATE DATABASE graphile" >/dev/null
+  PGOPTIONS="-c client_min_messages=warning" sqlpg "DROP DATABASE IF EXISTS graphile" >/dev/null; sqlpg "CREATE DATABASE graphile" >/dev/null
   conn="postgres://postgres@127.0.0.1:$PORT/graphile"
   QLSCHED_GRAPHILE_DIR=$GDIR node bench/graphile/driver.cjs migrate "$conn" >"$WORK/graphile-$1-migrate.log" 2>&1 \
     || { cat "$WORK/graphile-$1-migrate.log" >&2; die "graphile-worker migrations failed"; }
