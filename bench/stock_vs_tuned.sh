@@ -383,6 +383,10 @@ for s in stock tuned; do
   fi
 done
 
+for s in stock tuned; do   # log_checkpoints is on by default from PostgreSQL 15
+  ck=$(grep -E 'checkpoint (starting|complete)' "$WORK/$s/server.log" | sed 's/^/    /' || true)
+  note "checkpoints logged by the $s server during the run:"$'\n\n'"${ck:-    (none)}"
+done
 FINISHED_AT=$(date +%s)
 kill "$SAMPLER" 2>/dev/null || true; SAMPLER=""
 LOAD_RANGE=$(sort -n "$WORK/loadavg.log" | awk 'NR == 1 {min = $1} {max = $1; s += $1; n++} END {if (n) printf "min %s, mean %.2f, max %s (%d samples)", min, s / n, max, n}')
