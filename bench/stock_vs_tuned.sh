@@ -34,6 +34,7 @@
 #   QLSCHED_SVT_GRAPHILE_SERVERS   servers graphile-worker runs on (default "stock tuned"; smoke "tuned")
 #   QLSCHED_GRAPHILE_DIR           npm cache of graphile-worker (default /var/tmp/qlsched-graphile)
 #   QLSCHED_SVT_N, QLSCHED_SVT_BOUNDARIES  override N and B
+#   QLSCHED_SVT_ROWS               rows to run (default "drain lag herd graphile")
 ROOT=${ROOT:-$PWD}
 SVT_SMOKE=0; [ "$MODE" = stock-vs-tuned-smoke ] && SVT_SMOKE=1
 if [ $SVT_SMOKE = 1 ]; then
@@ -250,8 +251,8 @@ svt_herd() { # NAME
       [ "$(now_ms)" -lt $deadline ] || break
       sleep 0.2
     done
-    t=$(sql "select coalesce(max(queued_at_ms), 0) - $boundary from qlsched.runs where scheduled_for_ms = $boundary")
-    [ "$n" -ge "$SVT_N" ] || ok=0
+    t=$(sql "select coalesce(max(queued_at_ms) - $boundary, 999999) from qlsched.runs where scheduled_for_ms = $boundary")
+    [ "$n" -ge "$SVT_N" ] || { ok=0; svt_herd_diag "$1" "$boundary"; }
     ms+="$t "; detail+="$t ms ($n runs); "
     say "   $1 boundary $((b + 1)): $n/$SVT_N runs, last committed $t ms after the boundary"
   done
@@ -263,6 +264,20 @@ svt_herd() { # NAME
   SVT_HERD_TXT[$1]="${detail}duplicates $dups; published in $(fmt "$pub_s") s ($(fmt "${SVT_PUB_RATE[$1]}") triggers/s)"
 }
 declare -A SVT_PUB_RATE=()
+# svt_herd_diag NAME BOUNDARY: what the database and the replicas looked like when a boundary
+# was not complete after 60 s (into the evidence)
+svt_herd_diag() {
+  local i alive="" logs=""
+  for i in "${!RPIDS[@]}"; do
+    alive+="r$((i + 1)) $(kill -0 "${RPIDS[$i]}" 2>/dev/null && echo running || echo EXITED); "
+    logs+=$'\n'"r$((i + 1)).log (last 8 lines):"$'\n'"$(tail -8 "$WORK/r$((i + 1)).log" | cut -c1-400 | sed 's/^/    /')"
+  done
+  note "INCOMPLETE herd boundary $2 on the $1 server: replicas $alive
+schedules (count, min/max next_fire_at_ms, min claimable_at_ms, claimed): $(sql "select count(*), min(next_fire_at_ms), max(next_fire_at_ms), min(claimable_at_ms), count(claim_owner) from qlsched.trigger_schedules")
+runs by scheduled_for_ms: $(sql "select string_agg(scheduled_for_ms || ': ' || n, ', ') from (select scheduled_for_ms, count(*) n from qlsched.runs group by 1 order by 1) x")
+replica rows: $(sql "select string_agg(replica_id || ' hb ' || heartbeat_at_ms, ', ') from qlsched.replicas" 2>&1 | head -3)
+$logs"
+}
 
 # ---- graphile-worker 0.18 ------------------------------------------------------------------------
 declare -A SVT_G_MS=() SVT_G_TXT=() SVT_G_OK=()
@@ -334,24 +349,29 @@ svt_graphile() { # NAME
 sqld() { "${PSQL[@]}" -d "$1" -c "$2"; }
 
 # ---- the run: stock and tuned alternate row by row ------------------------------------------------
-for rep in $(seq 1 "$SVT_DRAIN_REPS"); do
-  if [ $((rep % 2)) = 1 ]; then order="stock tuned"; else order="tuned stock"; fi
-  for s in $order; do svt_drain "$s" "$rep"; done
-done
-for s in stock tuned; do svt_lag "$s"; done
-svt_graphile_install
+SVT_ROWS=" ${QLSCHED_SVT_ROWS:-drain lag herd graphile} "
+if [[ $SVT_ROWS == *" drain "* ]]; then
+  for rep in $(seq 1 "$SVT_DRAIN_REPS"); do
+    if [ $((rep % 2)) = 1 ]; then order="stock tuned"; else order="tuned stock"; fi
+    for s in $order; do svt_drain "$s" "$rep"; done
+  done
+fi
+if [[ $SVT_ROWS == *" lag "* ]]; then for s in stock tuned; do svt_lag "$s"; done; fi
+if [[ $SVT_ROWS == *" graphile "* ]]; then svt_graphile_install; fi
 for s in tuned stock; do
-  svt_herd "$s"
-  case " $SVT_G_SERVERS " in *" $s "*) svt_graphile "$s" ;; esac
+  if [[ $SVT_ROWS == *" herd "* ]]; then svt_herd "$s"; fi
+  if [[ $SVT_ROWS == *" graphile "* ]]; then case " $SVT_G_SERVERS " in *" $s "*) svt_graphile "$s" ;; esac; fi
 done
 
 # ---- results ---------------------------------------------------------------------------------------
 svt_max() { printf '%s\n' $1 | sort -n | tail -1; }
 for s in stock tuned; do
+  [ -n "${SVT_DRAIN_RATE[$s]:-}" ] || continue
   row "S" "drain $SVT_DRAIN due, 3 replicas, $s server (bench.sh's drain_once; $SVT_DRAIN_REPS run(s), alternating servers)" \
       "$(echo ${SVT_DRAIN_RATE[$s]} | sed 's/ /, /g') occ/s; WAL $(echo ${SVT_DRAIN_WAL[$s]} | sed 's/ /, /g') B per occurrence" "reference" "—"
 done
 for s in stock tuned; do
+  [ -n "${SVT_HERD_MS[$s]:-}" ] || continue
   hmax=$(svt_max "${SVT_HERD_MS[$s]}")
   row "S" "herd $SVT_N every-minute triggers published through the CLI path, 3 replicas, default config, $s server, $SVT_B boundaries" \
       "${SVT_HERD_TXT[$s]}" "≤ 1000 ms at every boundary" "$(verdict "$hmax <= 1000 && ${SVT_HERD_OK[$s]} == 1")"
@@ -360,6 +380,7 @@ for s in stock tuned; do
   [ -n "${SVT_G_MS[$s]:-}" ] || continue
   row "S" "graphile-worker $SVT_G_VERSION, $SVT_N every-minute crontab entries, 3 workers, $s server, $SVT_B boundaries" \
       "${SVT_G_TXT[$s]}" "reference" "$([ "${SVT_G_OK[$s]}" = 1 ] && echo "—" || echo "INCOMPLETE")"
+  [ -n "${SVT_HERD_MS[$s]:-}" ] || continue
   # per boundary: graphile's time ÷ qlsched's time on the same server (boundary k with boundary k)
   ratios=$(paste -d' ' <(printf '%s\n' ${SVT_G_MS[$s]}) <(printf '%s\n' ${SVT_HERD_MS[$s]}) | awk '{printf "%.2f\n", $1 / ($2 > 0 ? $2 : 1)}')
   rmin=$(printf '%s\n' $ratios | sort -g | head -1)
@@ -368,6 +389,7 @@ for s in stock tuned; do
       "≥ 3× at every boundary" "$(verdict "$rmin >= 3 && ${SVT_HERD_OK[$s]} == 1 && ${SVT_G_OK[$s]} == 1")"
 done
 for s in stock tuned; do
+  [ -n "${SVT_LAG_P99[$s]:-}" ] || continue
   row "S" "lag, $SVT_LAG_N every-second triggers, 3 replicas, default config, $s server" "${SVT_LAG_TXT[$s]}" \
       "p99 ≤ 20 ms" "$(verdict "${SVT_LAG_P99[$s]} <= 20 && ${SVT_LAG_OK[$s]} == 1")"
 done
