@@ -276,6 +276,8 @@ svt_herd_diag() {
 schedules (count, min/max next_fire_at_ms, min claimable_at_ms, claimed): $(sql "select count(*), min(next_fire_at_ms), max(next_fire_at_ms), min(claimable_at_ms), count(claim_owner) from qlsched.trigger_schedules")
 runs by scheduled_for_ms: $(sql "select string_agg(scheduled_for_ms || ': ' || n, ', ') from (select scheduled_for_ms, count(*) n from qlsched.runs group by 1 order by 1) x")
 replica rows: $(sql "select string_agg(replica_id || ' hb ' || heartbeat_at_ms, ', ') from qlsched.replicas" 2>&1 | head -3)
+runtime sessions on this server (state, wait event): $(sqlpg "select count(*) || ' ' || coalesce(string_agg(distinct state || '/' || coalesce(wait_event, '-'), ', '), '') from pg_stat_activity where usename = 'qlsched_runtime'")
+replica config DSNs: $(grep -h '^dsn' "$WORK"/r[123].toml | sort | uniq -c | tr '\n' ' ')
 $logs"
 }
 
