@@ -49,6 +49,11 @@
 #                      (first failure at 6,000: ~14 min; all 12 steps to 16,000: ~25 min)
 #   --herd100k-smoke, --capacity-smoke  tiny sizes (500 + 20 triggers, 1 boundary; steps 100, 200,
 #                      20 s windows) to check the scripts; write nothing into the repository
+#   --stock-vs-tuned   only the stock-vs-tuned rows (S): a stock and a tuned server side by side,
+#                      drain / lag / herd (CLI-published) on each, graphile-worker 0.18's cron herd
+#                      on each, counter profiles; environment and details in bench/stock_vs_tuned.sh;
+#                      about 20 min (publishing 10k at ~115/s takes ~90 s per server)
+#   --stock-vs-tuned-smoke  the same at tiny sizes, graphile on the tuned server only; no file kept
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
 #   QLSCHED_BENCH_LEASE    lease of the drain replicas (default 30s)
@@ -78,6 +83,8 @@ case "${1:-}" in
   --retention) MODE=retention ;;
   --retention-quick) MODE=retention-quick ;;
   --herd100k|--herd100k-smoke|--capacity|--capacity-smoke) MODE=${1#--} ;;
+  --stock-vs-tuned) MODE=stock-vs-tuned ;;
+  --stock-vs-tuned-smoke) MODE=stock-vs-tuned-smoke ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -325,8 +332,10 @@ LOAD_BEFORE=$(load_sample)
 ( while :; do cut -d' ' -f1 /proc/loadavg; sleep 5; done ) >"$WORK/loadavg.log" 2>/dev/null &
 SAMPLER=$!
 
-# ==== H / C. 100k herd and sustained capacity (issue 24; only their own rows) ==================
-case $MODE in herd100k*) . bench/herd100k.sh ;; capacity*) . bench/capacity.sh ;; esac
+# ==== H / C. 100k herd and sustained capacity (issue 24; only their own rows) ===========case $MODE in herd100k*) . bench/herd100k.sh ;; capacity*) . bench/capacity.sh ;; esac
+=======
+# ==== S. stock vs tuned servers and graphile-worker (--stock-vs-tuned only; exits) ==============
+if [ "${MODE#stock-vs-tuned}" != "$MODE" ]; then . bench/stock_vs_tuned.sh; fi
 
 # ==== 1. ceiling ===============================================================================
 bench/claim_sql.sh "'pgbench-' || :client_id" 30000 1 core >"$WORK/claim1.sql"
