@@ -232,3 +232,13 @@ pub async fn backfill_floor_ms(
         (a, b) => Some((a.max(b).expect("one is set"), finished_after)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// The count's `LIMIT` is written into the SQL text (a `const` string); it must stay the
+    /// cap the status line and the console compare with.
+    #[test]
+    fn the_old_queued_count_stops_at_its_cap() {
+        assert!(super::OLD_QUEUED_SQL.ends_with(&format!(" LIMIT {}) q", super::OLD_QUEUED_CAP)));
+    }
+}

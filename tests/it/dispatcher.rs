@@ -399,15 +399,8 @@ async fn a_take_behind_a_large_backlog_reads_only_the_runs_it_takes() {
     for table in ["runs", "attempts"] {
         assert!(!plan.contains(&format!("Seq Scan on {table}")), "{plan}");
     }
-    // Every "Buffers:" figure of the plan's top node (the statement's total).
-    let top = plan
-        .lines()
-        .find(|l| l.trim_start().starts_with("Buffers:"))
-        .unwrap_or_else(|| panic!("{plan}"));
-    let buffers: u64 = top
-        .split_whitespace()
-        .filter_map(|w| w.split_once('=').and_then(|(_, n)| n.parse::<u64>().ok()))
-        .sum();
+    // The plan's top node: the statement's total.
+    let buffers = crate::helpers::plan_buffers(&plan, "");
     assert!(
         buffers < 2_000,
         "taking 16 of 50,000 queued runs touched {buffers} buffers:\n{plan}"

@@ -284,15 +284,7 @@ async fn the_admission_reaches_definitions_by_key_when_no_table_was_analysed() {
     )
     .await;
     // The buffers of the statement's schedule update (it includes the definition re-checks).
-    let adv = p
-        .lines()
-        .skip_while(|l| !l.contains("Update on trigger_schedules s"))
-        .find_map(|l| l.trim().strip_prefix("Buffers: "))
-        .unwrap_or_else(|| panic!("no buffers of the schedule update:\n{p}"));
-    let pages: u64 = adv
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u64>().ok())
-        .sum();
+    let pages = crate::helpers::plan_buffers(&p, "Update on trigger_schedules s");
     assert!(
         p.contains("Update on trigger_schedules s (actual rows=64 loops=1)"),
         "the batch was not admitted whole:\n{p}"

@@ -665,14 +665,7 @@ async fn the_old_queued_count_reads_the_queued_runs_only_and_is_capped() {
         .collect();
     su.batch_execute("ROLLBACK").await.unwrap();
     let plan = plan.join("\n");
-    let top = plan
-        .lines()
-        .find(|l| l.trim_start().starts_with("Buffers:"))
-        .unwrap_or_else(|| panic!("{plan}"));
-    let buffers: u64 = top
-        .split_whitespace()
-        .filter_map(|w| w.split_once('=').and_then(|(_, n)| n.parse::<u64>().ok()))
-        .sum();
+    let buffers = crate::helpers::plan_buffers(&plan, "");
     assert!(
         buffers < 200,
         "counting 20 old queued runs among 100,000 touched {buffers} buffers:\n{plan}"

@@ -546,6 +546,20 @@ impl TestDb {
     }
 }
 
+/// The pages an `EXPLAIN (ANALYZE, BUFFERS)` plan reports for one node: the sum of the
+/// figures (hit, read, dirtied, written) of the first `Buffers:` line at or after the first
+/// line containing `node` (`""`: the top node, i.e. the whole statement). Panics, showing the
+/// plan, when there is none.
+pub fn plan_buffers(plan: &str, node: &str) -> u64 {
+    plan.lines()
+        .skip_while(|l| !l.contains(node))
+        .find_map(|l| l.trim_start().strip_prefix("Buffers:"))
+        .unwrap_or_else(|| panic!("no buffers of `{node}` in the plan:\n{plan}"))
+        .split_whitespace()
+        .filter_map(|w| w.split_once('=').and_then(|(_, n)| n.parse::<u64>().ok()))
+        .sum()
+}
+
 /// The database clock on `c`, in ms since the epoch: the scheduler's time authority, read with
 /// the scheduler's own SQL fragment (`qlsched::db_now_ms!`). The one reading of it in the tests.
 pub async fn db_now_ms(c: &tokio_postgres::Client) -> i64 {
