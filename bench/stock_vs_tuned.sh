@@ -244,13 +244,8 @@ svt_herd() { # NAME
   while [ "$(now_ms)" -lt $((first - 3000)) ]; do sleep 0.2; done
   svt_snap "$WORK/snap-herd-$1-a"
   for b in $(seq 0 $((SVT_B - 1))); do
-    boundary=$((first + b * 60000)); deadline=$((boundary + 60000))
-    while :; do
-      n=$(sql "select count(*) from qlsched.runs where scheduled_for_ms = $boundary")
-      [ "$n" -ge "$SVT_N" ] && break
-      [ "$(now_ms)" -lt $deadline ] || break
-      sleep 0.2
-    done
+    boundary=$((first + b * 60000))
+    n=$(herd_count "$boundary" "$SVT_N")
     t=$(sql "select coalesce(max(queued_at_ms) - $boundary, 999999) from qlsched.runs where scheduled_for_ms = $boundary")
     [ "$n" -ge "$SVT_N" ] || { ok=0; svt_herd_diag "$1" "$boundary"; }
     ms+="$t "; detail+="$t ms ($n runs); "

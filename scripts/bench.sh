@@ -259,6 +259,18 @@ load() {
   "${PSQL[@]}" -d qlsched -v n="$n" -v mode="$mode" "${args[@]}" -f bench/load.sql >/dev/null
 }
 checkpoint() { sql "CHECKPOINT" >/dev/null; }
+# herd_count BOUNDARY N: waits until N runs of the instant BOUNDARY (epoch ms) are committed,
+# or 60 s after it; prints how many there are.
+herd_count() {
+  local n deadline=$(( $1 + 60000 ))
+  while :; do
+    n=$(sql "select count(*) from qlsched.runs where scheduled_for_ms = $1")
+    [ "$n" -ge "$2" ] && break
+    [ "$(now_ms)" -lt $deadline ] || break
+    sleep 0.2
+  done
+  echo "$n"
+}
 
 # ---- replicas -----------------------------------------------------------------------------
 # start_replicas R BUDGET LEASE: R separate processes with the default config except id, DSN,
@@ -743,13 +755,7 @@ first_boundary=$(( ($(now_ms) + 10000) / 60000 * 60000 + 60000 ))
 herd_ms=(); herd_detail=""
 for b in $(seq 0 $((HERD_B - 1))); do
   boundary=$((first_boundary + b * 60000))
-  deadline=$(( boundary + 60000 ))
-  while :; do
-    n=$(sql "select count(*) from qlsched.runs where scheduled_for_ms = $boundary")
-    [ "$n" -ge "$HERD_N" ] && break
-    [ "$(now_ms)" -lt $deadline ] || break
-    sleep 0.2
-  done
+  n=$(herd_count "$boundary" "$HERD_N")
   t=$(sql "select coalesce(max(queued_at_ms), 0) - $boundary from qlsched.runs where scheduled_for_ms = $boundary")
   tab=$(sql "select n_dead_tup || ' dead tuples, ' || autovacuum_count || ' autovacuums, claim index '
                     || pg_size_pretty(pg_relation_size('qlsched.trigger_schedules_claimable_idx'))
