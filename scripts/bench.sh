@@ -344,8 +344,9 @@ LOAD_BEFORE=$(load_sample)
 ( while :; do cut -d' ' -f1 /proc/loadavg; sleep 5; done ) >"$WORK/loadavg.log" 2>/dev/null &
 SAMPLER=$!
 
-# ==== H / C. 100k herd and sustained capacity (issue 24; only their own rows) ===========case $MODE in herd100k*) . bench/herd100k.sh ;; capacity*) . bench/capacity.sh ;; esac
-=======
+# ==== H / C. 100k herd and sustained capacity (issue 24; only their own rows) ==================
+case $MODE in herd100k*) . bench/herd100k.sh ;; capacity*) . bench/capacity.sh ;; esac
+
 # ==== S. stock vs tuned servers and graphile-worker (--stock-vs-tuned only; exits) ==============
 if [ "${MODE#stock-vs-tuned}" != "$MODE" ]; then . bench/stock_vs_tuned.sh; fi
 
