@@ -168,19 +168,32 @@ impl Console {
     }
 
     /// Begins one READ ONLY transaction on a connection of the console's pool, with the
-    /// console's statement and lock timeouts.
+    /// console's statement and lock timeouts ([`read_only`]).
     async fn begin<'c>(
         &self,
         conn: &'c mut store::Conn<'_>,
     ) -> Result<tokio_postgres::Transaction<'c>, StoreError> {
-        let tx = conn.build_transaction().read_only(true).start().await?;
-        let ms = self.cfg.statement_timeout.as_millis();
-        tx.batch_execute(&format!(
-            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
-        ))
-        .await?;
-        Ok(tx)
+        read_only(conn, self.cfg.statement_timeout).await
     }
+}
+
+/// Begins the console's transaction on `client`: READ ONLY, `statement_timeout` and
+/// `lock_timeout` of `timeout`, and no JIT compilation. The console's range reads compare
+/// with the database clock, a value the planner does not know, so it estimates a third of
+/// `runs` and a cost far above `jit_above_cost` on a large table: compiling (and optimising)
+/// took hundreds of milliseconds per overview query for a read of a few thousand rows
+/// (docs/benchmark.md, the console row).
+pub async fn read_only(
+    client: &mut tokio_postgres::Client,
+    timeout: Duration,
+) -> Result<tokio_postgres::Transaction<'_>, StoreError> {
+    let tx = client.build_transaction().read_only(true).start().await?;
+    let ms = timeout.as_millis();
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; SET LOCAL jit = off"
+    ))
+    .await?;
+    Ok(tx)
 }
 
 /// Runs `$body` in one read-only transaction of the console (`$tx` names it) and commits.

@@ -499,3 +499,32 @@ async fn the_overview_rereads_only_the_minutes_it_has_not_closed() {
     assert_eq!(in_minute(&fresh), Some(5), "{fresh}");
     assert!(r.terminate(Duration::from_secs(20)).await.success());
 }
+
+/// The console's transaction: read-only, its timeouts, and no JIT compilation (the planner
+/// guesses a third of `runs` for a range bounded by the database clock, and compiled the
+/// overview's queries on a large table: hundreds of ms each).
+#[tokio::test]
+async fn the_console_transaction_is_read_only_bounded_and_never_jit_compiled() {
+    let db = TestDb::new().await;
+    let mut c = db.client("qlsched_runtime").await;
+    let show = |rows: Vec<tokio_postgres::Row>| rows[0].get::<_, String>(0);
+    assert_eq!(
+        show(c.query("SHOW jit", &[]).await.unwrap()),
+        "on",
+        "the server's default"
+    );
+    let tx = qlsched::console::read_only(&mut c, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for g in [
+        "jit",
+        "statement_timeout",
+        "lock_timeout",
+        "transaction_read_only",
+    ] {
+        got.push(show(tx.query(&format!("SHOW {g}"), &[]).await.unwrap()));
+    }
+    assert_eq!(got, ["off", "1500ms", "1500ms", "on"]);
+    tx.rollback().await.unwrap();
+}
