@@ -68,8 +68,13 @@ pub fn claim_variant(limit: u32) -> (&'static str, u32) {
     let variants = VARIANTS.get_or_init(|| {
         (0..=8)
             .map(|e| {
+                let limit = 1u32 << e;
                 let sql = CLAIM_DUE_SQL
-                    .replace("LIMIT $3", &format!("LIMIT {}", 1u32 << e))
+                    .replace(
+                        "LIMIT $3::bigint - $3::bigint / 4",
+                        &format!("LIMIT {}", limit - limit / 4),
+                    )
+                    .replace("LIMIT $3::bigint / 4", &format!("LIMIT {}", limit / 4))
                     .replace("$4", "$3")
                     .replace("$5", "$4")
                     .replace("$6", "$5");
@@ -153,6 +158,11 @@ pub fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
 /// (materialised CTE) and used for due-ness, expiry and the returned observation. No cron is
 /// evaluated and no id is minted while the row locks are held.
 ///
+/// Two lanes share the limit: three quarters of it oldest due first (`picked`: a backlog
+/// drains in cursor order and no due row waits forever), a quarter newest due first
+/// (`fresh`: a row that has just fallen due is not queued behind the backlog). Both are
+/// ranges of the same index, one read forwards and one backwards, each stopped by its limit.
+///
 /// Every row leased is stamped with `round`, so that a round whose reply never arrived can
 /// be found and released by [`super::release::release_rounds`].
 pub const CLAIM_DUE_SQL: &str = concat!(
@@ -198,7 +208,25 @@ WITH obs AS MATERIALIZED (
              WHERE t.trigger_id = s.trigger_id AND p.project_id = s.project_id)
        AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
      ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
-     LIMIT $3
+     LIMIT $3::bigint - $3::bigint / 4
+       FOR UPDATE OF s SKIP LOCKED
+), fresh AS (
+    -- The fresh lane: a quarter of the limit read from the other end of the same range,
+    -- newest due first (a backward scan of the claim index from the clock). While a backlog
+    -- drains oldest first, an occurrence that has just fallen due (an every-second trigger
+    -- one second into a 100,000-row boundary) is leased in the next round instead of after
+    -- the whole backlog. A row both lanes reach is leased once (locked by this statement,
+    -- it is not skipped; the update takes the union). Limits below 4 have no fresh lane.
+    SELECT s.trigger_id
+      FROM qlsched.trigger_schedules s
+     WHERE s.claimable_at_ms <= (SELECT now_ms FROM obs)
+       AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
+       AND (SELECT t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision AND p.status = 'active'
+              FROM qlsched.triggers t, qlsched.projects p
+             WHERE t.trigger_id = s.trigger_id AND p.project_id = s.project_id)
+       AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
+     ORDER BY s.claimable_at_ms DESC, s.project_id DESC, s.trigger_id DESC
+     LIMIT $3::bigint / 4
        FOR UPDATE OF s SKIP LOCKED
 ), claimed AS (
 UPDATE qlsched.trigger_schedules s
@@ -211,7 +239,7 @@ UPDATE qlsched.trigger_schedules s
        state_version = s.state_version + 1,
        updated_at_ms = obs.now_ms
   FROM obs, qlsched.triggers t, qlsched.tasks k
- WHERE s.trigger_id = ANY (ARRAY(SELECT trigger_id FROM picked))
+ WHERE s.trigger_id = ANY (ARRAY(SELECT trigger_id FROM picked UNION ALL SELECT trigger_id FROM fresh))
    AND t.trigger_id = s.trigger_id
    AND k.task_id = t.task_id
 RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
@@ -258,5 +286,27 @@ fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
             task_digest: r.get(18),
             execution_revision_id: r.get(19),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_variant;
+
+    #[test]
+    fn each_variant_splits_its_constant_limit_between_the_two_lanes() {
+        for (asked, limit, oldest, newest) in [
+            (1, 1, 1, 0),
+            (3, 2, 2, 0),
+            (16, 16, 12, 4),
+            (100, 64, 48, 16),
+            (999, 256, 192, 64),
+        ] {
+            let (sql, got) = claim_variant(asked);
+            assert_eq!(got, limit);
+            assert!(!sql.contains("$6") && !sql.contains("$3::bigint"), "{sql}");
+            assert!(sql.contains(&format!("LIMIT {oldest}\n")), "{sql}");
+            assert!(sql.contains(&format!("LIMIT {newest}\n")), "{sql}");
+        }
     }
 }

@@ -215,14 +215,29 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
             .all(|l| !l.contains("Rows Removed by Filter")),
         "{text}"
     );
-    let actual_rows = plan[idx_line]
-        .split("rows=")
-        .nth(1)
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-        .unwrap();
+    // The two lanes (oldest first, newest first) read 12 + 4 index entries for a limit of 16.
+    let read: u32 = plan
+        .iter()
+        .filter(|l| {
+            l.contains("Scan")
+                && l.contains("using trigger_schedules_claimable_idx on trigger_schedules s")
+        })
+        .map(|l| {
+            l.split("rows=")
+                .nth(1)
+                .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+                .unwrap()
+                .parse::<u32>()
+                .unwrap()
+        })
+        .sum();
     assert_eq!(
-        actual_rows, "16",
-        "the scan read exactly the rows it claimed: {text}"
+        read, 16,
+        "the scans read exactly the rows they claimed: {text}"
+    );
+    assert!(
+        text.contains("Index Scan Backward using trigger_schedules_claimable_idx"),
+        "the fresh lane reads the index backwards: {text}"
     );
 }
 
@@ -264,4 +279,56 @@ async fn the_backlog_gauge_is_an_index_range_read() {
             .any(|l| l.contains("Seq Scan on trigger_schedules")),
         "{plan:?}"
     );
+}
+
+/// A backlog drains oldest first, yet a row that has just fallen due is leased in the next
+/// round, not after the whole backlog: the claim's fresh lane (a quarter of the limit, read
+/// newest first). An every-second trigger one second into a 100,000-row boundary is that row.
+#[tokio::test]
+async fn a_row_just_due_is_leased_beside_an_older_backlog() {
+    let db = TestDb::new().await;
+    db.seed_bulk(300, "0 0 0 1 1 *", -60_000).await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "UPDATE qlsched.trigger_schedules
+            SET next_fire_at_ms = (extract(epoch FROM clock_timestamp())*1000)::bigint - 5,
+                claimable_at_ms = (extract(epoch FROM clock_timestamp())*1000)::bigint - 5
+          WHERE trigger_id = 'trg-00150'",
+    )
+    .await
+    .unwrap();
+    let pool = db.runtime_pool(2);
+    let conn = store::conn(&pool).await.unwrap();
+    // As the daemon runs it: the variant for a limit of 16, prepared.
+    let (variant, limit) = claim::claim_variant(16);
+    let stmt = conn.prepare(variant).await.unwrap();
+    let round = claim::claim_round(
+        &conn,
+        &stmt,
+        "a",
+        30_000,
+        uuid::Uuid::new_v4(),
+        claim::Extras::default(),
+    )
+    .await
+    .unwrap();
+    let mut got: Vec<&str> = round.rows.iter().map(|r| r.trigger_id.as_str()).collect();
+    got.sort();
+    assert_eq!(got.len(), limit as usize, "{got:?}");
+    assert!(
+        got.contains(&"trg-00150"),
+        "the row due 5 ms ago waits behind 299 rows due a minute ago: {got:?}"
+    );
+    // The backlog still moves oldest first: three quarters of the round are its head.
+    let head: Vec<String> = (0..12).map(|i| format!("trg-{i:05}")).collect();
+    assert!(
+        head.iter().all(|h| got.contains(&h.as_str())),
+        "the oldest 12 rows were not leased: {got:?}"
+    );
+    // A limit below 4 has no fresh lane: the oldest row left comes first.
+    let one = crate::helpers::drive::claim_due(&conn, "b", 30_000, 1, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].trigger_id, "trg-00012");
 }
