@@ -9,8 +9,10 @@
 # over, from the first minute boundary at least 10 s later, for each of HERD_B consecutive
 # boundaries B:
 #   herd time    max(queued_at) - B over the HERD_N runs scheduled for B, once all are there;
-#                a psql `\watch 0.1` session counts them (10 Hz) and the first poll that saw
-#                all of them is reported too
+#                a psql `\watch` session counts them (every QLSCHED_BENCH_HERD_POLL_S s,
+#                default 1: each count of 100,000 runs costs tens of ms of server CPU, which
+#                at 10 Hz was a third of a core taken from the herd) and the first poll that
+#                saw all of them is reported too
 #   lag          p50/p99/max of queued_at - scheduled_for of the every-second runs scheduled in
 #                [B, B + herd time] and in [B, B + 60 s), with admitted vs due in each window
 #   memory       VmRSS/VmHWM of each replica once the herd is in
@@ -22,6 +24,7 @@ else
   HERD_N=500; SECOND_N=20; HERD_B=1; TRIAL_N=50
 fi
 HERD_N=${QLSCHED_BENCH_HERD_N:-$HERD_N}
+POLL_S=${QLSCHED_BENCH_HERD_POLL_S:-1}
 TRIAL_PS=${QLSCHED_BENCH_PUBLISH_PS:-"1 2 4 8"}
 # the trials publish at most half of the triggers
 [ $(( TRIAL_N * $(wc -w <<<"$TRIAL_PS") * 2 )) -le "$HERD_N" ] || TRIAL_N=$(( HERD_N / ($(wc -w <<<"$TRIAL_PS") * 2) ))
@@ -69,17 +72,17 @@ herd_max=0; lag_herd_max=0; lag_min_max=0; lost_total=0; sec_missing=0
 BS=(); TQ=(); NS=(); SEEN=(); MEM=()
 for b in $(seq 1 "$HERD_B"); do
   B=$(( first_boundary + (b - 1) * 60000 ))
-  # sleep until 1 s before the boundary, then poll at 10 Hz in one psql session
+  # sleep until 1 s before the boundary, then poll every POLL_S s in one psql session
   sl=$(( B - 1000 - $(now_ms) )); [ $sl -gt 0 ] && sleep "$(calc "$sl / 1000")"
   poll=$WORK/herd_poll_$b.txt
   # one backend, the queued_at index (the poll's cost follows the herd, not the table's history)
   printf '%s\n' "SET max_parallel_workers_per_gather = 0; SET enable_seqscan = off;" "\\timing on" \
-    "select (extract(epoch from clock_timestamp()) * 1000)::bigint, count(*) from qlsched.runs where queued_at_ms >= $((B - 5000)) and scheduled_for_ms = $B and trigger_id like 'h%' \\watch 0.1" \
+    "select (extract(epoch from clock_timestamp()) * 1000)::bigint, count(*) from qlsched.runs where queued_at_ms >= $((B - 5000)) and scheduled_for_ms = $B and trigger_id like 'h%' \\watch $POLL_S" \
     | "${PSQL[@]}" -d qlsched >"$poll" 2>&1 &
   watcher=$!
   seen=""; deadline=$(( B + 58000 ))
   while :; do
-    sleep 0.1
+    sleep "$POLL_S"
     last=$(grep -E '^[0-9]+\|[0-9]+$' "$poll" | tail -1 || true)
     if [ -n "$last" ] && [ "${last#*|}" -ge "$HERD_N" ]; then seen=${last%|*}; break; fi
     [ "$(now_ms)" -lt $deadline ] || break
@@ -102,7 +105,7 @@ for b in $(seq 1 "$HERD_B"); do
   note "boundary $b ($(date -u -d @$((B / 1000)) +%H:%M:%S) UTC): herd runs counted per second after the boundary (last poll in each second): $curve"
 done
 # The every-second lag during each herd and over each whole minute, queried once the last
-# minute is over (no query runs on the server during a herd but the 10 Hz poll).
+# minute is over (no query runs on the server during a herd but the poll).
 sl=$(( first_boundary + HERD_B * 60000 + 2000 - $(now_ms) )); [ $sl -gt 0 ] && sleep "$(calc "$sl / 1000")"
 lagq() { # from to: admitted|due|p50|p99|max over the every-second runs scheduled in [from, to]
   local d; d=$(( ( ($2 / 1000) - (($1 + 999) / 1000) + 1 ) * SECOND_N ))
@@ -135,5 +138,5 @@ row "H" "herd $HERD_N × $HERD_B boundaries: duplicates over all runs; lost = du
     "duplicates $dups; lost $lost_total of $(( HERD_N * HERD_B )) herd occurrences; every-second missing in the windows $sec_missing; slowest boundary $(fmt "$(calc "$herd_max / 1000")" 2) s; worst every-second p99 during a herd $(fmt "$lag_herd_max") ms (whole minute $(fmt "$lag_min_max") ms)" \
     "0 duplicates, 0 lost; each boundary ≤ 10 s; every-second p99 during the herd ≤ 250 ms" \
     "$(verdict "$dups == 0 && $lost_total == 0 && $herd_max <= 10000 && $lag_herd_max <= 250")"
-note "setup: publishing took $(fmt "$pub_s") s; after the replicas were ready the catch-up of boundaries passed while publishing took $(fmt "$catch_s" 1) s; the first measured boundary was $(( (first_boundary - t_ready) / 1000 )) s after ready. Replicas: 3, default configuration (claim_budget 64, lease 30 s). Polls: one psql session, \`\\watch 0.1\`, counting runs scheduled for the boundary through the queued_at index (no parallel workers, no seq scan: about 20 ms per poll with 100k rows in the range, measured on a scratch table)."
+note "setup: publishing took $(fmt "$pub_s") s; after the replicas were ready the catch-up of boundaries passed while publishing took $(fmt "$catch_s" 1) s; the first measured boundary was $(( (first_boundary - t_ready) / 1000 )) s after ready. Replicas: 3, default configuration (claim_budget 64, lease 30 s). Polls: one psql session, \`\\watch $POLL_S\`, counting runs scheduled for the boundary through the queued_at index (no parallel workers, no seq scan: about 20 ms per poll with 100k rows in the range, measured on a scratch table)."
 scale_finish
