@@ -216,20 +216,13 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
         "{text}"
     );
     // The two lanes (oldest first, newest first) read 12 + 4 index entries for a limit of 16.
-    let read: u32 = plan
+    let read: u64 = plan
         .iter()
         .filter(|l| {
             l.contains("Scan")
                 && l.contains("using trigger_schedules_claimable_idx on trigger_schedules s")
         })
-        .map(|l| {
-            l.split("rows=")
-                .nth(1)
-                .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-                .unwrap()
-                .parse::<u32>()
-                .unwrap()
-        })
+        .map(|l| crate::helpers::line_actual_rows(l).unwrap())
         .sum();
     assert_eq!(
         read, 16,

@@ -560,6 +560,26 @@ pub fn plan_buffers(plan: &str, node: &str) -> u64 {
         .sum()
 }
 
+/// The actual rows an `EXPLAIN ANALYZE` plan reports on a node line (`rows=64` before
+/// PostgreSQL 18, `rows=64.00` from 18 on).
+pub fn line_actual_rows(line: &str) -> Option<u64> {
+    let n = line.split("actual rows=").nth(1)?;
+    let n: String = n
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    n.parse::<f64>().ok().map(|n| n.round() as u64)
+}
+
+/// The actual rows of the first line of `plan` containing `node`; panics, showing the plan,
+/// when there is none.
+pub fn plan_actual_rows(plan: &str, node: &str) -> u64 {
+    plan.lines()
+        .find(|l| l.contains(node))
+        .and_then(line_actual_rows)
+        .unwrap_or_else(|| panic!("no actual rows of `{node}` in the plan:\n{plan}"))
+}
+
 /// The database clock on `c`, in ms since the epoch: the scheduler's time authority, read with
 /// the scheduler's own SQL fragment (`qlsched::db_now_ms!`). The one reading of it in the tests.
 pub async fn db_now_ms(c: &tokio_postgres::Client) -> i64 {
