@@ -57,6 +57,24 @@ pub struct Extras {
     pub guard: Option<(Uuid, i64)>,
 }
 
+/// The rows a claim lane may lease: free (or expired) and due by the statement's clock, with a
+/// trigger that is enabled, of kind cron and at the schedule row's revision, in an active
+/// project, while the replica-id guard is held. Both lanes of [`CLAIM_DUE_SQL`] read these
+/// rows, in opposite orders.
+macro_rules! due_rows {
+    () => {
+        "    SELECT s.trigger_id
+      FROM qlsched.trigger_schedules s
+     WHERE s.claimable_at_ms <= (SELECT now_ms FROM obs)
+       AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
+       AND (SELECT t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision AND p.status = 'active'
+              FROM qlsched.triggers t, qlsched.projects p
+             WHERE t.trigger_id = s.trigger_id AND p.project_id = s.project_id)
+       AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
+"
+    };
+}
+
 /// The claim statement with its limit as a constant, for `limit` rounded down to a power of
 /// two (1 ..= 256): the text to prepare and the limit it carries. A constant limit keeps the
 /// generic plan (used once a prepared statement has run a few times) on the claim index and
@@ -199,15 +217,9 @@ WITH obs AS MATERIALIZED (
     -- order was left to the statistics of `projects`, a table of a few rows that autovacuum
     -- never analyses; unanalysed, it made the generic plan a sequential scan of every due row,
     -- a hash join and a sort per round (tests/it/plans.rs).
-    SELECT s.trigger_id
-      FROM qlsched.trigger_schedules s
-     WHERE s.claimable_at_ms <= (SELECT now_ms FROM obs)
-       AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
-       AND (SELECT t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision AND p.status = 'active'
-              FROM qlsched.triggers t, qlsched.projects p
-             WHERE t.trigger_id = s.trigger_id AND p.project_id = s.project_id)
-       AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
-     ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
+",
+    due_rows!(),
+    "     ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
      LIMIT $3::bigint - $3::bigint / 4
        FOR UPDATE OF s SKIP LOCKED
 ), fresh AS (
@@ -217,15 +229,9 @@ WITH obs AS MATERIALIZED (
     -- one second into a 100,000-row boundary) is leased in the next round instead of after
     -- the whole backlog. A row both lanes reach is leased once (locked by this statement,
     -- it is not skipped; the update takes the union). Limits below 4 have no fresh lane.
-    SELECT s.trigger_id
-      FROM qlsched.trigger_schedules s
-     WHERE s.claimable_at_ms <= (SELECT now_ms FROM obs)
-       AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
-       AND (SELECT t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision AND p.status = 'active'
-              FROM qlsched.triggers t, qlsched.projects p
-             WHERE t.trigger_id = s.trigger_id AND p.project_id = s.project_id)
-       AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
-     ORDER BY s.claimable_at_ms DESC, s.project_id DESC, s.trigger_id DESC
+",
+    due_rows!(),
+    "     ORDER BY s.claimable_at_ms DESC, s.project_id DESC, s.trigger_id DESC
      LIMIT $3::bigint / 4
        FOR UPDATE OF s SKIP LOCKED
 ), claimed AS (
