@@ -117,6 +117,18 @@ cap_run() {
           coalesce(max(queued_at_ms - scheduled_for_ms), 0)
      from qlsched.runs where trigger_id like 'c%' and scheduled_for_ms between $w0 and $w1")"
   local late; late=$(sql "select count(*) from qlsched.runs where trigger_id like 'c%' and scheduled_for_ms between $w0 and $w1 and queued_at_ms - scheduled_for_ms > 1000")
+  # where in the window the lag was: per 30 s of scheduled time, and the tables' autovacuums
+  local buckets av
+  buckets=$(sql "select string_agg(format('%s-%s s p50 %s / p99 %s / max %s ms', b * 30, b * 30 + 30, round(p50), round(p99), mx), '; ' order by b)
+     from (select (scheduled_for_ms - $w0) / 30000 b,
+                  percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms) p50,
+                  percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms) p99,
+                  max(queued_at_ms - scheduled_for_ms) mx
+             from qlsched.runs where trigger_id like 'c%' and scheduled_for_ms between $w0 and $w1 group by 1) x")
+  av=$(sql "select string_agg(format('%s %s autovacuums (last %s UTC) %s autoanalyzes, %s dead tuples', relname, autovacuum_count,
+                  coalesce(to_char(last_autovacuum at time zone 'UTC', 'HH24:MI:SS'), '-'), autoanalyze_count, n_dead_tup), '; ' order by relname)
+     from pg_stat_user_tables where schemaname = 'qlsched' and relname in ('trigger_schedules', 'runs', 'attempts', 'run_events')")
+  note "N=$n, ${win} s window from $(date -u -d @$((w0 / 1000)) +%H:%M:%S) UTC: lag by scheduled time: $buckets. Tables at its end (counters since the server started): $av"
   stop_replicas
   local adm_later; adm_later=$(sql "select count(*) from qlsched.runs where trigger_id like 'c%' and scheduled_for_ms between $w0 and $w1")
   dups=$(dup_count)
