@@ -103,11 +103,11 @@ cap_run() {
   ready=$(now_ms)
   w0=$(( ( (ready > T0 ? ready : T0) + WARM * 1000 + 999) / 1000 * 1000 )); w1=$(( w0 + win * 1000 - 1 ))
   sl=$(( w0 - $(now_ms) )); [ $sl -gt 0 ] && sleep "$(calc "$sl / 1000")"
-  lsn0=$(sql "select pg_current_wal_lsn()"); st0=$(scale_server_ticks)
+  lsn0=$(sql "select pg_current_wal_lsn()"); st0=$(server_ticks)
   for p in "${RPIDS[@]}"; do rt0=$(( rt0 + $(cpu_ticks "$p") )); done
   local m0; m0=$(now_ms)
   sl=$(( w1 + 1 - $(now_ms) )); [ $sl -gt 0 ] && sleep "$(calc "$sl / 1000")"
-  lsn1=$(sql "select pg_current_wal_lsn()"); st1=$(scale_server_ticks)
+  lsn1=$(sql "select pg_current_wal_lsn()"); st1=$(server_ticks)
   for p in "${RPIDS[@]}"; do kill -0 "$p" 2>/dev/null || die "a replica exited during the window (see $WORK)"; rt1=$(( rt1 + $(cpu_ticks "$p") )); done
   secs=$(calc "($(now_ms) - $m0) / 1000")
   mem=$(replica_mem)

@@ -53,17 +53,6 @@ publish_trials() {
   done
 }
 
-# The server's CPU so far (clock ticks): the postmaster, its live children and the children it
-# has reaped (cutime + cstime of the postmaster).
-SCALE_PM_PID=$(head -1 "$WORK/data/postmaster.pid")
-scale_server_ticks() {
-  local t c
-  t=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$SCALE_PM_PID/stat")
-  for c in $(cat "/proc/$SCALE_PM_PID/task/$SCALE_PM_PID/children" 2>/dev/null); do
-    t=$(( t + $(awk '{print $14 + $15}' "/proc/$c/stat" 2>/dev/null || echo 0) ))
-  done
-  echo "$t"
-}
 vmrss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 # replica_mem: "VmRSS/VmHWM MiB" of each running replica, and SCALE_HWM_MAX (KiB)
 replica_mem() {

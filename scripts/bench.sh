@@ -25,7 +25,7 @@
 #               unfinished pruned runs, lag p99 with pruning vs without (alternating phases),
 #               prune throughput while admitting, WAL and server CPU per pruned run
 #               (bench/retention_rows.sh)
-# usage: scripts/bench.sh [--quick|--full|--smoke|--wal|--tls|--retention|--retention-quick]
+# usage: scripts/bench.sh [--quick|--full|--smoke|--wal|--tls|--retention|--retention-quick|--lag|...]
 #   --quick  (default) 10k drain, 70 + 30 s lag, 1k/100k claim scales, 3 herd boundaries; about 6 min
 #   --full   10k and 100k drains, 190 + 60 s lag, 1k/100k/1M claim scales, medians of 3, 6 herd
 #            boundaries; about 17 min after the build
@@ -54,6 +54,8 @@
 #                      on each, counter profiles; environment and details in bench/stock_vs_tuned.sh;
 #                      about 20 min (publishing 10k at ~115/s takes ~90 s per server)
 #   --stock-vs-tuned-smoke  the same at tiny sizes, graphile on the tuned server only; no file kept
+#   --lag              only the lag rows (3, 3b): the steady row (70 s) and the every-second row
+#                      (60 s) with where its lag goes; about 3 min after the build
 # environment:
 #   QLSCHED_BENCH_BUDGET   claim_budget of the drain replicas (default 64)
 #   QLSCHED_BENCH_LEASE    lease of the drain replicas (default 30s)
@@ -62,6 +64,10 @@
 #   QLSCHED_BENCH_KEEP=1   keep the work directory (server log, replica logs, pgbench output)
 #   QLSCHED_BENCH_DISPATCHER  use this reference dispatcher binary (--retention) instead of building it
 #   QLSCHED_BENCH_PRUNE_BATCH [retention] batch of the --retention replicas (default 1000, the default)
+#   QLSCHED_BENCH_LAG_REPLICAS, QLSCHED_BENCH_LAG_BUDGET, QLSCHED_BENCH_LAG_ROWS=second  the lag
+#                          rows' replicas (default 3) and claim_budget (default 64, the default
+#                          config); only the every-second row. For experiments: the rows' labels
+#                          and verdicts assume the defaults
 #   QLSCHED_BENCH_HERD_N [herd100k] every-minute triggers (default 100000; smoke 500)
 #   QLSCHED_BENCH_CAP_STEPS, QLSCHED_BENCH_CAP_WINDOW_S, QLSCHED_BENCH_CAP_HOLD_S [capacity] the
 #                          steps (space-separated), window and hold seconds
@@ -85,6 +91,7 @@ case "${1:-}" in
   --herd100k|--herd100k-smoke|--capacity|--capacity-smoke) MODE=${1#--} ;;
   --stock-vs-tuned) MODE=stock-vs-tuned ;;
   --stock-vs-tuned-smoke) MODE=stock-vs-tuned-smoke ;;
+  --lag) MODE=lag ;;
   -h|--help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -97,13 +104,14 @@ case $MODE in
   quick) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
          CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=3;  SECOND_N=200; SECOND_S=30 ;;
-  tls|wal|retention|retention-quick) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
+  tls|wal|retention|retention-quick|lag) CEIL_T=10; CEIL_ROWS=100000; DRAIN_NS="10000";        STEADY_N=10000; STEADY_S=70;  STEADY_WARM=5
          CLAIM_NS="1000 100000";         CLAIM_LIVE=10000; CLAIM_TX=500;  IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=3;  SECOND_N=200; SECOND_S=30 ;;
   full)  CEIL_T=20; CEIL_ROWS=150000; DRAIN_NS="10000 100000"; STEADY_N=10000; STEADY_S=190; STEADY_WARM=5
          CLAIM_NS="1000 100000 1000000"; CLAIM_LIVE=10000; CLAIM_TX=1000; IDLE_N=100000; IDLE_S=30
          HERD_N=10000; HERD_B=6;  SECOND_N=200; SECOND_S=60 ;;
 esac
+[ "$MODE" = lag ] && SECOND_S=60
 REPLICA_COUNTS="1 3"
 REPS=1; [ "$MODE" = full ] && REPS=3   # full mode reports the median of 3 ceiling and drain runs
 BUDGET=${QLSCHED_BENCH_BUDGET:-64}
@@ -323,6 +331,19 @@ metric_sum() {
   echo "$total"
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The server's CPU so far (clock ticks): the postmaster, its live children and the children it
+# has reaped (cutime + cstime of the postmaster).
+server_ticks() {
+  local pm t c
+  pm=$(head -1 "$WORK/data/postmaster.pid")
+  t=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pm/stat")
+  for c in $(cat "/proc/$pm/task/$pm/children" 2>/dev/null); do
+    t=$(( t + $(awk '{print $14 + $15}' "/proc/$c/stat" 2>/dev/null || echo 0) ))
+  done
+  echo "$t"
+}
+# The machine's busy CPU so far (clock ticks, all CPUs: everything but idle and iowait).
+machine_busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 vmhwm_kb() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
 CLK_TCK=$(getconf CLK_TCK)
 
@@ -344,6 +365,98 @@ LOAD_BEFORE=$(load_sample)
 ( while :; do cut -d' ' -f1 /proc/loadavg; sleep 5; done ) >"$WORK/loadavg.log" 2>/dev/null &
 SAMPLER=$!
 
+# finish_own_rows: print and keep the rows of a mode that runs only its own rows (--tls, --wal)
+finish_own_rows() {
+  echo
+  printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
+  for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+  mkdir -p bench/results
+  RESULT=bench/results/$(date -u +%Y-%m-%dT%H%MZ)-$COMMIT$DIRTY-$MODE.md
+  { echo "# qlsched benchmark, $MODE mode"; echo; echo "commit \`$COMMIT$DIRTY\` · $(date -u +%Y-%m-%dT%H:%MZ) · nproc $(nproc) · load before: $LOAD_BEFORE"; echo
+    printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
+    for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+    echo; for a in "${APPENDIX[@]}"; do printf '%s\n\n' "$a"; done; } >"$RESULT"
+  echo "results kept in $RESULT"
+  exit 0
+}
+# lag_row LABEL N LOAD_MODE SECONDS EXPECTED_SQL: N triggers loaded in LOAD_MODE, 3 replicas with
+# the default config for SECONDS; lag = queued_at - scheduled_for of every run scheduled in the
+# window (STEADY_WARM s after start to 3 s before stop). EXPECTED_SQL counts the occurrences due
+# in the window (:w0, :w1 are its bounds in ms).
+lag_row() {
+  local label=$1 n=$2 mode=$3 secs=$4 expected_sql=$5 ts te w0 w1 stats expected dups lag_n p50 p99 lmax
+  say "3. $label, 3 replicas (default config), ${secs} s"
+  reset_db; load "$n" "$mode" lead_ms=3000; checkpoint
+  pgss_reset
+  ts=$(now_ms)
+  start_replicas "${QLSCHED_BENCH_LAG_REPLICAS:-3}" "${QLSCHED_BENCH_LAG_BUDGET:-64}" 30s
+  # CPU over the window (server, replicas, whole machine), for the breakdown
+  sleep "$STEADY_WARM"
+  local p rt0=0 rt1=0 st0 st1 mt0 mt1 c0 c1
+  for p in "${RPIDS[@]}"; do rt0=$(( rt0 + $(cpu_ticks "$p") )); done
+  st0=$(server_ticks); mt0=$(machine_busy_ticks); c0=$(now_ms)
+  sleep $(( secs - STEADY_WARM - 3 ))
+  for p in "${RPIDS[@]}"; do rt1=$(( rt1 + $(cpu_ticks "$p") )); done
+  st1=$(server_ticks); mt1=$(machine_busy_ticks); c1=$(now_ms)
+  LAG_CPU="$(( st1 - st0 )) $(( rt1 - rt0 )) $(( mt1 - mt0 )) $(( c1 - c0 ))"
+  sleep 3
+  te=$(now_ms)
+  w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
+  stats=$(sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
+                      coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
+                      coalesce(max(queued_at_ms - scheduled_for_ms), 0)
+                 from qlsched.runs where scheduled_for_ms between $w0 and $w1")
+  local q=${expected_sql//:w0/$w0}; expected=$(sql "${q//:w1/$w1}")
+  stop_replicas
+  dups=$(sql "select count(*) from (select 1 from qlsched.runs group by trigger_id, scheduled_for_ms having count(*) > 1) d")
+  IFS='|' read -r lag_n p50 p99 lmax <<<"$stats"
+  row "3" "$label, 3 replicas, $(( (w1 - w0) / 1000 )) s window" \
+      "p50 $(fmt "$p50") ms, p99 $(fmt "$p99") ms, max $(fmt "$lmax") ms; admitted $lag_n / $expected due in the window, duplicates $dups" \
+      "p99 ≤ 50 ms" "$(verdict "$p99 <= 50 && $lag_n >= $expected && $dups == 0")"
+  [ "${6:-}" = breakdown ] && lag_breakdown "$label" "$w0" "$w1"
+  return 0
+}
+# lag_breakdown LABEL W0 W1: where the lag of the runs scheduled in [W0, W1] went. An admission
+# statement stamps all its runs with one queued_at (the statement's clock reading), so the runs
+# of one replica with one queued_at are one batch: the first batch of an instant measures wake +
+# claim + decision; a replica's later batches of the same instant waited for its earlier ones.
+lag_breakdown() {
+  local label=$1 w0=$2 w1=$3 b
+  b=$(sql "with r as (select scheduled_for_ms sf, queued_at_ms q, admitted_by a from qlsched.runs
+                       where scheduled_for_ms between $w0 and $w1),
+                b as (select sf, a, q, count(*) n, row_number() over (partition by sf, a order by q) ord
+                        from r group by sf, a, q),
+                i as (select sf, min(q - sf) first_ms, count(*) batches from b group by sf),
+                rb as (select r.q - r.sf lag, b.ord, b.n from r join b using (sf, a, q))
+           select (select round(avg(batches), 2) from i),
+                  (select percentile_cont(0.5) within group (order by first_ms) from i),
+                  (select percentile_cont(0.99) within group (order by first_ms) from i),
+                  round(100.0 * count(*) filter (where ord > 1) / greatest(count(*), 1), 2),
+                  coalesce(percentile_cont(0.99) within group (order by lag) filter (where ord = 1), 0),
+                  coalesce(percentile_cont(0.5) within group (order by lag) filter (where ord > 1), 0),
+                  round(avg(n), 1)
+             from rb")
+  local batches f50 f99 later p99first p50later avgn sv rp mc ms cpu
+  IFS='|' read -r batches f50 f99 later p99first p50later avgn <<<"$b"
+  read -r sv rp mc ms <<<"$LAG_CPU"
+  # CPU ms per second of the window; the load is one instant per second, so = CPU per instant
+  cpu="CPU per instant (= per second): server $(fmt "$(calc "1000 * $sv / $CLK_TCK / ($ms / 1000)")") ms, replicas $(fmt "$(calc "1000 * $rp / $CLK_TCK / ($ms / 1000)")") ms, whole machine $(fmt "$(calc "1000 * $mc / $CLK_TCK / ($ms / 1000)")") ms of $(( $(nproc) * 1000 )) ms ($(nproc) CPUs)"
+  note "$label: top statements of the runtime role (pg_stat_statements, by plan + execution time):"$'\n\n'"$PGSS_HEAD"$'\n'"$(pgss_top 'total_plan_time + total_exec_time' 6)"
+  row "3b" "$label: where the lag goes (admission batches per instant = distinct queued_at per replica)" \
+      "$batches batches per instant (runs' mean batch $avgn); first batch of an instant at p50 $(fmt "$f50") / p99 $(fmt "$f99") ms after it (wake + claim + decision); $later % of runs waited for a later batch of their replica (their p50 $(fmt "$p50later") ms); first-batch runs' p99 $(fmt "$p99first") ms; $cpu" \
+      "explains row 3" "—"
+}
+# lag_rows [breakdown]: the steady and the every-second lag rows (the latter with its breakdown)
+lag_rows() {
+  [ "${QLSCHED_BENCH_LAG_ROWS:-both}" = second ] || lag_row "steady lag: $STEADY_N triggers over a minute" "$STEADY_N" stagger "$STEADY_S" \
+    "with per_s as (select split_part(cron_expr, ' ', 1)::int s, count(*) n from qlsched.triggers group by 1)
+     select coalesce(sum(n), 0) from per_s, generate_series(ceil(:w0 / 1000.0)::bigint, floor(:w1 / 1000.0)::bigint) sec
+      where per_s.s = sec % 60"
+  lag_row "every-second lag: $SECOND_N every-second triggers" "$SECOND_N" second "$SECOND_S" \
+    "select count(*) * (floor(:w1 / 1000.0) - ceil(:w0 / 1000.0) + 1)::bigint from qlsched.triggers" breakdown
+}
+# ==== L. lag only (--lag) ========================================================================
+if [ "$MODE" = lag ]; then lag_rows; finish_own_rows; fi
 # ==== H / C. 100k herd and sustained capacity (issue 24; only their own rows) ==================
 case $MODE in herd100k*) . bench/herd100k.sh ;; capacity*) . bench/capacity.sh ;; esac
 
@@ -501,20 +614,6 @@ drain_once() {
   D_ROW="$(fmt "$secs" 1) s, $(fmt "$rate") occ/s, **$(fmt "$ratio" 2)× ceiling c=$r**, **${bratio}× batched ceiling c=$r**, retries $(fmt "$retry_pct" 2) % of admits ($retries retried of $txns admission txns = $(fmt "$(calc "100 * $retries / ($txns > 0 ? $txns : 1)")" 1) %), duplicates $dups, WAL $(fmt "$D_WAL") B per occurrence ($(fmt "$D_FPI" 3) full-page images), planning $(fmt "$plan_pct" 1) % of the runtime role's server time$complete|$tgt|$v"
   D_RSS_KB=$hwm_max; D_RSS_TXT=$hwms
   D_NOTE="drain n=$n r=$r: runs $done_n, first admit $(fmt "$startup" 2) s after spawn, admits $admits, serialization retries $retries, fence losses $fences, duplicate-key refusals $dupkeys, runs without exactly 1 attempt + 2 events $bad, replica CPU $(fmt "$(calc "1000 * $cpu / $CLK_TCK / ($done_n > 0 ? $done_n : 1)")" 3) ms per occurrence (all replicas, incl. startup)"$'\n\n'"top statements of the runtime role during drain n=$n r=$r (pg_stat_statements, by plan + execution time):"$'\n\n'"$PGSS_HEAD"$'\n'"$top"
-}
-# finish_own_rows: print and keep the rows of a mode that runs only its own rows (--tls, --wal)
-finish_own_rows() {
-  echo
-  printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
-  for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
-  mkdir -p bench/results
-  RESULT=bench/results/$(date -u +%Y-%m-%dT%H%MZ)-$COMMIT$DIRTY-$MODE.md
-  { echo "# qlsched benchmark, $MODE mode"; echo; echo "commit \`$COMMIT$DIRTY\` · $(date -u +%Y-%m-%dT%H:%MZ) · nproc $(nproc) · load before: $LOAD_BEFORE"; echo
-    printf '| # | measurement | measured | target | verdict |\n|---|---|---|---|---|\n'
-    for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
-    echo; for a in "${APPENDIX[@]}"; do printf '%s\n\n' "$a"; done; } >"$RESULT"
-  echo "results kept in $RESULT"
-  exit 0
 }
 # ==== R. retention (--retention, --retention-quick only) ===========================================
 if [ "${MODE#retention}" != "$MODE" ]; then . bench/retention_rows.sh; fi
@@ -708,37 +807,7 @@ note "idle: $calls statements by the runtime role in $(fmt "$(calc "($ti1 - $ti0
 note "$PGSS_HEAD"$'\n'"$top"
 
 # ==== 3. lag =========================================================================================
-# lag_row LABEL N LOAD_MODE SECONDS EXPECTED_SQL: N triggers loaded in LOAD_MODE, 3 replicas with
-# the default config for SECONDS; lag = queued_at - scheduled_for of every run scheduled in the
-# window (STEADY_WARM s after start to 3 s before stop). EXPECTED_SQL counts the occurrences due
-# in the window (:w0, :w1 are its bounds in ms).
-lag_row() {
-  local label=$1 n=$2 mode=$3 secs=$4 expected_sql=$5 ts te w0 w1 stats expected dups lag_n p50 p99 lmax
-  say "3. $label, 3 replicas (default config), ${secs} s"
-  reset_db; load "$n" "$mode" lead_ms=3000; checkpoint
-  ts=$(now_ms)
-  start_replicas 3 64 30s
-  sleep "$secs"
-  te=$(now_ms)
-  w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
-  stats=$(sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                      coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                      coalesce(max(queued_at_ms - scheduled_for_ms), 0)
-                 from qlsched.runs where scheduled_for_ms between $w0 and $w1")
-  local q=${expected_sql//:w0/$w0}; expected=$(sql "${q//:w1/$w1}")
-  stop_replicas
-  dups=$(sql "select count(*) from (select 1 from qlsched.runs group by trigger_id, scheduled_for_ms having count(*) > 1) d")
-  IFS='|' read -r lag_n p50 p99 lmax <<<"$stats"
-  row "3" "$label, 3 replicas, $(( (w1 - w0) / 1000 )) s window" \
-      "p50 $(fmt "$p50") ms, p99 $(fmt "$p99") ms, max $(fmt "$lmax") ms; admitted $lag_n / $expected due in the window, duplicates $dups" \
-      "p99 ≤ 50 ms" "$(verdict "$p99 <= 50 && $lag_n >= $expected && $dups == 0")"
-}
-lag_row "steady lag: $STEADY_N triggers over a minute" "$STEADY_N" stagger "$STEADY_S" \
-  "with per_s as (select split_part(cron_expr, ' ', 1)::int s, count(*) n from qlsched.triggers group by 1)
-   select coalesce(sum(n), 0) from per_s, generate_series(ceil(:w0 / 1000.0)::bigint, floor(:w1 / 1000.0)::bigint) sec
-    where per_s.s = sec % 60"
-lag_row "every-second lag: $SECOND_N every-second triggers" "$SECOND_N" second "$SECOND_S" \
-  "select count(*) * (floor(:w1 / 1000.0) - ceil(:w0 / 1000.0) + 1)::bigint from qlsched.triggers"
+lag_rows
 
 # ==== 7. boundary herd ===============================================================================
 say "7. boundary herd: $HERD_N every-minute triggers due at one boundary, 3 replicas (default config), $HERD_B boundaries"

@@ -3,8 +3,6 @@
 //! decisions that arrive while a batch runs go together into the next one (one round trip
 //! and one WAL flush for many occurrences).
 
-use std::time::Duration;
-
 use actix::prelude::*;
 use slog::{debug, o, warn, Logger};
 use tokio::sync::oneshot;
@@ -97,10 +95,12 @@ impl Handler<Job> for AdmitActor {
         let (reply, rx) = oneshot::channel();
         self.queue.push((job, reply));
         if !self.busy {
-            // Start on the next turn of the event loop, so that the decisions the claim
-            // actors of one round send together land in one batch.
+            // Start once the mailbox is drained, so that the decisions the claim actors of
+            // one round send together land in one batch: the context polls its mailbox
+            // empty before it polls the futures spawned while handling it. (A zero-delay
+            // timer did the same a timer tick later: about 1 ms on every batch.)
             self.busy = true;
-            ctx.run_later(Duration::ZERO, |act, ctx| act.run_batch(ctx));
+            ctx.spawn(fut::ready(()).map(|(), act: &mut Self, ctx| act.run_batch(ctx)));
         }
         Box::pin(async move { rx.await.unwrap_or(Err(AdmitError::ActorGone)) })
     }
