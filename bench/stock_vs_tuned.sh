@@ -210,10 +210,7 @@ svt_lag() { # NAME
   sleep $(( SVT_LAG_S + STEADY_WARM + 3 ))
   te=$(now_ms)
   w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
-  stats=$(sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                      coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                      coalesce(max(queued_at_ms - scheduled_for_ms), 0)
-                 from qlsched.runs where scheduled_for_ms between $w0 and $w1")
+  stats=$(lag_stats "$w0" "$w1")
   expected=$(sql "select count(*) * (floor($w1 / 1000.0) - ceil($w0 / 1000.0) + 1)::bigint from qlsched.triggers")
   stop_replicas
   svt_snap "$WORK/snap-lag-$1-b"; svt_delta "$WORK/snap-lag-$1-a" "$WORK/snap-lag-$1-b" "lag-$1"

@@ -383,6 +383,13 @@ finish_own_rows() {
 # the default config for SECONDS; lag = queued_at - scheduled_for of every run scheduled in the
 # window (STEADY_WARM s after start to 3 s before stop). EXPECTED_SQL counts the occurrences due
 # in the window (:w0, :w1 are its bounds in ms).
+# lag_stats W0 W1: "count|p50|p99|max" of queued_at - scheduled_for over the runs scheduled in [W0, W1]
+lag_stats() {
+  sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
+              coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
+              coalesce(max(queued_at_ms - scheduled_for_ms), 0)
+         from qlsched.runs where scheduled_for_ms between $1 and $2"
+}
 lag_row() {
   local label=$1 n=$2 mode=$3 secs=$4 expected_sql=$5 ts te w0 w1 stats expected dups lag_n p50 p99 lmax
   say "3. $label, 3 replicas (default config), ${secs} s"
@@ -402,10 +409,7 @@ lag_row() {
   sleep 3
   te=$(now_ms)
   w0=$(( ts + STEADY_WARM * 1000 )); w1=$(( te - 3000 ))
-  stats=$(sql "select count(*), coalesce(percentile_cont(0.5) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                      coalesce(percentile_cont(0.99) within group (order by queued_at_ms - scheduled_for_ms), 0),
-                      coalesce(max(queued_at_ms - scheduled_for_ms), 0)
-                 from qlsched.runs where scheduled_for_ms between $w0 and $w1")
+  stats=$(lag_stats "$w0" "$w1")
   local q=${expected_sql//:w0/$w0}; expected=$(sql "${q//:w1/$w1}")
   stop_replicas
   dups=$(sql "select count(*) from (select 1 from qlsched.runs group by trigger_id, scheduled_for_ms having count(*) > 1) d")
