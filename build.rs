@@ -10,6 +10,8 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-env-changed=QLSCHED_GIT_COMMIT");
     println!("cargo:rerun-if-changed=build.rs");
+    // The migrations are embedded (refinery): a new file must rebuild the crate.
+    println!("cargo:rerun-if-changed=migrations");
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let commit = match std::env::var("QLSCHED_GIT_COMMIT") {
         Ok(c) if !c.trim().is_empty() => c.trim().to_string(),

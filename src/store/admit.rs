@@ -315,6 +315,7 @@ WITH obs AS MATERIALIZED (
 ), adv AS (
     UPDATE qlsched.trigger_schedules s
        SET next_fire_at_ms = d.next_ms, last_scheduled_at_ms = d.sf,
+           admitted_through_ms = greatest(s.admitted_through_ms, d.sf),
            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
            claimable_at_ms = d.next_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
       FROM obs, d

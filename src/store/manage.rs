@@ -294,11 +294,16 @@ impl From<tokio_postgres::Error> for ManageError {
 /// switches (docs/design.md, "Who turns a trigger on and off"); a deleted trigger id is
 /// refused.
 ///
+/// The first cursor is never at or before an instant already admitted under any revision
+/// (see [`lock_cursor_floor`]): a republish racing an admission, or a database clock that
+/// stepped back, cannot admit an instant twice under two revisions' keys.
+///
 /// Locking: the trigger row `FOR UPDATE` (one publish at a time per trigger, serialised
 /// with disable/enable/delete), then the project row `FOR SHARE` while the status decides
 /// `claimable_at_ms` and until commit, so a concurrent `project set` cannot change the status
 /// between that read and this schedule row becoming visible (see [`set_project`]); the task
-/// row `FOR SHARE` while its project is compared.
+/// row `FOR SHARE` while its project is compared; then the schedule row `FOR UPDATE`
+/// *before* the clock is read (see [`lock_cursor_floor`]).
 pub async fn publish_trigger(
     client: &mut tokio_postgres::Client,
     spec: &TriggerSpec,
@@ -321,8 +326,9 @@ pub async fn publish_trigger(
     }
     let project_active = lock_project_status(&tx, &spec.project_id).await? == "active";
     lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
+    let floor = lock_cursor_floor(&tx, id).await?;
     let now = db_now(&tx).await?;
-    let Some(first) = schedule.next_after_ms(now) else {
+    let Some(first) = schedule.next_after_ms(now.max(floor.unwrap_or(i64::MIN))) else {
         return Err(ManageError::NeverFiresAgain {
             id: id.clone(),
             expr: spec.cron_expr.clone(),
@@ -461,6 +467,7 @@ async fn upsert_schedule(
              ON CONFLICT (trigger_id) DO UPDATE
                SET project_id = EXCLUDED.project_id, trigger_revision = EXCLUDED.trigger_revision,
                    next_fire_at_ms = EXCLUDED.next_fire_at_ms, last_scheduled_at_ms = NULL,
+                   admitted_through_ms = greatest(s.admitted_through_ms, s.last_scheduled_at_ms),
                    claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
                    claim_version = s.claim_version + 1, state_version = s.state_version + 1,
                    claimable_at_ms = EXCLUDED.claimable_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
@@ -469,6 +476,38 @@ async fn upsert_schedule(
     )
     .await?;
     Ok(())
+}
+
+/// Locks the trigger's schedule row (if it has one) and returns the instant its next first
+/// cursor must come strictly after: the latest instant ever admitted for the trigger by a
+/// cron admission or a backfill, under any revision — the schedule's `admitted_through_ms`
+/// (V14; raised by every cron admission, never cleared), its `last_scheduled_at_ms` (also
+/// set by binaries before V14) and the latest cron-keyed run (a backfill's runs, one
+/// `runs_trigger_idx` probe). `None`: nothing was ever admitted.
+///
+/// Locking: the schedule row `FOR UPDATE`, taken before the caller reads the clock and held
+/// until it commits. An admission that committed before the lock is seen here (its
+/// instant is in the floor); one still running holds the row and we wait for it; one that
+/// comes later waits for our commit and then fails its fence (a serialization failure or a
+/// changed `state_version`), so it never admits under the old revision an instant our new
+/// cursor also covers. Without the lock, an admission could commit between our clock read
+/// and our schedule write, and the new revision would admit the same instant again.
+pub(crate) async fn lock_cursor_floor(
+    tx: &tokio_postgres::Transaction<'_>,
+    trigger_id: &str,
+) -> Result<Option<i64>, ManageError> {
+    let row = tx
+        .query_opt(
+            "SELECT greatest(s.admitted_through_ms, s.last_scheduled_at_ms,
+                             (SELECT max(r.scheduled_for_ms) FROM qlsched.runs r
+                               WHERE r.trigger_id = s.trigger_id
+                                 AND r.idempotency_key LIKE 'ql3:cron:%'))
+               FROM qlsched.trigger_schedules s WHERE s.trigger_id = $1
+                FOR UPDATE OF s",
+            &[&trigger_id],
+        )
+        .await?;
+    Ok(row.and_then(|r| r.get(0)))
 }
 
 /// The project's status, with its row held `FOR SHARE` until the transaction ends (a

@@ -158,17 +158,34 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
     db.assert_invariants().await;
 }
 
+/// Every migration this binary carries, `V<n>__<name>` in version order.
+fn migration_names() -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut names: Vec<(u32, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let stem = name.strip_suffix(".sql")?.to_string();
+            let version = stem.strip_prefix('V')?.split("__").next()?.parse().ok()?;
+            Some((version, stem))
+        })
+        .collect();
+    names.sort();
+    names.into_iter().map(|(_, n)| n).collect()
+}
+
 /// The real binary behind a reader: each wait on stderr, then exit 1 with V13 not applied;
-/// after the reader, V13 applies and `db check` passes.
+/// after the reader, V13 and V14 apply and `db check` passes.
 #[tokio::test]
 async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    // The database as the previous release left it: V13 not applied.
+    // The database as the release before V13 left it: V13 and V14 not applied.
     su.batch_execute(&format!(
         "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest;
          ALTER TABLE qlsched.replicas DROP COLUMN binary_version, DROP COLUMN newest_migration;
-         DELETE FROM {} WHERE version = 13",
+         ALTER TABLE qlsched.trigger_schedules DROP COLUMN admitted_through_ms;
+         DELETE FROM {} WHERE version >= 13",
         migrate::HISTORY_TABLE
     ))
     .await
@@ -209,9 +226,12 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     );
     reader.batch_execute("COMMIT").await.unwrap();
     let out = ok(command(&db, &args).output().unwrap());
+    let names = migration_names();
+    let newest = names.len();
+    let from_v13: Vec<String> = names.into_iter().skip(12).collect();
     assert_eq!(
         out,
-        "applied V13__schema_compat_and_replica_versions; grants installed\n"
+        format!("applied {}; grants installed\n", from_v13.join(", "))
     );
     let ready = ok(
         command(&db, &["db", "check", "--dsn", &db.dsn("qlsched_runtime")])
@@ -219,10 +239,10 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
             .unwrap(),
     );
     assert!(
-        ready.starts_with(
-            "database ready: migrations (the database at V13, serving binaries that know V11 \
-             or later; this binary knows up to V13)"
-        ),
+        ready.starts_with(&format!(
+            "database ready: migrations (the database at V{newest}, serving binaries that \
+                 know V11 or later; this binary knows up to V{newest})"
+        )),
         "{ready}"
     );
 }

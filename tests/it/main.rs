@@ -9,6 +9,7 @@ mod console_browser;
 mod contrib;
 mod coordinator;
 mod counting;
+mod cursor_floor;
 mod daemon;
 mod dispatcher;
 mod docs_drift;

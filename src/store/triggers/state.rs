@@ -3,7 +3,7 @@
 use super::{lock_trigger, Changed};
 use crate::db_now_ms;
 use crate::schedule::Schedule;
-use crate::store::manage::{lock_project_status, ManageError};
+use crate::store::manage::{lock_cursor_floor, lock_project_status, ManageError};
 
 /// Takes the schedule row out of the claim index and fences out any live claim: the
 /// claim is cleared and `claim_version` / `state_version` bumped, so the holder's
@@ -56,14 +56,16 @@ pub async fn disable(
 }
 
 /// `trigger enable`: withdraws an operator's disable. The cursor moves to the first
-/// occurrence after this transaction's clock reading, so the disabled span is never
+/// occurrence after this transaction's clock reading (and after every instant already
+/// admitted, see [`lock_cursor_floor`]), so the disabled span is never
 /// replayed (whatever the misfire policy) and an occurrence due just after the enable is
 /// admitted. Keeps who and when (the last disable's note stays on record). Enabling a
 /// running trigger changes nothing; a trigger its publisher disabled is refused (only a
 /// publish turns it on; docs/design.md, "Who turns a trigger on and off").
 ///
 /// Locking: trigger row `FOR UPDATE`, then the project row `FOR SHARE` while its status
-/// decides whether the row is claimable (as in publish).
+/// decides whether the row is claimable, then the schedule row `FOR UPDATE` before the clock
+/// is read (as in publish).
 pub async fn enable(
     client: &mut tokio_postgres::Client,
     id: &str,
@@ -82,12 +84,13 @@ pub async fn enable(
         return Ok(Changed::AlreadyThatWay);
     }
     let active = lock_project_status(&tx, &t.project).await? == "active";
+    let floor = lock_cursor_floor(&tx, id).await?;
     // A stored definition that no longer parses (or never fires again) gets no cursor: the
     // claim then rejects it with back-off and a diagnostic, as any corrupt definition.
     let now = crate::store::manage::db_now(&tx).await?;
     let first = Schedule::parse(&t.cron_expr, &t.timezone)
         .ok()
-        .and_then(|s| s.next_after_ms(now));
+        .and_then(|s| s.next_after_ms(now.max(floor.unwrap_or(i64::MIN))));
     tx.execute(
         concat!(
             "UPDATE qlsched.triggers

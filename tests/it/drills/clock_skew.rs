@@ -10,39 +10,15 @@
 //! Needs `faketime` (Debian/Ubuntu: `apt-get install -y faketime`); without it the drill
 //! fails and says so. It installs nothing itself.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use super::check::Expect;
 use super::{db_now, kill_holding_leases, Drill, Stage};
+use crate::helpers::pg::libfaketime;
 use crate::helpers::wait_until;
 
 const TRIGGERS: usize = 100;
 const SKEWS: [(&str, &str, i64); 3] = [("a", "", 0), ("b", "+1h", 3600), ("c", "-10m", -600)];
-
-/// The multi-threaded libfaketime, or a panic saying what to install.
-fn libfaketime() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join("faketime").is_file()))
-        .unwrap_or(false);
-    let lib = [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-        "/usr/local/lib/faketime/libfaketimeMT.so.1",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists());
-    match (on_path, lib) {
-        (true, Some(lib)) => lib,
-        _ => panic!(
-            "the clock-skew drill needs libfaketime: `faketime` is not on PATH or its \
-             libfaketimeMT.so.1 is missing. Install it: `apt-get install -y faketime` \
-             (Debian/Ubuntu)."
-        ),
-    }
-}
 
 #[tokio::test]
 async fn replicas_with_skewed_node_clocks_behave_like_the_others() {

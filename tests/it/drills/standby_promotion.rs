@@ -258,6 +258,7 @@ async fn make_standby(primary: &OwnPg) -> OwnPg {
         data,
         port: free_port(),
         child: None,
+        env: Vec::new(),
     };
     server.start();
     let port = server.port;

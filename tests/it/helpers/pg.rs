@@ -117,6 +117,8 @@ pub struct Server {
     pub data: PathBuf,
     pub port: u16,
     pub child: Option<Child>,
+    /// Environment the postmaster (and so every backend) starts with, beside ours.
+    pub env: Vec<(String, String)>,
 }
 
 pub fn chown_for_server(path: &Path) {
@@ -168,6 +170,7 @@ impl Server {
             data,
             port: free_port(),
             child: None,
+            env: Vec::new(),
         }
     }
 
@@ -184,6 +187,7 @@ impl Server {
             .arg(&self.data)
             .arg("-p")
             .arg(self.port.to_string())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -241,5 +245,29 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop("immediate");
+    }
+}
+
+/// The multi-threaded libfaketime, or a panic saying what to install.
+pub fn libfaketime() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("faketime").is_file()))
+        .unwrap_or(false);
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+        "/usr/local/lib/faketime/libfaketimeMT.so.1",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists());
+    match (on_path, lib) {
+        (true, Some(lib)) => lib,
+        _ => panic!(
+            "the clock tests (the clock-skew drill, a server clock stepping back) need libfaketime: `faketime` is not on PATH or its \
+             libfaketimeMT.so.1 is missing. Install it: `apt-get install -y faketime` \
+             (Debian/Ubuntu)."
+        ),
     }
 }
