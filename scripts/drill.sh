@@ -6,7 +6,7 @@
 #
 # NAME: kill_restart | backend_termination | pg_restart | standby_promotion |
 #       commit_reply_lost | partition | actor_crash | clock_skew | same_replica_id |
-#       netns (kernel partition + flapping link; needs root) | slow_link |
+#       netns (kernel partition + flapping link; needs root) | slow_link | republish |
 #       failover_dsn (a promotion followed through a two-host DSN) |
 #       rolling_upgrade (db migrate behind a reader, replicas moved one at a time onto a
 #       second binary with one more migration, and back) | all
@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 
-DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn rolling_upgrade"
+DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn rolling_upgrade republish"
 usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage

@@ -328,7 +328,7 @@ pub async fn publish_trigger(
     lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
     let floor = lock_cursor_floor(&tx, id).await?;
     let now = db_now(&tx).await?;
-    let Some(first) = schedule.next_after_ms(now.max(floor.unwrap_or(i64::MIN))) else {
+    let Some(first) = floor.first(&schedule, now) else {
         return Err(ManageError::NeverFiresAgain {
             id: id.clone(),
             expr: spec.cron_expr.clone(),
@@ -478,12 +478,36 @@ async fn upsert_schedule(
     Ok(())
 }
 
-/// Locks the trigger's schedule row (if it has one) and returns the instant its next first
-/// cursor must come strictly after: the latest instant ever admitted for the trigger by a
-/// cron admission or a backfill, under any revision — the schedule's `admitted_through_ms`
-/// (V14; raised by every cron admission, never cleared), its `last_scheduled_at_ms` (also
-/// set by binaries before V14) and the latest cron-keyed run (a backfill's runs, one
-/// `runs_trigger_idx` probe). `None`: nothing was ever admitted.
+/// What a new first cursor must respect, read with the trigger's schedule row locked (see
+/// [`lock_cursor_floor`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CursorFloor {
+    /// The latest instant ever admitted for the trigger by a cron admission or a backfill,
+    /// under any revision: the schedule's `admitted_through_ms` (V14; raised by every cron
+    /// admission, never cleared), its `last_scheduled_at_ms` (also set by binaries before
+    /// V14) and the latest cron-keyed run (a backfill's runs). `None`: nothing yet.
+    pub admitted_through_ms: Option<i64>,
+    /// The cursor of a live row (claimable: enabled, project active): an occurrence that is
+    /// due but not admitted yet is still owed when the definition changes under it.
+    pub live_cursor_ms: Option<i64>,
+}
+
+impl CursorFloor {
+    /// The first cursor of a new revision of `schedule` (or of an enable), `now` being the
+    /// database clock read after the lock: the first occurrence strictly after the clock —
+    /// or at or after a live row's cursor that is due and not admitted yet — and always
+    /// strictly after every instant already admitted. An enable finds no live cursor (a
+    /// disabled row is not claimable), so a disabled span is never replayed.
+    pub fn first(&self, schedule: &Schedule, now: i64) -> Option<i64> {
+        let from = match self.live_cursor_ms {
+            Some(c) if c <= now => c - 1,
+            _ => now,
+        };
+        schedule.next_after_ms(from.max(self.admitted_through_ms.unwrap_or(i64::MIN)))
+    }
+}
+
+/// Locks the trigger's schedule row (if it has one) and reads its [`CursorFloor`].
 ///
 /// Locking: the schedule row `FOR UPDATE`, taken before the caller reads the clock and held
 /// until it commits. An admission that committed before the lock is seen here (its
@@ -495,19 +519,25 @@ async fn upsert_schedule(
 pub(crate) async fn lock_cursor_floor(
     tx: &tokio_postgres::Transaction<'_>,
     trigger_id: &str,
-) -> Result<Option<i64>, ManageError> {
+) -> Result<CursorFloor, ManageError> {
     let row = tx
         .query_opt(
             "SELECT greatest(s.admitted_through_ms, s.last_scheduled_at_ms,
                              (SELECT max(r.scheduled_for_ms) FROM qlsched.runs r
                                WHERE r.trigger_id = s.trigger_id
-                                 AND r.idempotency_key LIKE 'ql3:cron:%'))
+                                 AND r.idempotency_key LIKE 'ql3:cron:%')),
+                    CASE WHEN s.claimable_at_ms IS NOT NULL THEN s.next_fire_at_ms END
                FROM qlsched.trigger_schedules s WHERE s.trigger_id = $1
                 FOR UPDATE OF s",
             &[&trigger_id],
         )
         .await?;
-    Ok(row.and_then(|r| r.get(0)))
+    Ok(row
+        .map(|r| CursorFloor {
+            admitted_through_ms: r.get(0),
+            live_cursor_ms: r.get(1),
+        })
+        .unwrap_or_default())
 }
 
 /// The project's status, with its row held `FOR SHARE` until the transaction ends (a

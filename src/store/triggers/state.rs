@@ -90,7 +90,7 @@ pub async fn enable(
     let now = crate::store::manage::db_now(&tx).await?;
     let first = Schedule::parse(&t.cron_expr, &t.timezone)
         .ok()
-        .and_then(|s| s.next_after_ms(now.max(floor.unwrap_or(i64::MIN))));
+        .and_then(|s| floor.first(&s, now));
     tx.execute(
         concat!(
             "UPDATE qlsched.triggers

@@ -20,6 +20,7 @@ mod kill_restart;
 mod netns;
 mod partition;
 mod pg_restart;
+mod republish;
 mod rolling_upgrade;
 mod same_replica_id;
 mod slow_link;
@@ -196,6 +197,10 @@ impl Rng {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0 | 1);
         Rng(seed, seed)
+    }
+    /// A generator of its own for one actor of a drill, seeded from the drill's.
+    pub fn seeded(seed: u64) -> Rng {
+        Rng(seed | 1, seed | 1)
     }
     pub fn next(&mut self) -> u64 {
         let mut x = self.1;
