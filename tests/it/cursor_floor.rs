@@ -283,3 +283,59 @@ async fn a_republish_keeps_an_occurrence_that_is_due_and_not_admitted() {
     let (dups, gaps) = duplicates_and_gaps(&db).await;
     assert_eq!((dups, gaps), (vec![], 0));
 }
+
+/// The query docs/operations.md gives for instants a database admitted twice before V14
+/// lists exactly such an instant, with both runs in admission order.
+#[actix_rt::test]
+async fn the_documented_query_lists_an_instant_admitted_under_two_revisions() {
+    let docs = include_str!("../../docs/operations.md");
+    let after = docs
+        .split("<!-- duplicate-occurrences-query -->\n```sql\n")
+        .nth(1)
+        .expect("docs/operations.md has the duplicate-occurrences query");
+    let query = &after[..after.find("```").unwrap()];
+
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    manage::publish_trigger(&mut admin, &every_second(60_000))
+        .await
+        .unwrap();
+    let (sup, _, _) = start_supervisor(db.actor_settings("a"));
+    wait_until("two admitted runs", Duration::from_secs(15), || async {
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 't'")
+            .await
+            >= 2
+    })
+    .await;
+    let _ = sup.send(Drain(Duration::from_secs(2))).await;
+    let su = db.superuser().await;
+    assert!(su.query(query, &[]).await.unwrap().is_empty());
+    // The same instant again under revision 2, as a pre-V14 republish could admit it.
+    let twin = uuid::Uuid::new_v4();
+    let instant: i64 = su
+        .query_one(
+            "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                       task_revision, execution_revision_id, idempotency_key,
+                                       status, scheduled_for_ms, queued_at_ms, admitted_by)
+             SELECT $1, project_id, trigger_id, 2, task_id, task_revision, execution_revision_id,
+                    'ql3:cron:v1:t:2:' || scheduled_for_ms, 'queued', scheduled_for_ms,
+                    queued_at_ms + 1, admitted_by
+               FROM qlsched.runs WHERE trigger_id = 't' ORDER BY scheduled_for_ms LIMIT 1
+             RETURNING scheduled_for_ms",
+            &[&twin],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let rows = su.query(query, &[]).await.unwrap();
+    assert_eq!(rows.len(), 1, "one instant listed");
+    let r = &rows[0];
+    assert_eq!(r.get::<_, &str>("trigger_id"), "t");
+    assert_eq!(r.get::<_, i64>("runs"), 2);
+    assert_eq!(r.get::<_, Vec<i64>>("revisions"), vec![1, 2]);
+    assert_eq!(r.get::<_, Vec<uuid::Uuid>>("run_ids")[1], twin);
+    let listed = r
+        .get::<_, chrono::DateTime<chrono::Utc>>("scheduled_for")
+        .timestamp_millis();
+    assert_eq!(listed, instant);
+}
