@@ -305,8 +305,9 @@ async fn a_migrate_killed_after_any_migration_leaves_a_database_both_binaries_ac
 
 /// A newer binary's `db migrate` of an expand with a new table and a new function (created
 /// without revoking PUBLIC's EXECUTE, as a migration may), then a contract, killed after
-/// each: this binary keeps accepting the database after the expand, the newer binary's
-/// grants are there with it, and the contract is named.
+/// each: this binary keeps accepting the database after the expand (a grant it needs that
+/// the newer binary no longer makes is revoked only with the newer binary's last
+/// migration), the newer binary's grants are there with it, and the contract is named.
 #[tokio::test]
 async fn a_newer_binarys_migrate_killed_after_an_expand_keeps_this_binary_accepting() {
     let mut newer = MigrationSet::embedded()
@@ -326,6 +327,9 @@ CREATE FUNCTION qlsched.interrupted_count() RETURNS bigint LANGUAGE sql
     newer
         .grants
         .push(Grant::table("runtime", "interrupted", "SELECT"));
+    // A grant this binary needs and the newer one no longer makes.
+    let dropped = Grant::table("admin", "capability", "SELECT");
+    newer.grants.retain(|g| *g != dropped);
     newer
         .grants
         .push(Grant::function("runtime", "qlsched.interrupted_count()"));

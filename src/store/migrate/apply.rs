@@ -380,9 +380,10 @@ impl Step<'_> {
 /// One migration in one transaction: its SQL, refinery's history row, its kind, and the
 /// grants with their manifest. So a `db migrate` that stops after any migration (killed, or
 /// giving up on the next one) leaves a database both the binary of that migration and the
-/// binary before it accept (when it is an expand): the grants are those of `set` on what
-/// exists once it is applied (all of them with `set`'s newest migration, where a grant on a
-/// missing object fails the migration), which are the grants of the binary that carries it.
+/// binary before it accept (when it is an expand). The grants are those of `set` on what
+/// exists once it is applied — the grants of the binary that carries it — plus those of the
+/// recorded manifest whose object still exists (what the binary before it needs); `set`'s
+/// newest migration installs exactly `set`'s grants, and a grant on a missing object fails it.
 async fn apply_one(
     client: &mut tokio_postgres::Client,
     set: &MigrationSet,
@@ -424,19 +425,21 @@ async fn apply_one(
         )
         .await?;
     }
+    let recorded = manifest::read(&tx).await?;
     let grants = if m.version() == set.newest() {
         set.grants.clone()
     } else {
-        manifest::existing(&tx, &set.grants).await?
+        // Before the last migration, what the manifest held stays granted too (where its
+        // object still exists): a grant the newer binary no longer makes goes with the last.
+        let mut wanted = set.grants.clone();
+        for g in recorded.iter().flatten() {
+            if !wanted.contains(g) {
+                wanted.push(g.clone());
+            }
+        }
+        manifest::existing(&tx, &wanted).await?
     };
-    let record: bool = tx
-        .query_one(
-            "SELECT to_regclass('qlsched.grant_manifest') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .get(0);
-    tx.batch_execute(&manifest::install_sql(&grants, roles, record))
+    tx.batch_execute(&manifest::install_sql(&grants, roles, recorded.is_some()))
         .await?;
     tx.commit().await
 }

@@ -8,7 +8,7 @@
 use std::fmt;
 
 use super::{ident, Roles};
-use crate::store::{StoreError, SCHEMA};
+use crate::store::SCHEMA;
 
 /// What a grant is on.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -135,9 +135,8 @@ pub(super) fn install_sql(grants: &[Grant], roles: &Roles, record: bool) -> Stri
     sql
 }
 
-/// Which objects of `grants` exist, in the caller's transaction (a migration's, after its
-/// SQL): those grants, in their order. A migration that is not the last of its binary's
-/// stream installs these, the grants of the binary that carries it.
+/// The grants of `grants` whose object exists, in the caller's transaction (a migration's,
+/// after its SQL), in their order.
 ///
 /// Locking: catalog reads only (`to_regclass`, `to_regprocedure`, `pg_attribute`), no lock on
 /// any scheduler table; the objects the migration created or dropped are seen as its own
@@ -176,7 +175,9 @@ pub(super) async fn existing(
 }
 
 /// The manifest the database holds (None: before V13, no manifest table).
-pub async fn read(client: &tokio_postgres::Client) -> Result<Option<Vec<Grant>>, StoreError> {
+pub async fn read(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Option<Vec<Grant>>, tokio_postgres::Error> {
     let exists: bool = client
         .query_one(
             "SELECT to_regclass('qlsched.grant_manifest') IS NOT NULL",
