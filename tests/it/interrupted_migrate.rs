@@ -157,9 +157,9 @@ async fn recorded_kind(c: &Client, version: i32) -> Option<String> {
 }
 
 /// Kills a `db migrate` of `set` after each of its migrations newer than `from` in turn and
-/// returns every failure found, one line each. Step n starts from a database at V(n-1) as
-/// the binary of V(n-1) migrated it (the first from `start`, at `from`, nobody connected;
-/// `before` is the binary that migrated it, if any).
+/// returns every failure found, one line each. Step n copies a database at V(n-1) as the
+/// binary of V(n-1) migrated it (`start`, at `from`, nobody connected; `before` is the
+/// binary that migrated it, if any), which the binary of Vn then migrates for the next step.
 async fn walk(
     set: &MigrationSet,
     start: TestDb,
@@ -169,7 +169,7 @@ async fn walk(
     let opts = MigrateOptions::default();
     let newest = set.newest();
     let mut failures = Vec::new();
-    let mut prev = start;
+    let prev = start;
     for m in set.migrations.iter().filter(|m| m.version() > from) {
         let n = m.version();
         let file = migrate::file_name(n, m.name());
@@ -183,8 +183,7 @@ async fn walk(
         let at_n = binary_of(set, n, &su).await;
         // The next step starts from the database as the binary of Vn's own `db migrate`
         // leaves it.
-        let next = copy(&prev).await;
-        migrate::migrate_set(&next.config(&owner()), &roles(), &at_n, &opts, &mut |w| {
+        migrate::migrate_set(&prev.config(&owner()), &roles(), &at_n, &opts, &mut |w| {
             panic!("unexpected wait: {w}")
         })
         .await
@@ -281,7 +280,6 @@ async fn walk(
         drop(su);
 
         drop_db(work).await;
-        drop_db(std::mem::replace(&mut prev, next)).await;
         before = Some(at_n);
     }
     drop_db(prev).await;
