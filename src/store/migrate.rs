@@ -15,6 +15,8 @@ pub mod lint;
 mod manifest;
 pub mod report;
 
+#[cfg(feature = "fault-injection")]
+pub use apply::migrate_set_killed_after;
 pub use apply::{
     build_indexes, migrate_set, Blocked, ConcurrentIndex, GaveUp, MigrateOptions, Wait,
     CONCURRENT_INDEXES,

@@ -19,6 +19,8 @@ mod edits;
 mod engine;
 mod guard;
 mod integrity;
+#[cfg(feature = "fault-injection")]
+mod interrupted_migrate;
 mod lifecycle;
 mod live_migrate;
 mod manage_projects;

@@ -5,8 +5,9 @@
 //! behind itself) gives up its lock request after the timeout instead, and is retried with a
 //! back-off until `max_wait` is spent. The transaction also writes refinery's history row
 //! (same table, same columns, refinery's checksum), the migration's kind into
-//! `qlsched.schema_compat`, and — in the last migration's transaction — the grants and
-//! their manifest, so a database is never seen migrated with its range or grants lagging.
+//! `qlsched.schema_compat`, and the grants of what exists once it is applied with their
+//! manifest, so a database is never seen migrated with its range or grants lagging, even
+//! when `db migrate` stops between two migrations.
 //! Declared concurrent index builds run afterwards, outside any transaction.
 
 use std::fmt;
@@ -161,7 +162,32 @@ pub async fn migrate_set(
     opts: &MigrateOptions,
     on_wait: &mut (dyn FnMut(&Wait) + Send),
 ) -> Result<Vec<String>, StoreError> {
-    let owner: crate::store::Target = owner.into();
+    run(owner.into(), roles, set, opts, on_wait, None).await
+}
+
+/// A `db migrate` of `set` killed right after migration `last` committed (fault injection,
+/// for the tests of an interrupted migrate): it applies the pending migrations exactly as
+/// [`migrate_set`] does, up to `last`, and stops there, before any later migration and
+/// before the concurrent index builds.
+#[cfg(feature = "fault-injection")]
+pub async fn migrate_set_killed_after(
+    owner: impl Into<crate::store::Target>,
+    roles: &Roles,
+    set: &MigrationSet,
+    opts: &MigrateOptions,
+    last: i32,
+) -> Result<Vec<String>, StoreError> {
+    run(owner.into(), roles, set, opts, &mut |_| {}, Some(last)).await
+}
+
+async fn run(
+    owner: crate::store::Target,
+    roles: &Roles,
+    set: &MigrationSet,
+    opts: &MigrateOptions,
+    on_wait: &mut (dyn FnMut(&Wait) + Send),
+    killed_after: Option<i32>,
+) -> Result<Vec<String>, StoreError> {
     let mut client = crate::store::connect(&owner).await?;
     let pending = pending(&client, roles, set).await?;
     client
@@ -182,16 +208,18 @@ pub async fn migrate_set(
         // A second session watches what a waiting migration waits on (the waiting one
         // cannot).
         let monitor = crate::store::connect(&owner).await?;
-        for (i, m) in pending.iter().enumerate() {
+        for m in &pending {
             let step = Step {
                 set,
                 migration: m,
                 roles,
-                last: i + 1 == pending.len(),
             };
             step.apply_retrying(&mut client, &monitor, opts, started, on_wait)
                 .await?;
             applied.push(m.to_string());
+            if killed_after == Some(m.version()) {
+                return Ok(applied);
+            }
         }
     }
     let left = opts.max_wait.saturating_sub(started.elapsed());
@@ -275,8 +303,6 @@ struct Step<'a> {
     set: &'a MigrationSet,
     migration: &'a refinery::Migration,
     roles: &'a Roles,
-    /// The last pending one: its transaction installs the grants.
-    last: bool,
 }
 
 impl Step<'_> {
@@ -300,7 +326,7 @@ impl Step<'_> {
         for attempt in 1.. {
             let mut blocked = Blocked::default();
             let res = {
-                let apply = apply_one(client, self.set, m, self.roles, self.last);
+                let apply = apply_one(client, self.set, m, self.roles);
                 tokio::pin!(apply);
                 // Looked at from three quarters into the lock timeout on, until the lock
                 // wait shows: a migration that takes its locks at once is never looked at.
@@ -351,14 +377,18 @@ impl Step<'_> {
     }
 }
 
-/// One migration in one transaction: its SQL, refinery's history row, its kind, and (for
-/// the last) the grants with their manifest.
+/// One migration in one transaction: its SQL, refinery's history row, its kind, and the
+/// grants with their manifest. So a `db migrate` that stops after any migration (killed, or
+/// giving up on the next one) leaves a database both the binary of that migration and the
+/// binary before it accept (when it is an expand). The grants are those of `set` on what
+/// exists once it is applied — the grants of the binary that carries it — plus those of the
+/// recorded manifest whose object still exists (what the binary before it needs); `set`'s
+/// newest migration installs exactly `set`'s grants, and a grant on a missing object fails it.
 async fn apply_one(
     client: &mut tokio_postgres::Client,
     set: &MigrationSet,
     m: &refinery::Migration,
     roles: &Roles,
-    last: bool,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
     tx.batch_execute(m.sql().unwrap_or("")).await?;
@@ -395,17 +425,22 @@ async fn apply_one(
         )
         .await?;
     }
-    if last {
-        let record: bool = tx
-            .query_one(
-                "SELECT to_regclass('qlsched.grant_manifest') IS NOT NULL",
-                &[],
-            )
-            .await?
-            .get(0);
-        tx.batch_execute(&manifest::install_sql(&set.grants, roles, record))
-            .await?;
-    }
+    let recorded = manifest::read(&tx).await?;
+    let grants = if m.version() == set.newest() {
+        set.grants.clone()
+    } else {
+        // Before the last migration, what the manifest held stays granted too (where its
+        // object still exists): a grant the newer binary no longer makes goes with the last.
+        let mut wanted = set.grants.clone();
+        for g in recorded.iter().flatten() {
+            if !wanted.contains(g) {
+                wanted.push(g.clone());
+            }
+        }
+        manifest::existing(&tx, &wanted).await?
+    };
+    tx.batch_execute(&manifest::install_sql(&grants, roles, recorded.is_some()))
+        .await?;
     tx.commit().await
 }
 

@@ -8,7 +8,7 @@
 use std::fmt;
 
 use super::{ident, Roles};
-use crate::store::{StoreError, SCHEMA};
+use crate::store::SCHEMA;
 
 /// What a grant is on.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -135,8 +135,49 @@ pub(super) fn install_sql(grants: &[Grant], roles: &Roles, record: bool) -> Stri
     sql
 }
 
+/// The grants of `grants` whose object exists, in the caller's transaction (a migration's,
+/// after its SQL), in their order.
+///
+/// Locking: catalog reads only (`to_regclass`, `to_regprocedure`, `pg_attribute`), no lock on
+/// any scheduler table; the objects the migration created or dropped are seen as its own
+/// transaction left them.
+pub(super) async fn existing(
+    tx: &tokio_postgres::Transaction<'_>,
+    grants: &[Grant],
+) -> Result<Vec<Grant>, tokio_postgres::Error> {
+    const SQL: &str = "
+        SELECT g.i::int4
+          FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY
+               AS g(object_type, object, column_name, i)
+         WHERE CASE g.object_type
+                 WHEN 'table' THEN to_regclass(format('%I.%I', $4::text, g.object)) IS NOT NULL
+                 WHEN 'column' THEN EXISTS (
+                     SELECT 1 FROM pg_attribute a
+                      WHERE a.attrelid = to_regclass(format('%I.%I', $4::text, g.object))
+                        AND a.attname = g.column_name AND a.attnum > 0 AND NOT a.attisdropped)
+                 ELSE to_regprocedure(g.object) IS NOT NULL
+               END
+         ORDER BY g.i";
+    let (mut types, mut objects, mut columns) = (Vec::new(), Vec::new(), Vec::new());
+    for g in grants {
+        let (t, o, c) = g.columns();
+        types.push(t);
+        objects.push(o);
+        columns.push(c);
+    }
+    let rows = tx
+        .query(SQL, &[&types, &objects, &columns, &SCHEMA])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| grants[(r.get::<_, i32>(0) - 1) as usize].clone())
+        .collect())
+}
+
 /// The manifest the database holds (None: before V13, no manifest table).
-pub async fn read(client: &tokio_postgres::Client) -> Result<Option<Vec<Grant>>, StoreError> {
+pub async fn read(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Option<Vec<Grant>>, tokio_postgres::Error> {
     let exists: bool = client
         .query_one(
             "SELECT to_regclass('qlsched.grant_manifest') IS NOT NULL",
