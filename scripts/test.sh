@@ -49,7 +49,7 @@ system_version=$("$system_bindir/postgres" --version | awk '{print $3}')
 lines=("PostgreSQL $system_version (system): the whole suite")
 
 if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
-  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: roles:: integrity:: dispatcher:: runs_cancel:: runs_prune::)
+  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: runs_cancel:: runs_prune::)
   system_major=${system_version%%.*}
   versions=($PG_SUPPORTED_VERSIONS)
   oldest=${versions[0]}
