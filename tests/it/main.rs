@@ -20,6 +20,7 @@ mod guard;
 mod integrity;
 mod lifecycle;
 mod live_migrate;
+mod locks;
 mod manage_projects;
 mod manage_triggers;
 mod manage_wake;
