@@ -47,6 +47,8 @@ pub struct Metrics {
     pub orphan_releases: Counter,
     pub wakeups: Counter,
     pub notifications: Counter,
+    /// Notifications on the wake channel that were not qlsched's (docs/design.md, "Waking").
+    pub notifications_ignored: Counter,
     /// Lag of cron occurrences admitted on time (within their grace): what alerts watch.
     pub lag_seconds: Histogram,
     /// Lag of cron occurrences admitted late by `misfire = fire_once` (after an outage):
@@ -89,6 +91,7 @@ impl Default for Metrics {
             orphan_releases: Counter::default(),
             wakeups: Counter::default(),
             notifications: Counter::default(),
+            notifications_ignored: Counter::default(),
             lag_seconds: Histogram::new(LAG_BUCKETS),
             misfire_lag_seconds: Histogram::new(MISFIRE_LAG_BUCKETS),
             live_claims: Gauge::default(),
@@ -182,6 +185,11 @@ impl Metrics {
             "notifications",
             "Change notifications received (publish, enable, project resume) that woke the scheduler",
             self.notifications.clone(),
+        );
+        r.register(
+            "notifications_ignored",
+            "Notifications on the wake channel ignored: a payload that is not an instant, or a sender whose role may not change schedules",
+            self.notifications_ignored.clone(),
         );
         // Labelled by the kind of run: the daemon admits only cron occurrences (manual fires
         // and backfills are admitted by the CLI and not observed here).

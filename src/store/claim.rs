@@ -199,16 +199,21 @@ WITH obs AS MATERIALIZED (
        FOR SHARE
 ), guard AS (
     -- The replica-id guard's heartbeat ($6 = 0: not this round), and the database session
-    -- the holder works on, recorded when it changed (a new claim connection): a successor
-    -- judges the holder alive by that session (store::replicas).
+    -- the holder works on, recorded whenever it differs from this one by backend pid or
+    -- start (a new claim connection; after a server restart, possibly the old pid with a
+    -- new start); a recorded start that is NULL is unknown and never this session's. A
+    -- successor judges the holder alive by that session (store::replicas).
     UPDATE qlsched.replicas r
        SET heartbeat_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms ELSE r.heartbeat_at_ms END,
            expires_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms + $6::bigint ELSE r.expires_at_ms END,
-           session_pid = pg_backend_pid(),
-           session_started_at = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)
-      FROM obs, held
+           session_pid = me.pid,
+           session_started_at = me.started
+      FROM obs, held,
+           (SELECT pg_backend_pid() AS pid,
+                   (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a) AS started) me
      WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
-       AND ($6::bigint > 0 OR r.session_pid IS DISTINCT FROM pg_backend_pid())
+       AND ($6::bigint > 0
+            OR (r.session_pid = me.pid AND r.session_started_at = me.started) IS NOT TRUE)
     RETURNING $6::bigint > 0 AS extended
 ), picked AS (
     -- The schedule table is the only relation of this scan, so its plan is always the claim

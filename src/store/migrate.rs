@@ -275,6 +275,9 @@ pub async fn bootstrap(
     in_db.dbname(database);
     let client = super::connect(&in_db).await?;
     let connect_roles = roles.all().map(ident).join(", ");
+    // PUBLIC keeps nothing on the database: PostgreSQL gives it CONNECT and TEMPORARY on
+    // every new one, and no qlsched role may create temporary tables (`db check` refuses
+    // TEMPORARY). Run again on an existing install, this revokes them there too.
     client
         .batch_execute(&format!(
             "CREATE SCHEMA IF NOT EXISTS {schema} AUTHORIZATION {owner};
@@ -608,6 +611,12 @@ async fn other_privileges(
         UNION ALL
         SELECT format('role %s has CREATE on database %I, which it must not', $1, current_database())
          WHERE has_database_privilege($1, current_database(), 'CREATE')
+        UNION ALL
+        SELECT format('role %s has TEMPORARY on database %I, which it must not (PostgreSQL grants it '
+                      'to PUBLIC on every new database; `qlsched db bootstrap` revokes it, or run '
+                      'REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC)',
+                      $1, current_database(), current_database())
+         WHERE has_database_privilege($1, current_database(), 'TEMPORARY')
         UNION ALL
         SELECT format('role %s gets %s on future %s created by %s%s (default privileges), which it must not',
                       $1, acl.privilege_type,

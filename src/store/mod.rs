@@ -8,6 +8,7 @@ pub mod admit;
 pub mod claim;
 pub mod dispatch;
 pub mod hosts;
+pub mod locks;
 pub mod manage;
 pub mod migrate;
 pub mod pooler;
@@ -192,9 +193,19 @@ pub enum StoreError {
     /// changes and rolling upgrades").
     #[error("{0}")]
     MigrationGaveUp(Box<migrate::GaveUp>),
-    /// Another `db migrate` holds the migration lock of this database.
-    #[error("refusing to migrate: another `qlsched db migrate` is running on this database (backend pid {0} holds its advisory lock); let it finish")]
-    MigrateRunning(i32),
+    /// Another session holds the migration lock of this database: another `db migrate`,
+    /// or any session that took the advisory lock (any role may).
+    #[error("refusing to migrate: the `qlsched db migrate` lock of this database is {0}; if that is another `qlsched db migrate`, let it finish")]
+    MigrateRunning(Box<locks::Holders>),
+    /// A lock wait (an advisory lock any role may hold, or a lock later in the same
+    /// transaction) outlasted its bound (docs/design.md, "Advisory locks").
+    #[error("{what}: waited {bound} (lock_timeout) for its locks and gave up, nothing was written; the {lock} is {holders}")]
+    LockWait {
+        what: &'static str,
+        lock: &'static str,
+        bound: String,
+        holders: String,
+    },
     /// A declared concurrent index build failed (it is left INVALID; the next `db migrate`
     /// drops and rebuilds it).
     #[error("building index {index} CONCURRENTLY (migration {file}) failed: {}; it is left INVALID and unused, and the next `qlsched db migrate` drops and rebuilds it", describe(source))]

@@ -44,12 +44,19 @@ const SESSION: &str =
     "pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)";
 
 /// The recorded session of guard row `r` no longer exists (a holder that recorded none, from
-/// before migration V9, counts as alive: its expiry decides). A backend start the caller may
-/// not see (another role: NULL) counts as a match, so doubt always keeps the holder.
+/// before migration V9, counts as alive: its expiry decides). A session is the recorded one
+/// when its backend pid and start both match; a NULL start is unknown, never a match by
+/// itself. A recorded NULL matches nothing (a live holder re-records its session at its
+/// next claim round). A live session at that pid whose start this role may not see (NULL:
+/// another role's) is the holder's only if its role could hold the guard (UPDATE on
+/// `replicas`: a replica logging in as another member of the runtime role), so doubt keeps
+/// a possible holder; a pid reused by any other role's session does not keep a dead one.
 const SESSION_GONE: &str = "r.session_pid IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM pg_stat_activity a
          WHERE a.pid = r.session_pid
-           AND (a.backend_start IS NULL OR a.backend_start = r.session_started_at))";
+           AND (a.backend_start = r.session_started_at
+                OR (a.backend_start IS NULL AND r.session_started_at IS NOT NULL
+                    AND has_table_privilege(a.usesysid, 'qlsched.replicas', 'UPDATE'))))";
 
 /// Takes the id if it is free, stopped, expired — or held by a process of this host name
 /// whose database session is gone (a crashed predecessor restarted by systemd, or a

@@ -187,6 +187,8 @@ pub async fn trigger_exists(client: &tokio_postgres::Client, id: &str) -> Result
 /// backfill` chunk shares (src/store/triggers/admit.rs): a chunk never admits an occurrence
 /// whose run a concurrent prune is removing.
 pub const PRUNE_QUEUED_LOCK: i64 = 8_173_034_294_560_948_225;
+/// [`PRUNE_QUEUED_LOCK`] as errors name it.
+pub const PRUNE_LOCK_NAME: &str = "prune lock (advisory lock 8173034294560948225)";
 
 /// `qlsched runs prune --queued-before T` (docs/operations.md, "Pruning a queued backlog"):
 /// the queued runs admitted and scheduled before `before_ms`, read before anything is
@@ -258,17 +260,47 @@ pub async fn read_queued_backlog(
 /// (admitted and scheduled before `before_ms`) with their attempts and events, through
 /// `qlsched.prune_queued` (V12; it first raises the recorded horizon to `before_ms`).
 /// Returns how many; the rest a dispatcher took or holds: left alone.
+///
+/// Locking: the function takes [`PRUNE_QUEUED_LOCK`] exclusively, which any role may hold
+/// (advisory locks take no privilege), then locks runs `FOR UPDATE SKIP LOCKED` and the
+/// maintenance row. Its transaction's lock waits are bounded (store::locks), and a time-out
+/// names the lock's holders.
 pub async fn prune_queued_chunk(
     client: &tokio_postgres::Client,
     before_ms: i64,
     ids: &[Uuid],
 ) -> Result<u64, StoreError> {
-    let n: i64 = client
-        .query_one(
-            "SELECT qlsched.prune_queued($1::bigint, $2::uuid[])",
-            &[&before_ms, &ids],
-        )
-        .await?
-        .get(0);
-    Ok(n as u64)
+    client.batch_execute("BEGIN").await?;
+    let res = async {
+        let bound = super::locks::bound_waits(client).await?;
+        let n = client
+            .query_one(
+                "SELECT qlsched.prune_queued($1::bigint, $2::uuid[])",
+                &[&before_ms, &ids],
+            )
+            .await;
+        Ok::<_, StoreError>((bound, n))
+    }
+    .await;
+    match res {
+        Ok((_, Ok(row))) => {
+            client.batch_execute("COMMIT").await?;
+            Ok(row.get::<_, i64>(0) as u64)
+        }
+        Ok((bound, Err(e))) => {
+            client.batch_execute("ROLLBACK").await?;
+            if super::locks::is_lock_timeout(&e) {
+                let what = "runs prune";
+                let key = PRUNE_QUEUED_LOCK;
+                return Err(
+                    super::locks::timed_out(client, what, PRUNE_LOCK_NAME, key, bound).await,
+                );
+            }
+            Err(e.into())
+        }
+        Err(e) => {
+            client.batch_execute("ROLLBACK").await?;
+            Err(e)
+        }
+    }
 }

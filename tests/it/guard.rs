@@ -205,3 +205,90 @@ async fn a_restarted_container_takes_its_id_over_without_waiting_for_the_ttl() {
     // (`unshare` ignores SIGTERM while it waits for its child: no graceful stop here.)
     second.kill();
 }
+
+/// The holder's database session is re-recorded whenever its backend pid *or start*
+/// differs from the recorded one, and a recorded start that is NULL (unknown) never counts
+/// as this session's. After a PostgreSQL restart a reconnected claim connection can get its
+/// old pid again with a new start; were the stale start kept, a second process of the same
+/// host name would judge the live holder's session gone and take its id.
+#[tokio::test]
+async fn a_claim_round_re_records_its_session_when_only_the_backend_start_differs() {
+    let db = TestDb::new().await;
+    db.seed(1, YEARLY).await;
+    let holder = db.client("qlsched_runtime").await;
+    let second = db.client("qlsched_runtime").await;
+    let su = db.superuser().await;
+    let live = Uuid::new_v4();
+    replicas::acquire(&holder, "twin", live, "host", 4242, 600_000)
+        .await
+        .unwrap();
+    for (case, stale) in [
+        (
+            "a start from before a restart",
+            "session_started_at - interval '1 day'",
+        ),
+        ("an unknown (NULL) start", "NULL"),
+    ] {
+        // The recorded session as a restart leaves it: the holder's pid, another start.
+        su.batch_execute(&format!(
+            "UPDATE qlsched.replicas SET session_started_at = {stale} WHERE replica_id = 'twin'"
+        ))
+        .await
+        .unwrap();
+        // The holder's next round (no heartbeat due) on the same connection.
+        assert_eq!(
+            round(&holder, live, 0).await.guard_held,
+            Some(true),
+            "{case}"
+        );
+        let taken = replicas::acquire(&second, "twin", Uuid::new_v4(), "host", 4343, 600_000).await;
+        assert!(
+            matches!(taken, Err(replicas::GuardError::InUse { .. })),
+            "{case}: a second process took the id of a live holder: {taken:?}"
+        );
+        assert_eq!(
+            db.count(&format!(
+                "SELECT count(*) FROM qlsched.replicas WHERE replica_id = 'twin' AND incarnation = '{live}'"
+            ))
+            .await,
+            1,
+            "{case}: the guard row changed hands"
+        );
+    }
+}
+
+/// A dead holder whose recorded backend pid now belongs to a session of a role that could
+/// never hold the guard (here the zero-privilege worker_ingress, whose backend start the
+/// runtime role cannot see): that session is not the holder's, so the id is taken over at
+/// once instead of after the TTL.
+#[tokio::test]
+async fn a_dead_holder_whose_pid_another_role_reuses_is_taken_over_at_once() {
+    let db = TestDb::new().await;
+    db.seed(1, YEARLY).await;
+    let successor = db.client("qlsched_runtime").await;
+    let other = db.client("qlsched_worker_ingress").await;
+    let reused: i32 = other
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    db.superuser()
+        .await
+        .execute(
+            &format!(
+                "INSERT INTO qlsched.replicas (replica_id, incarnation, hostname, pid, started_at_ms,
+                                               heartbeat_at_ms, expires_at_ms, session_pid, session_started_at)
+                 VALUES ('gone', gen_random_uuid(), 'host', 4242, {now}, {now}, {now} + 600000, $1,
+                         now() - interval '1 hour')",
+                now = qlsched::db_now_ms!()
+            ),
+            &[&reused],
+        )
+        .await
+        .unwrap();
+    let taken = replicas::acquire(&successor, "gone", Uuid::new_v4(), "host", 4343, 600_000).await;
+    assert!(
+        taken.is_ok(),
+        "a dead holder whose pid another role's session reuses kept its id: {taken:?}"
+    );
+}

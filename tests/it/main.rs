@@ -23,6 +23,7 @@ mod integrity;
 mod interrupted_migrate;
 mod lifecycle;
 mod live_migrate;
+mod locks;
 mod manage_projects;
 mod manage_triggers;
 mod manage_wake;

@@ -273,6 +273,10 @@ async fn check_names_and_refuses_every_kind_of_extra_grant() {
             "role qlsched_runtime has CREATE on database",
         ),
         (
+            "GRANT TEMPORARY ON DATABASE current_db TO qlsched_dispatcher",
+            "role qlsched_dispatcher has TEMPORARY on database",
+        ),
+        (
             "ALTER DEFAULT PRIVILEGES FOR ROLE qlsched_owner IN SCHEMA qlsched \
              GRANT SELECT ON TABLES TO qlsched_worker_ingress",
             "role qlsched_worker_ingress gets SELECT on future tables created by qlsched_owner in schema qlsched (default privileges)",
@@ -339,4 +343,56 @@ async fn db_check_refuses_an_extra_grant_with_a_failing_exit() {
         stderr.contains("role qlsched_runtime has CREATE on schema qlsched"),
         "{stderr}"
     );
+}
+
+/// PostgreSQL grants TEMPORARY on every new database to PUBLIC, so every role may create
+/// temporary tables there. `db bootstrap` revokes it (with everything else PUBLIC holds on
+/// the database); `db check` refuses a database that still grants it, naming each role it
+/// reaches.
+#[tokio::test]
+async fn db_check_refuses_temporary_on_the_database_and_bootstrap_revokes_it() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    su.batch_execute(&format!(
+        "GRANT TEMPORARY ON DATABASE \"{}\" TO PUBLIC",
+        db.name
+    ))
+    .await
+    .unwrap();
+    let problems = migrate::check(&su, &all_roles()).await.unwrap();
+    for (role, _) in all_roles() {
+        let want = format!("role {role} has TEMPORARY on database");
+        assert!(
+            problems.iter().any(|p| p.starts_with(&want)),
+            "{want}: {problems:?}"
+        );
+    }
+    // A database `db bootstrap` creates grants it to none of them.
+    let name = format!(
+        "boot{}_{}",
+        std::process::id(),
+        crate::helpers::NEXT_DB.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let roles = migrate::Roles::with_prefix(crate::helpers::PREFIX).unwrap();
+    migrate::bootstrap(
+        &crate::helpers::pg_config(db.port, "postgres", "postgres"),
+        &roles,
+        &name,
+    )
+    .await
+    .unwrap();
+    for (role, _) in all_roles() {
+        let temp: bool = su
+            .query_one(
+                "SELECT has_database_privilege($1, $2, 'TEMPORARY')",
+                &[&role, &name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            !temp,
+            "role {role} may create temporary tables in a bootstrapped database"
+        );
+    }
 }

@@ -11,6 +11,7 @@ use slog::{debug, warn};
 
 use super::Supervisor;
 use crate::clock::DbClock;
+use crate::store::wake::Heard;
 
 /// The wake state: the pending wake and the clock it is reckoned by.
 #[derive(Default)]
@@ -28,23 +29,30 @@ impl Supervisor {
         if !self.settings.listen {
             return;
         }
-        let (connector, addr, log) = (
+        let (connector, addr, log, metrics) = (
             self.settings.connector.clone(),
             ctx.address(),
             self.log.clone(),
+            self.metrics.clone(),
         );
         ctx.spawn(
             async move {
                 let mut delay = Duration::from_millis(500);
                 loop {
                     match crate::store::wake::listen(&connector).await {
-                        Ok((client, mut rx)) => {
+                        Ok(mut rx) => {
                             delay = Duration::from_millis(500);
                             debug!(log, "listening for change notifications");
-                            while let Some(at_ms) = rx.recv().await {
-                                addr.do_send(Wake { at_ms });
+                            while let Some(heard) = rx.recv().await {
+                                match heard {
+                                    Heard::Wake(at_ms) => addr.do_send(Wake { at_ms }),
+                                    Heard::Ignored { sender_pid, why } => {
+                                        metrics.notifications_ignored.inc();
+                                        debug!(log, "ignored a notification on the wake channel";
+                                               "sender_pid" => sender_pid, "why" => why);
+                                    }
+                                }
                             }
-                            drop(client);
                             warn!(log, "change listener disconnected; changes are picked up at the cadence until it reconnects");
                         }
                         Err(e) => debug!(log, "change listener cannot connect"; "error" => %e),

@@ -254,16 +254,9 @@ async fn pending<'s>(
         .await?
         .get(0);
     if !got {
-        let holder: Option<i32> = client
-            .query_opt(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                    AND ((classid::bigint << 32) | objid::bigint) = $1 LIMIT 1",
-                &[&MIGRATE_LOCK],
-            )
-            .await?
-            .map(|r| r.get(0));
-        return Err(StoreError::MigrateRunning(holder.unwrap_or(0)));
+        // Any role may hold it (advisory locks take no privilege): name who does.
+        let holders = crate::store::locks::holders(client, MIGRATE_LOCK).await?;
+        return Err(StoreError::MigrateRunning(Box::new(holders)));
     }
     let drift = super::drift_of(client, set).await?;
     if let Some(changed) = drift

@@ -221,12 +221,30 @@ pub async fn backfill_chunk(
     // queued runs and raises the horizon: a chunk either waits for it and then sees the new
     // horizon, or keeps it waiting until the chunk commits. Without it, a chunk that passed
     // the command's horizon check could re-admit an occurrence whose run a prune had just
-    // removed.
-    tx.execute(
-        "SELECT pg_advisory_xact_lock_shared($1)",
-        &[&crate::store::runs::PRUNE_QUEUED_LOCK],
-    )
-    .await?;
+    // removed. Any role may take an advisory lock, so the wait (and every later one of the
+    // chunk) is bounded (store::locks), and a time-out names who holds it.
+    let bound = crate::store::locks::bound_waits(&tx).await?;
+    let locked = tx
+        .execute(
+            "SELECT pg_advisory_xact_lock_shared($1)",
+            &[&crate::store::runs::PRUNE_QUEUED_LOCK],
+        )
+        .await;
+    if let Err(e) = locked {
+        tx.rollback().await?;
+        if crate::store::locks::is_lock_timeout(&e) {
+            return Err(crate::store::locks::timed_out(
+                client,
+                "trigger backfill",
+                crate::store::runs::PRUNE_LOCK_NAME,
+                crate::store::runs::PRUNE_QUEUED_LOCK,
+                bound,
+            )
+            .await
+            .into());
+        }
+        return Err(e.into());
+    }
     let pruned_through: Option<i64> = tx
         .query_opt(
             "SELECT pruned_through_ms FROM qlsched.maintenance WHERE task = 'prune'",

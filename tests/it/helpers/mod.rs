@@ -174,6 +174,13 @@ impl TestDb {
             ))
             .await
             .expect("create test database");
+        // `CREATE DATABASE` gives PUBLIC CONNECT and TEMPORARY; `db bootstrap` revokes what
+        // qlsched's roles must not hold (TEMPORARY: `db check` refuses it). CONNECT stays with
+        // PUBLIC here, for the roles tests create.
+        admin
+            .batch_execute(&format!("REVOKE TEMPORARY ON DATABASE {name} FROM PUBLIC"))
+            .await
+            .expect("revoke TEMPORARY on the test database");
         (TestDb { name, port }, admin)
     }
 
