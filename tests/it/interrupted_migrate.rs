@@ -52,7 +52,8 @@ async fn empty_db() -> TestDb {
     TestDb { name, port }
 }
 
-/// A copy of `db` (nobody may be connected to it).
+/// A copy of `db` (nobody may be connected to it), with PUBLIC's TEMPORARY revoked as
+/// `db bootstrap` leaves a database (`CREATE DATABASE` does not copy database grants).
 async fn copy(db: &TestDb) -> TestDb {
     let name = next_name("k");
     let su = qlsched::store::connect(&pg_config(db.port, "postgres", "postgres"))
@@ -65,6 +66,9 @@ async fn copy(db: &TestDb) -> TestDb {
     ))
     .await
     .expect("copy the database");
+    su.batch_execute(&format!("REVOKE TEMPORARY ON DATABASE {name} FROM PUBLIC"))
+        .await
+        .expect("revoke TEMPORARY on the copy");
     TestDb {
         name,
         port: db.port,
