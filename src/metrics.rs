@@ -163,7 +163,7 @@ impl Metrics {
         );
         r.register(
             "redecides",
-            "Admissions refused because the definition moved on (new task or trigger revision, row moved); released to be decided again at once",
+            "Admissions refused because the definition moved on (new trigger revision, row moved); released to be decided again at once",
             self.redecides.clone(),
         );
         r.register(

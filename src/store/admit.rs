@@ -111,7 +111,9 @@ pub enum Refusal {
     FenceLost,
     /// The project is no longer active.
     ProjectInactive,
-    /// The trigger or its task moved on (new revision or digest, disabled): re-decide at once.
+    /// The trigger moved on (new revision or digest, disabled) or its task row is gone:
+    /// re-decide at once. (A task deployed since the claim is not a refusal: the admission
+    /// pins the task as its own transaction reads it.)
     DefinitionChanged,
     /// The pinned execution revision is missing, not `remote_worker`, or its digest does not
     /// match its spec: a corrupt definition, retried only after a back-off.
@@ -140,7 +142,9 @@ impl Refusal {
 /// pages and make admissions of adjacent trigger ids conflict). The UPDATE's WHERE carries,
 /// per row, the complete fence (owner, token, version, `claim_expires_at_ms > now` on the
 /// database clock), the claimed state (revision, `state_version`, cursor, observation) and
-/// every definition check, each a primary-key point read; the inserts take their rows from
+/// every definition check, each a primary-key point read; the run is pinned to the task row
+/// (revision and execution revision) as this transaction reads it, whatever the claim read,
+/// so a task deployed since the claim refuses nothing; the inserts take their rows from
 /// the UPDATE's RETURNING, so an occurrence is written exactly when its fenced UPDATE hit
 /// its one row. The run insert skips a key that already exists (`ON CONFLICT DO NOTHING`):
 /// that occurrence was admitted before, so its cursor still advances and nothing else is
@@ -203,10 +207,10 @@ async fn admit_with(
 
 /// The admission statement's parameters: one array per column, one element per member.
 struct Columns {
-    text: [Vec<String>; 8],
-    int: [Vec<i64>; 7],
+    text: [Vec<String>; 7],
+    int: [Vec<i64>; 6],
     cursors: Vec<Option<i64>>,
-    uuid: [Vec<Uuid>; 4],
+    uuid: [Vec<Uuid>; 3],
 }
 
 impl Columns {
@@ -221,7 +225,6 @@ impl Columns {
                 text(|a| a.claim.fence.owner.clone()),
                 text(|a| a.claim.def.trigger_digest.clone()),
                 text(|a| a.claim.def.task_id.clone()),
-                text(|a| a.claim.def.task_digest.clone()),
                 text(|a| a.key()),
                 text(|a| a.admitted_by.clone()),
             ],
@@ -232,23 +235,21 @@ impl Columns {
                 int(|a| a.claim.observed_at_ms),
                 int(|a| a.scheduled_for_ms),
                 int(|a| a.next_fire_at_ms),
-                int(|a| a.claim.def.task_revision),
             ],
             cursors: batch.iter().map(|a| a.claim.next_fire_at_ms).collect(),
             uuid: [
                 uid(|a| a.claim.fence.token),
-                uid(|a| a.claim.def.execution_revision_id),
                 uid(|a| a.run_id),
                 uid(|a| a.attempt_id),
             ],
         }
     }
 
-    /// `$1` … `$20` of [`ADMIT_SQL`], with their types.
-    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 20] {
-        let [tids, ids, owners, tdigs, tasks, kdigs, keys, bys] = &self.text;
-        let [revs, svs, cvs, obs, sfs, nexts, krevs] = &self.int;
-        let [tokens, erevs, runs, atts] = &self.uuid;
+    /// `$1` … `$17` of [`ADMIT_SQL`], with their types.
+    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 17] {
+        let [tids, ids, owners, tdigs, tasks, keys, bys] = &self.text;
+        let [revs, svs, cvs, obs, sfs, nexts] = &self.int;
+        let [tokens, runs, atts] = &self.uuid;
         let (text_a, int8_a, uuid_a) = (Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::UUID_ARRAY);
         [
             (tids, text_a.clone()),
@@ -264,9 +265,6 @@ impl Columns {
             (nexts, int8_a.clone()),
             (tdigs, text_a.clone()),
             (tasks, text_a.clone()),
-            (krevs, int8_a.clone()),
-            (kdigs, text_a.clone()),
-            (erevs, uuid_a.clone()),
             (runs, uuid_a.clone()),
             (atts, uuid_a.clone()),
             (keys, text_a.clone()),
@@ -308,10 +306,10 @@ WITH obs AS MATERIALIZED (
     " AS now_ms
 ), d AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[], $7::uuid[],
-                         $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::text[], $14::int8[],
-                         $15::text[], $16::uuid[], $17::uuid[], $18::uuid[], $19::text[], $20::text[])
-        AS d(tid, trigger_id, rev, sv, cursor_ms, owner, token, cv, observed_ms, sf, next_ms, tdig, task_id, krev,
-             kdig, erev, run_id, attempt_id, ikey, admitted_by)
+                         $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::text[], $14::uuid[],
+                         $15::uuid[], $16::text[], $17::text[])
+        AS d(tid, trigger_id, rev, sv, cursor_ms, owner, token, cv, observed_ms, sf, next_ms, tdig, task_id, run_id,
+             attempt_id, ikey, admitted_by)
 ), adv AS (
     UPDATE qlsched.trigger_schedules s
        SET next_fire_at_ms = d.next_ms, last_scheduled_at_ms = d.sf,
@@ -333,17 +331,24 @@ WITH obs AS MATERIALIZED (
        -- tables, and right after a mass publish (before autovacuum analysed them) the generic
        -- plan walked every trigger of the task through its task index for each member
        -- (tests/it/plans.rs). A missing row makes the subquery NULL: the member is refused.
+       -- The task is taken as this transaction reads it, not as the claim read it: a task
+       -- deployed since the claim changes what the run executes, not whether or when the
+       -- occurrence fires, so it refuses nothing (a refusal would cost the occurrence another
+       -- round). Its execution revision is the one the task row pins, checked here.
        AND (SELECT t.revision = d.rev AND t.content_digest = d.tdig AND t.enabled AND t.kind = 'cron'
                    AND t.task_id = d.task_id
-                   AND k.revision = d.krev AND k.content_digest = d.kdig AND k.execution_revision_id = d.erev
                    AND p.status = 'active'
                    AND e.kind = 'remote_worker' AND e.project_id = s.project_id
                    AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')
               FROM qlsched.triggers t, qlsched.tasks k, qlsched.projects p, qlsched.execution_revisions e
              WHERE t.trigger_id = d.trigger_id AND k.task_id = d.task_id AND p.project_id = s.project_id
-               AND e.execution_revision_id = d.erev)
-    RETURNING s.trigger_id, s.project_id, obs.now_ms, d.rev, d.task_id, d.krev, d.erev, d.run_id,
-              d.attempt_id, d.ikey, d.sf, d.admitted_by
+               AND e.execution_revision_id = k.execution_revision_id)
+    -- The run is pinned to the task row version the check above read: one snapshot for the
+    -- whole SERIALIZABLE transaction, so both reads see the same row.
+    RETURNING s.trigger_id, s.project_id, obs.now_ms, d.rev, d.task_id,
+              (SELECT k.revision FROM qlsched.tasks k WHERE k.task_id = d.task_id) AS krev,
+              (SELECT k.execution_revision_id FROM qlsched.tasks k WHERE k.task_id = d.task_id) AS erev,
+              d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
@@ -379,18 +384,17 @@ pub async fn diagnose(
                 db_now_ms!(),
                 " AS now_ms)
                  SELECT coalesce(s.claim_owner = $2 AND s.claim_token = $3 AND s.claim_version = $4
-                                 AND s.state_version = $11 AND s.claim_expires_at_ms > obs.now_ms, false),
+                                 AND s.state_version = $8 AND s.claim_expires_at_ms > obs.now_ms, false),
                         coalesce(p.status = 'active', false),
                         coalesce(t.revision = $5 AND t.content_digest = $6 AND t.enabled AND t.kind = 'cron'
-                                 AND t.task_id = $7 AND k.revision = $8 AND k.content_digest = $9
-                                 AND k.execution_revision_id = $10, false),
+                                 AND t.task_id = $7 AND k.task_id IS NOT NULL, false),
                         EXISTS (SELECT 1 FROM qlsched.execution_revisions e
-                                 WHERE e.execution_revision_id = $10 AND e.kind = 'remote_worker'
-                                   AND e.project_id = s.project_id
+                                 WHERE e.execution_revision_id = k.execution_revision_id
+                                   AND e.kind = 'remote_worker' AND e.project_id = s.project_id
                                    AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')),
-                        s.trigger_revision = $5 AND s.next_fire_at_ms IS NOT DISTINCT FROM $12
-                            AND s.updated_at_ms = $13,
-                        s.ctid::text = $14
+                        s.trigger_revision = $5 AND s.next_fire_at_ms IS NOT DISTINCT FROM $9
+                            AND s.updated_at_ms = $10,
+                        s.ctid::text = $11
                    FROM obs, qlsched.trigger_schedules s
                    LEFT JOIN qlsched.projects p ON p.project_id = s.project_id
                    LEFT JOIN qlsched.triggers t ON t.trigger_id = s.trigger_id
@@ -405,9 +409,6 @@ pub async fn diagnose(
                 &d.trigger_revision,
                 &d.trigger_digest,
                 &d.task_id,
-                &d.task_revision,
-                &d.task_digest,
-                &d.execution_revision_id,
                 &c.state_version,
                 &c.next_fire_at_ms,
                 &c.observed_at_ms,

@@ -27,6 +27,8 @@ pub struct TriggerDef {
     pub misfire_policy: Result<crate::schedule::MisfirePolicy, crate::schedule::ScheduleError>,
     pub misfire_grace_ms: i64,
     pub task_id: String,
+    /// The task as the claim read it. Not re-verified: the admission pins the task as its
+    /// own transaction reads it (a deployment since the claim refuses nothing).
     pub task_revision: i64,
     pub task_digest: String,
     pub execution_revision_id: Uuid,

@@ -33,10 +33,12 @@ async fn holes(db: &TestDb) -> i64 {
     .await
 }
 
-/// Deploying a new task version while its triggers are claimed re-decides them at once: no
-/// trigger stops, no occurrence is skipped, none is late by more than 2 s, and the runs after
-/// the last deployment are pinned to the new execution revision. 200 every-second triggers,
-/// 2 replicas, the task republished 20 times within 10 s.
+/// Deploying a new task version while its triggers are claimed refuses no admission (nothing
+/// is decided again), no trigger stops, no occurrence is skipped, none is late by more than
+/// 2 s, and the runs after the last deployment are pinned to the new execution revision. 200
+/// every-second triggers, 2 replicas, the task republished 20 times within 10 s. (That a
+/// deployment between a claim and its admission is admitted in the same batch is
+/// `a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_batch`.)
 #[actix_rt::test]
 async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
     // Lateness is asserted: not alongside the drills, which load both cores.
@@ -119,9 +121,10 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
         stale, 0,
         "runs after the last deployment on an old revision"
     );
-    assert!(
-        ma.redecides.get() + mb.redecides.get() > 0,
-        "no admission was refused by the deployments: the test did not race them"
+    assert_eq!(
+        ma.redecides.get() + mb.redecides.get(),
+        0,
+        "admissions refused by the deployments (each costs its occurrence another round)"
     );
     db.assert_invariants().await;
 }
@@ -379,7 +382,7 @@ async fn refusals_are_diagnosed_by_cause() {
         ),
         ("UPDATE qlsched.projects SET status = 'suspended'", Refusal::ProjectInactive),
         (
-            "UPDATE qlsched.tasks SET revision = revision + 1, content_digest = repeat('b', 64)",
+            "UPDATE qlsched.triggers SET content_digest = repeat('b', 64)",
             Refusal::DefinitionChanged,
         ),
         (
@@ -459,7 +462,7 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
     assert!(!plan.contains("Seq Scan on runs"), "{plan}");
 }
 
-/// A claimed row whose definition moved on (a task deployed) or whose physical address moved
+/// A claimed row whose definition moved on (the trigger changed) or whose physical address moved
 /// (`VACUUM FULL`) is released at once by the admit engine, ready to be decided again; only
 /// a corrupt definition gets the reject back-off.
 #[tokio::test]
@@ -473,7 +476,7 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
             Some((Refusal::RowMoved, 0)),
         ),
         (
-            "UPDATE qlsched.tasks SET revision = revision + 1, content_digest = repeat('c', 64)",
+            "UPDATE qlsched.triggers SET content_digest = repeat('c', 64)",
             Some((Refusal::DefinitionChanged, 0)),
         ),
         (
@@ -529,6 +532,66 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
             }
         }
     }
+}
+
+/// A task deployed between a claim and its admission (the replicas claim at each whole
+/// second; a deploy lands in that gap at random) costs the occurrence nothing: the admission
+/// admits it in the same batch, pinned to the task revision and execution revision it read
+/// itself (one row version, checked in its own transaction), and the row is not released to
+/// be decided again in another round.
+#[tokio::test]
+async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_batch() {
+    use qlsched::engine::{Action, Engine, Job, Kind};
+    use qlsched::store::session::Session;
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-100).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let sf = c.row().next_fire_at_ms.unwrap();
+    let (task_revision, execution_revision) =
+        manage::publish_task(&mut db.admin().await, "proj", "task", "{\"v\":2}")
+            .await
+            .unwrap();
+    let mut engine = Engine {
+        session: Session::new(db.connector()),
+        log: discard_log(),
+        metrics: Metrics::default(),
+        admit_timeout: Duration::from_secs(2),
+        max_retries: 3,
+        reject_backoff: Duration::from_secs(60),
+    };
+    let job = Job {
+        action: Action::Admit(c.admission().occurrence()),
+        kind: Kind::Fire,
+        claim: c.row().clone(),
+        lease_deadline: Instant::now() + Duration::from_secs(20),
+        error_backoff: Duration::from_secs(1),
+    };
+    let out = engine.process(vec![job]).await.remove(0);
+    let runs: Vec<(i64, uuid::Uuid, i64)> = db
+        .superuser()
+        .await
+        .query(
+            "SELECT task_revision, execution_revision_id, scheduled_for_ms FROM qlsched.runs",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        runs,
+        vec![(task_revision, execution_revision, sf)],
+        "the occurrence is admitted in the batch the deploy raced, on the deployed task \
+         (engine outcome {out:?})"
+    );
+    let cursor = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+        .await;
+    assert_eq!(cursor, sf + 1000, "the cursor moved past the occurrence");
+    assert_eq!(engine.metrics.redecides.get(), 0, "nothing was re-decided");
+    db.assert_invariants().await;
 }
 
 /// A database that stops answering in the middle of an admission (every connection

@@ -122,7 +122,7 @@ async fn a_refused_retry_after_an_unknown_outcome_is_followed_up_by_its_cause() 
         (engine, out)
     });
     // The first attempt is held by the partition (its outcome unknown); while it is, the
-    // task is deployed anew, then the partition heals.
+    // trigger's definition changes, then the partition heals.
     wait_until(
         "the admission is partitioned",
         Duration::from_secs(10),
@@ -134,9 +134,7 @@ async fn a_refused_retry_after_an_unknown_outcome_is_followed_up_by_its_cause() 
     .await;
     db.superuser()
         .await
-        .batch_execute(
-            "UPDATE qlsched.tasks SET revision = revision + 1, content_digest = repeat('c', 64)",
-        )
+        .batch_execute("UPDATE qlsched.triggers SET content_digest = repeat('c', 64)")
         .await
         .unwrap();
     // The client gave the first attempt up (its outcome unknown) before the heal.
@@ -561,10 +559,10 @@ async fn an_unknown_stored_misfire_policy_is_rejected_with_back_off() {
 /// Staged in the database, deterministically: a row trigger on the schedule fires for the
 /// first row an admission updates and acts through `dblink` (autonomous, so its writes survive
 /// the rollbacks): 1st time it terminates its own backend (outcome unknown); 2nd time it
-/// deploys a new task revision and commits member A's run as A's earlier COMMIT would have
-/// (same key, same run id), then raises (the statement error that splits the batch). Alone,
-/// both members are refused (the task moved on): A's refusal is resolved to our run, B's
-/// stands and B is released.
+/// changes both triggers' definitions (their digests) and commits member A's run as A's
+/// earlier COMMIT would have (same key, same run id), then raises (the statement error that
+/// splits the batch). Alone, both members are refused (their triggers moved on): A's refusal
+/// is resolved to our run, B's stands and B is released.
 #[tokio::test]
 async fn a_member_retried_alone_keeps_its_uncertain_flag() {
     let db = TestDb::with_due(2).await;
@@ -592,7 +590,7 @@ async fn a_member_retried_alone_keeps_its_uncertain_flag() {
              PERFORM pg_sleep(5);
            ELSIF n = 2 THEN
              PERFORM dblink_exec('{dsn}',
-               'UPDATE qlsched.tasks SET revision = revision + 1, content_digest = repeat(''c'', 64)');
+               'UPDATE qlsched.triggers SET content_digest = repeat(''c'', 64)');
              PERFORM dblink_exec('{dsn}',
                'INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
                      task_revision, execution_revision_id, idempotency_key, status, scheduled_for_ms,

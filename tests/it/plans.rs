@@ -194,9 +194,8 @@ async fn the_admission_keeps_its_tid_access_after_six_executions_and_as_a_generi
     su.batch_execute("SET enable_seqscan = off").await.unwrap();
     let args = "ARRAY['(0,1)'], ARRAY['trg-00000'], ARRAY[1::int8], ARRAY[2::int8], ARRAY[0::int8],
                 ARRAY['a'], ARRAY[gen_random_uuid()], ARRAY[1::int8], ARRAY[0::int8], ARRAY[0::int8],
-                ARRAY[1000::int8], ARRAY['d'], ARRAY['task'], ARRAY[1::int8], ARRAY['d'],
-                ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()],
-                ARRAY['k'], ARRAY['a']";
+                ARRAY[1000::int8], ARRAY['d'], ARRAY['task'], ARRAY[gen_random_uuid()],
+                ARRAY[gen_random_uuid()], ARRAY['k'], ARRAY['a']";
     // Six executions (they admit nothing: the fence does not match), then the plan in use.
     for _ in 0..6 {
         su.batch_execute(&format!("EXECUTE admit({args})"))
@@ -262,10 +261,8 @@ async fn the_admission_reaches_definitions_by_key_when_no_table_was_analysed() {
                                           ORDER BY trigger_id DESC LIMIT 64)
                    RETURNING ctid::text AS tid, trigger_id, trigger_revision AS rev, state_version AS sv
                  ), c AS (
-                   SELECT p.*, t.content_digest AS tdig, k.task_id, k.revision AS krev,
-                          k.content_digest AS kdig, k.execution_revision_id AS erev
+                   SELECT p.*, t.content_digest AS tdig, t.task_id
                      FROM picked p JOIN qlsched.triggers t USING (trigger_id)
-                     JOIN qlsched.tasks k ON k.task_id = t.task_id
                  )
                  SELECT concat_ws(', ',
                      format('%L::text[]', array_agg(tid)), format('%L::text[]', array_agg(trigger_id)),
@@ -275,8 +272,7 @@ async fn the_admission_reaches_definitions_by_key_when_no_table_was_analysed() {
                      format('%L::int8[]', array_agg(1::int8)), format('%L::int8[]', array_agg(2000::int8)),
                      format('%L::int8[]', array_agg(1000::int8)), format('%L::int8[]', array_agg(61000::int8)),
                      format('%L::text[]', array_agg(tdig)), format('%L::text[]', array_agg(task_id)),
-                     format('%L::int8[]', array_agg(krev)), format('%L::text[]', array_agg(kdig)),
-                     format('%L::uuid[]', array_agg(erev)), format('%L::uuid[]', array_agg(gen_random_uuid())),
+                     format('%L::uuid[]', array_agg(gen_random_uuid())),
                      format('%L::uuid[]', array_agg(gen_random_uuid())),
                      format('%L::text[]', array_agg('ql3:cron:v1:' || trigger_id || ':' || rev || ':1000')),
                      format('%L::text[]', array_agg('a'::text)))
