@@ -37,3 +37,4 @@ mod status;
 mod store_admit;
 mod store_claim;
 mod tls;
+mod transport;
