@@ -177,6 +177,13 @@ async fn failed_logins_are_throttled_with_429_logged_without_the_secret_and_coun
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no qlsched_console_login_failures_total in:\n{metrics}"));
     assert!(count >= 10.0, "{count}");
+    // A replica on loopback: its database connections are not flagged.
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "qlsched_database_tls_unverified 0"),
+        "{metrics}"
+    );
     // Logged with the client's address, never with what it sent.
     let log = r.log();
     assert!(
@@ -358,4 +365,44 @@ fn a_console_off_loopback_without_tls_is_refused_unless_plain_http_is_allowed() 
     // Credentials required on loopback too when asked.
     let (good, out) = check(dir.path(), "console_require_auth = true");
     assert!(!good && out.contains("http.console_require_auth"), "{out}");
+}
+
+/// Which targets are warned about at start (and exported as
+/// `qlsched_database_tls_unverified`): TCP to a host other than loopback with an `sslmode`
+/// that an attacker on the path can defeat. Parsed only: nothing connects.
+#[test]
+fn weak_sslmodes_to_non_loopback_hosts_are_named_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca();
+    let root = dir.path().join("root.crt");
+    std::fs::write(&root, ca.0.pem()).unwrap();
+    let root = root.display().to_string();
+    let weak = |dsn: &str| {
+        let t = qlsched::config::parse_dsn_with_env(dsn, |_| None).unwrap();
+        qlsched::startup::unverified_tcp_hosts(&t)
+    };
+    let home = std::env::var("HOME").unwrap_or_default();
+    let default_root = std::path::Path::new(&home).join(".postgresql/root.crt");
+    assert!(
+        !default_root.exists(),
+        "{default_root:?} would make require verify"
+    );
+    for (dsn, want) in [
+        ("host=db1 dbname=q", vec!["db1"]),
+        ("host=db1 dbname=q sslmode=prefer", vec!["db1"]),
+        ("host=db1 dbname=q sslmode=disable", vec!["db1"]),
+        ("host=db1 dbname=q sslmode=require", vec!["db1"]),
+        ("host=db1,127.0.0.1,localhost dbname=q", vec!["db1"]),
+        ("host=db1 hostaddr=192.0.2.7 dbname=q", vec!["192.0.2.7"]),
+        ("host=localhost hostaddr=127.0.0.1 dbname=q", vec![]),
+        ("host=127.0.0.1 dbname=q sslmode=disable", vec![]),
+        ("host=::1 dbname=q", vec![]),
+        ("host=/var/run/postgresql dbname=q", vec![]),
+    ] {
+        assert_eq!(weak(dsn), want, "{dsn}");
+    }
+    for mode in ["require", "verify-ca", "verify-full"] {
+        let dsn = format!("host=db1 dbname=q sslmode={mode} sslrootcert={root}");
+        assert!(weak(&dsn).is_empty(), "{dsn}");
+    }
 }
