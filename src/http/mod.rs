@@ -18,8 +18,8 @@ pub mod tls;
 
 use std::net::SocketAddr;
 
-use actix_web::body::BoxBody;
-use actix_web::dev::{Service, ServiceResponse};
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::http::header;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use futures::future::LocalBoxFuture;
@@ -58,7 +58,7 @@ fn host_name(value: &str) -> String {
 
 /// Whether a request names this replica: its `Host` (required) and the authority of an
 /// absolute request URI (if any) are each a loopback name or one of `public`.
-fn own_host(req: &actix_web::dev::ServiceRequest, public: &[String]) -> bool {
+fn own_host(req: &ServiceRequest, public: &[String]) -> bool {
     let ok = |v: &str| {
         let h = host_name(v);
         LOOPBACK_NAMES.contains(&h.as_str()) || public.contains(&h)
@@ -68,6 +68,27 @@ fn own_host(req: &actix_web::dev::ServiceRequest, public: &[String]) -> bool {
         .get(header::HOST)
         .and_then(|v| v.to_str().ok());
     host.is_some_and(ok) && req.uri().authority().map_or(true, |a| ok(a.as_str()))
+}
+
+/// Passes a request on when it may answer it (by address, or named by its own `Host`);
+/// answers 421 otherwise.
+fn host_guard<S, B>(
+    req: ServiceRequest,
+    srv: &S,
+    public: &[String],
+) -> LocalBoxFuture<'static, Result<ServiceResponse<BoxBody>, actix_web::Error>>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    S::Future: 'static,
+    B: MessageBody + 'static,
+{
+    if by_address(req.path()) || own_host(&req, public) {
+        let fut = srv.call(req);
+        Box::pin(async move { Ok(fut.await?.map_into_boxed_body()) })
+    } else {
+        let res = req.into_response(misdirected());
+        Box::pin(async move { Ok(res) })
+    }
 }
 
 fn misdirected() -> HttpResponse {
@@ -113,22 +134,7 @@ pub fn serve(
         let public = state.public_names.clone();
         App::new()
             .app_data(web::Data::new(state.clone()))
-            .wrap_fn(
-                move |req,
-                      srv|
-                      -> LocalBoxFuture<
-                    'static,
-                    Result<ServiceResponse<BoxBody>, actix_web::Error>,
-                > {
-                    if by_address(req.path()) || own_host(&req, &public) {
-                        let fut = srv.call(req);
-                        Box::pin(async move { Ok(fut.await?.map_into_boxed_body()) })
-                    } else {
-                        let res = req.into_response(misdirected());
-                        Box::pin(async move { Ok(res) })
-                    }
-                },
-            )
+            .wrap_fn(move |req, srv| host_guard(req, srv, &public))
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz))
             .route("/metrics", web::get().to(metrics))
