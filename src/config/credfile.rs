@@ -4,9 +4,11 @@
 //! meanwhile. The rules are libpq's:
 //!
 //! - a password file (its passfile rule): no bit for group or others (`0600` or less);
-//! - a key (its private-key rule, which the console's credentials follow too): owned by the
-//!   user running qlsched with no bit for group or others, or owned by root with at most
-//!   group read (`0640`), so a root-managed file can be handed to the service's group.
+//! - a key (its client's private-key rule, which the console's credentials follow too): no
+//!   bit for group or others (`0600` or less), or, when owned by root, at most group read
+//!   (`0640`), so a root-managed file can be handed to the service's group. As libpq, the
+//!   owner is not checked otherwise: a file this process can read with such a mode is its
+//!   own or root's.
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -17,7 +19,7 @@ use std::path::Path;
 pub enum Rule {
     /// libpq's passfile rule: no group or other bits.
     Password,
-    /// libpq's private-key rule: 0600 owned by us, or 0640 owned by root.
+    /// libpq's private-key rule: 0600, or 0640 when owned by root.
     Key,
 }
 
@@ -38,11 +40,6 @@ pub enum CredFileError {
          when owned by root (libpq's rule): chmod 600"
     )]
     KeyMode { mode: u32 },
-    #[error(
-        "is owned by uid {uid}; a key must be owned by the user running qlsched (uid {euid}) \
-         or by root (libpq's rule)"
-    )]
-    KeyOwner { uid: u32, euid: u32 },
 }
 
 /// Opens `path`, checks the open file against `rule`, and reads it whole.
@@ -74,12 +71,8 @@ fn check(meta: &std::fs::Metadata, rule: Rule) -> Result<(), CredFileError> {
         Rule::Password if mode & 0o077 != 0 => Err(CredFileError::PasswordMode { mode }),
         Rule::Password => Ok(()),
         Rule::Key => {
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            let euid = unsafe { libc::geteuid() };
-            let uid = meta.uid();
-            if uid != euid && uid != 0 {
-                Err(CredFileError::KeyOwner { uid, euid })
-            } else if (uid == euid && mode & 0o077 != 0) || (uid == 0 && mode & 0o037 != 0) {
+            let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
+            if mode & 0o777 & !allowed != 0 {
                 Err(CredFileError::KeyMode { mode })
             } else {
                 Ok(())
@@ -115,12 +108,26 @@ mod tests {
     }
 
     #[test]
-    fn a_key_owned_by_us_must_be_0600_or_less() {
+    fn a_key_may_be_0640_only_when_owned_by_root() {
+        let root = unsafe { libc::geteuid() } == 0;
         let (_d, p) = file(0o640);
-        assert!(matches!(
-            read(&p, Rule::Key),
-            Err(CredFileError::KeyMode { mode: 0o640 })
-        ));
+        assert_eq!(
+            read(&p, Rule::Key).is_ok(),
+            root,
+            "0640 owned by the test's user"
+        );
+        if root {
+            // Not root-owned: 0600 at most.
+            std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+            assert!(matches!(
+                read(&p, Rule::Key),
+                Err(CredFileError::KeyMode { mode: 0o640 })
+            ));
+        }
+        for mode in [0o644, 0o660, 0o604] {
+            let (_d, p) = file(mode);
+            assert!(read(&p, Rule::Key).is_err(), "{mode:o}");
+        }
         let (_d, p) = file(0o600);
         assert!(read(&p, Rule::Key).is_ok());
     }

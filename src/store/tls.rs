@@ -524,9 +524,9 @@ fn read_key(path: &Path, password: Option<&str>) -> Result<PrivateKeyDer<'static
     })
 }
 
-/// Opens the client key and checks the open file with libpq's rule (u=rw (0600) or less when
-/// owned by the current user, u=rw,g=r (0640) or less when owned by root: a service reading
-/// a root-owned key through its group), then reads it.
+/// Opens the client key and checks the open file with libpq's rule (u=rw (0600) or less;
+/// u=rw,g=r (0640) or less when owned by root: a service reading a root-owned key through
+/// its group), then reads it.
 fn read_key_file(path: &Path) -> Result<Vec<u8>, TlsError> {
     use crate::config::credfile::{self, CredFileError, Rule};
     credfile::read(path, Rule::Key).map_err(|e| match e {
