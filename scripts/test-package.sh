@@ -61,7 +61,7 @@ fi
 
 # The tools, and the Debian packages that bring them: missing ones are installed in one go.
 tools="lintian:lintian promtool:prometheus man:man-db groff:groff-base systemd-analyze:systemd
-  dpkg-shlibdeps:dpkg-dev zsh:zsh fish:fish git:git"
+  dpkg-shlibdeps:dpkg-dev zsh:zsh fish:fish git:git openssl:openssl setpriv:util-linux"
 missing=""
 for t in $tools; do
   command -v "${t%%:*}" >/dev/null 2>&1 || missing+=" ${t#*:}"
@@ -142,12 +142,45 @@ version_names_commit() {
 }
 check "the unpacked binary answers --version with the version and the git commit" version_names_commit
 
+# The example connects with sslmode=verify-full and a root certificate under /etc/qlsched
+# (read at check time): a throwaway CA stands in for it.
 example_config_checks() {
+  local dsn rootcert
+  dsn=$(sed -n 's/^dsn = "\(.*\)"$/\1/p' "$root/etc/qlsched/replica.toml.example")
+  echo "dsn: $dsn"
+  [[ " $dsn " == *" sslmode=verify-full "* ]] || { echo "the example's dsn lacks sslmode=verify-full"; return 1; }
+  rootcert=$(sed -n 's/.*sslrootcert=\([^ "]*\).*/\1/p' <<<"$dsn")
+  [ -n "$rootcert" ] || { echo "the example's dsn lacks sslrootcert"; return 1; }
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+    -subj "/CN=qlsched test root" -keyout "$work/root.key" -out "$work/root.crt" 2>/dev/null
+  sed "s#$rootcert#$work/root.crt#" "$root/etc/qlsched/replica.toml.example" >"$work/example.toml"
+  install -m 0600 /dev/null "$work/password"
   echo secret >"$work/password"
   QLSCHED__DATABASE__PASSWORD_FILE=$work/password \
-    "$root/usr/bin/qlsched" check-config --config "$root/etc/qlsched/replica.toml.example"
+    "$root/usr/bin/qlsched" check-config --config "$work/example.toml"
+  # libpq's passfile rule: a password file others can read is refused, naming its mode.
+  chmod 0644 "$work/password"
+  local out
+  if out=$(QLSCHED__DATABASE__PASSWORD_FILE=$work/password \
+      "$root/usr/bin/qlsched" check-config --config "$work/example.toml" 2>&1); then
+    echo "check-config accepted a 0644 password file"; return 1
+  fi
+  echo "$out"
+  grep -q "database.password_file = $work/password: .*0644" <<<"$out"
 }
-check "the example replica file passes check-config" example_config_checks
+check "the example replica file (sslmode=verify-full) passes check-config; a 0644 password file does not" \
+  example_config_checks
+
+# The unit's exposure as systemd-analyze scores it offline (0 = locked down, 10 = exposed):
+# at most 1.5 (--threshold is in tenths).
+unit_exposure() {
+  local out status=0
+  out=$(systemd-analyze security --offline=true --threshold=15 --no-pager \
+    "$root/lib/systemd/system/qlsched@.service" 2>&1) || status=$?
+  grep -E '^(✗|→)' <<<"$out" || echo "$out" | tail -n 5
+  [ "$status" -eq 0 ] || { echo "exposure above 1.5 (systemd-analyze exit $status)"; return 1; }
+}
+check "systemd-analyze security --offline: qlsched@.service exposure at most 1.5" unit_exposure
 
 unit_verifies() {
   local dir=$work/unit
@@ -279,7 +312,10 @@ install_and_check() {
 check "dpkg -i: qlsched system user, /etc/qlsched 0750 root:qlsched, the packaged unit" install_and_check
 
 # On an upgrade, postinst restarts a running instance only if the new binary accepts its
-# database (`qlsched db check --config` with the instance's file). systemd is not PID 1 here,
+# database (`qlsched db check --config` with the instance's file, as the service user, with
+# the password file the unit hands over: instance `ready` reads its credential under
+# /run/credentials, owned by qlsched as systemd leaves it; instance `rootonly`'s config is
+# readable by root alone, so its check fails: it does not run as root). systemd is not PID 1 here,
 # so the installed postinst runs in a mount namespace whose /run has /run/systemd/system
 # (what it looks for), with a stub systemctl first on PATH that lists two running instances
 # and records every call. A throwaway PostgreSQL holds the database of instance `ready`
@@ -289,7 +325,7 @@ postinst_restarts_only_ready_instances() {
   local pgdir port stub=$work/stub out want
   pgdir=$(mktemp -d /tmp/qlsched-pkgtest-pg.XXXXXX)
   # shellcheck disable=SC2064 # expanded now: the locals are gone when the subshell exits
-  trap "pg_stop '$pgdir' immediate; rm -rf '$pgdir' /etc/qlsched/ready.toml /etc/qlsched/behind.toml" EXIT
+  trap "pg_stop '$pgdir' immediate; rm -rf '$pgdir' /etc/qlsched/ready.toml /etc/qlsched/behind.toml /etc/qlsched/rootonly.toml" EXIT
   port=$(free_port)
   pg_start "$pgdir" "$port"
   local su="host=127.0.0.1 port=$port user=postgres dbname=postgres"
@@ -298,8 +334,14 @@ postinst_restarts_only_ready_instances() {
     printf '[replica]\nid = "%s"\n\n[database]\ndsn = "host=127.0.0.1 port=%s user=qlsched_runtime dbname=qlsched_%s"\n' \
       "$db" "$port" "$db" | install -m 0640 -o root -g qlsched /dev/stdin "/etc/qlsched/$db.toml"
   done
+  local cred=/run/credentials/qlsched@ready.service/db-password
+  printf 'password_file = "%s"\n' "$cred" >>/etc/qlsched/ready.toml
+  printf '[replica]\nid = "rootonly"\n\n[database]\ndsn = "host=127.0.0.1 port=%s user=qlsched_runtime dbname=qlsched_ready"\n' \
+    "$port" | install -m 0600 -o root -g root /dev/stdin /etc/qlsched/rootonly.toml
   /usr/bin/qlsched db migrate --dsn "host=127.0.0.1 port=$port user=qlsched_owner dbname=qlsched_ready" >/dev/null
-  /usr/bin/qlsched db check --config /etc/qlsched/ready.toml
+  install -m 0600 /dev/null "$work/ready-password"
+  echo unused >"$work/ready-password"
+  QLSCHED__DATABASE__PASSWORD_FILE=$work/ready-password /usr/bin/qlsched db check --config /etc/qlsched/ready.toml
   if want=$(/usr/bin/qlsched db check --config /etc/qlsched/behind.toml 2>&1); then
     echo "db check passes on the unmigrated database"; return 1
   fi
@@ -309,15 +351,19 @@ postinst_restarts_only_ready_instances() {
 echo "systemctl \$*" >>"$stub/calls"
 case "\$1" in
   list-units) printf '%s\n' 'qlsched@behind.service loaded active running qlsched replica behind' \\
-                             'qlsched@ready.service  loaded active running qlsched replica ready' ;;
+                             'qlsched@ready.service  loaded active running qlsched replica ready' \\
+                             'qlsched@rootonly.service loaded active running qlsched replica rootonly' ;;
+  show) echo qlsched ;;
 esac
 STUB
   chmod +x "$stub/systemctl"
   : >"$stub/calls"
   echo "# postinst configure 0.1.0-1   (mount namespace with /run/systemd/system, stub systemctl)"
   out=$(PATH="$stub:$PATH" unshare --mount --propagation private \
-    sh -c 'mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && exec "$@"' \
-    sh /var/lib/dpkg/info/qlsched.postinst configure 0.1.0-1 2>&1)
+    sh -c 'mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system "${1%/*}" &&
+           echo unused >"$1" && chown -R qlsched:qlsched "${1%/*}" && chmod 0400 "$1" &&
+           chmod 0500 "${1%/*}" && shift && exec "$@"' \
+    sh "$cred" sh /var/lib/dpkg/info/qlsched.postinst configure 0.1.0-1 2>&1)
   echo "$out"
   echo "# systemctl calls:"; cat "$stub/calls"
   grep -qx 'systemctl try-restart qlsched@ready.service' "$stub/calls"
@@ -326,11 +372,13 @@ STUB
   fi
   grep -q 'qlsched@ready.service: restarted on the new binary' <<<"$out"
   grep -q 'qlsched@behind.service: NOT restarted, still running the previous binary' <<<"$out"
+  grep -q 'qlsched@rootonly.service: NOT restarted, still running the previous binary' <<<"$out"
+  grep -q 'rootonly.toml.*Permission denied' <<<"$out"
   # The check's own message, and what to do.
   while IFS= read -r line; do
     grep -qF -- "$line" <<<"$out" || { echo "the console lacks the check's line: $line"; return 1; }
   done <<<"$want"
-  grep -qF 'qlsched db check --config /etc/qlsched/behind.toml && systemctl restart qlsched@behind.service' <<<"$out"
+  grep -qF 'runuser -u qlsched -- qlsched db check --config /etc/qlsched/behind.toml && systemctl restart qlsched@behind.service' <<<"$out"
 }
 check "postinst on an upgrade restarts only the instances whose db check passes, and says so" \
   postinst_restarts_only_ready_instances

@@ -22,6 +22,8 @@ ensure_chromium() {
   [ -x /usr/bin/chromedriver ] || apt_install chromium-driver "chromedriver (/usr/bin/chromedriver, the console's browser tests need it) is"
 }
 ensure_chromium
+# The unit's exposure is read from systemd-analyze (tests/it/operate/unit.rs).
+command -v systemd-analyze >/dev/null || apt_install systemd "systemd-analyze (Debian package systemd, the unit's security test needs it) is"
 system_bindir="$(pg_find_bindir)"
 export QLSCHED_PG_BINDIR="$system_bindir"
 log=$(mktemp)

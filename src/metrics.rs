@@ -66,6 +66,12 @@ pub struct Metrics {
     pub oldest_finished_run_age_seconds: Gauge<f64, AtomicU64>,
     /// Queued runs admitted more than `retention.queued_alert_after` ago.
     pub old_queued_runs: Gauge,
+    /// Console and `/api/` requests whose credentials were wrong (docs/console.md).
+    pub console_login_failures: Counter,
+    /// 1 when the replica's database connections go over TCP to a non-loopback host with an
+    /// sslmode that an attacker on the path can defeat (disable, prefer, require without a
+    /// root certificate); 0 otherwise.
+    pub database_tls_unverified: Gauge,
 }
 
 /// Buckets of one prune batch (seconds).
@@ -102,6 +108,8 @@ impl Default for Metrics {
             prune_duration_seconds: Histogram::new(PRUNE_BUCKETS),
             oldest_finished_run_age_seconds: Gauge::default(),
             old_queued_runs: Gauge::default(),
+            console_login_failures: Counter::default(),
+            database_tls_unverified: Gauge::default(),
         }
     }
 }
@@ -243,6 +251,16 @@ impl Metrics {
             "old_queued_runs",
             "Queued runs admitted more than retention.queued_alert_after ago (refreshed every retention.interval)",
             self.old_queued_runs.clone(),
+        );
+        r.register(
+            "console_login_failures",
+            "Console and /api/ requests that carried wrong credentials (each logged with the client address)",
+            self.console_login_failures.clone(),
+        );
+        r.register(
+            "database_tls_unverified",
+            "1 when database connections go over TCP to a non-loopback host with sslmode disable, prefer, or require without a root certificate (no protection against an attacker on the path)",
+            self.database_tls_unverified.clone(),
         );
         r
     }

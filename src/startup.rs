@@ -235,6 +235,12 @@ impl Replica {
         signals: &mut Signals,
     ) -> Result<Option<Self>, StartupError> {
         info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "version" => env!("CARGO_PKG_VERSION"));
+        let unverified = unverified_tcp_hosts(&cfg.database.pg);
+        if !unverified.is_empty() {
+            let mode = cfg.database.pg.tls().settings().mode.as_str();
+            warn!(log, "database connections to a non-loopback host are not protected against an attacker on the path: use sslmode=verify-full with sslrootcert (docs/operations.md, \"TLS to PostgreSQL\")";
+                  "sslmode" => mode, "hosts" => unverified.join(","));
+        }
         let lease = cfg.scheduler.lease;
         let watchdog = watchdog_heartbeat(cfg.scheduler.cadence)?;
         // A peer that vanishes (partition, dead VM) must break the connection well within a
@@ -277,13 +283,17 @@ impl Replica {
                       "run_id" => %c.run_id, "key" => &c.idempotency_key, "reason" => &c.reason);
             }
         }
+        let metrics = Metrics::default();
+        metrics
+            .database_tls_unverified
+            .set(i64::from(!unverified.is_empty()));
         Ok(Some(Replica {
             cfg,
             log,
             settings,
             pool,
             guard,
-            metrics: Metrics::default(),
+            metrics,
             health: Health::default(),
             watchdog,
             running: None,
@@ -319,8 +329,15 @@ impl Replica {
                     health: self.health.clone(),
                     metrics: self.metrics.clone(),
                     console,
+                    public_names: self.cfg.http.public_names.clone(),
                 };
-                match crate::http::serve(addr, state) {
+                let served = match &self.cfg.http.tls {
+                    None => Ok(None),
+                    Some(files) => crate::http::tls::server_config(files, &self.log)
+                        .map(Some)
+                        .map_err(|e| std::io::Error::other(e.to_string())),
+                };
+                match served.and_then(|tls| crate::http::serve(addr, state, tls)) {
                     Ok(h) => Some(h),
                     Err(source) => {
                         self.running = Some(Running {
@@ -498,4 +515,49 @@ impl Signals {
             _ = self.int.recv() => {}
         }
     }
+}
+
+/// The TCP hosts of `target` that are not loopback when its `sslmode` does not protect
+/// against an attacker on the path: `disable`, `prefer` (a forged "no TLS" answer is
+/// accepted), or `require` without a root certificate (any certificate is accepted).
+/// Empty when the mode verifies the server or every host is loopback or a socket.
+pub fn unverified_tcp_hosts(target: &store::Target) -> Vec<String> {
+    use crate::store::tls::SslMode;
+    use tokio_postgres::config::Host;
+    let tls = target.tls().settings();
+    let weak = match tls.mode {
+        SslMode::Disable | SslMode::Prefer => true,
+        SslMode::Require => {
+            tls.root_cert.is_none()
+                && !crate::store::tls::default_root_cert().is_some_and(|p| p.exists())
+        }
+        SslMode::VerifyCa | SslMode::VerifyFull => false,
+    };
+    if !weak {
+        return Vec::new();
+    }
+    let loopback = |h: &str| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    // With hostaddr, that address is where the connection goes (host only names it).
+    if !target.get_hostaddrs().is_empty() {
+        return target
+            .get_hostaddrs()
+            .iter()
+            .filter(|a| !a.is_loopback())
+            .map(|a| a.to_string())
+            .collect();
+    }
+    target
+        .get_hosts()
+        .iter()
+        .filter_map(|h| match h {
+            Host::Tcp(name) if !loopback(name) => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
 }

@@ -5,7 +5,8 @@
 //! - password, when the DSN has none: `--password-file FILE` (first line), else
 //!   `PGPASSWORD`, else the passfile `PGPASSFILE` or `~/.pgpass`
 //!   (`host:port:database:user:password`, `*` wildcards, `\:` and `\\` escapes; ignored, as
-//!   libpq does, when group or others can read it).
+//!   libpq does, when group or others can read it). `--password-file` follows the same rule
+//!   and is refused, naming the file and its mode; both are judged on the open file.
 //!
 //! A password inside the DSN still works but warns (it shows in `ps` and shell history).
 //! A password is never printed: tokio-postgres hides it in `Debug`, and errors name only
@@ -17,6 +18,7 @@ use clap::Args;
 use tokio_postgres::config::Host;
 
 use super::error::CliError;
+use crate::config::credfile::{self, CredFileError, Rule};
 use crate::config::Config;
 use crate::store;
 
@@ -72,10 +74,12 @@ pub fn with_password(dsn: &str, password_file: Option<&Path>) -> Result<store::T
         return Ok(pg);
     }
     if let Some(path) = password_file {
-        let text = std::fs::read_to_string(path).map_err(|source| CliError::PasswordFile {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        // Opened, then judged on the open file by libpq's passfile rule.
+        let text =
+            credfile::read_text(path, Rule::Password).map_err(|source| CliError::PasswordFile {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let line = text.lines().next().unwrap_or("");
         if line.is_empty() {
             return Err(CliError::EmptyPasswordFile {
@@ -106,20 +110,20 @@ fn passfile_path() -> Option<PathBuf> {
 
 fn passfile_password(pg: &tokio_postgres::Config) -> Option<String> {
     let path = passfile_path()?;
-    let text = std::fs::read_to_string(&path).ok()?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&path).ok()?.permissions().mode();
-        if mode & 0o077 != 0 {
+    // As libpq: a passfile others can read is ignored with a warning (judged on the open
+    // file); a missing one silently.
+    let text = match credfile::read_text(&path, Rule::Password) {
+        Ok(text) => text,
+        Err(CredFileError::PasswordMode { mode }) => {
             eprintln!(
-                "qlsched: warning: password file {} has group or world access; permissions \
-                 should be u=rw (0600) or less; ignoring it",
+                "qlsched: warning: password file {} has group or world access ({mode:04o}); \
+                 permissions should be u=rw (0600) or less; ignoring it",
                 path.display()
             );
             return None;
         }
-    }
+        Err(_) => return None,
+    };
     let host = match pg.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
         // libpq matches a socket directory as `localhost`

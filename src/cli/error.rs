@@ -24,7 +24,7 @@ pub enum CliError {
     #[error("--password-file {}: {source}", path.display())]
     PasswordFile {
         path: PathBuf,
-        source: std::io::Error,
+        source: crate::config::credfile::CredFileError,
     },
     #[error("--password-file {}: the file is empty", path.display())]
     EmptyPasswordFile { path: PathBuf },

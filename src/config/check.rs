@@ -34,6 +34,20 @@ impl<'a> Checker<'a> {
             .push(ConfigProblem::new(file, key, value, bound));
     }
 
+    /// A problem with `key` blamed on the layer that wrote `blame` (e.g. the bind address
+    /// that makes a default unacceptable).
+    pub(super) fn problem_blaming(
+        &mut self,
+        blame: &str,
+        key: &str,
+        value: impl Into<String>,
+        bound: impl Into<String>,
+    ) {
+        let file = self.merged.origin_of(blame, self.fallback);
+        self.problems
+            .push(ConfigProblem::new(file, key, value, bound));
+    }
+
     pub(super) fn required<T>(&mut self, key: &str, value: Option<T>) -> Option<T> {
         if value.is_none() {
             self.problem(key, "(missing)", "is required");

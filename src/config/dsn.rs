@@ -411,11 +411,15 @@ pub(super) fn mask_text(dsn: &str) -> String {
     url.replace_all(&masked, "${1}***@").into_owned()
 }
 
-/// Reads a password file: it must exist, be readable and hold a non-empty first line.
-/// One trailing newline (`\n` or `\r\n`) is trimmed.
-pub(super) fn read_password_file(path: &str) -> Result<Secret, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("password file must exist and be readable ({e})"))?;
+/// Reads a password file: it must exist, be readable, pass `rule` (libpq's passfile rule
+/// for `database.password_file`; its key rule for the console's credentials) on the open
+/// file, and hold a non-empty first line. One trailing newline (`\n` or `\r\n`) is trimmed.
+pub(super) fn read_password_file(
+    path: &str,
+    rule: super::credfile::Rule,
+) -> Result<Secret, String> {
+    let text = super::credfile::read_text(std::path::Path::new(path), rule)
+        .map_err(|e| format!("password file {e}"))?;
     let text = text
         .strip_suffix('\n')
         .map(|t| t.strip_suffix('\r').unwrap_or(t))

@@ -13,6 +13,7 @@
 //! problem message, a log line or `Debug`.
 
 mod check;
+pub mod credfile;
 mod dsn;
 mod duration;
 mod error;
@@ -148,6 +149,18 @@ pub struct HttpConfig {
     pub bind: Option<SocketAddr>,
     /// The read-only web console (docs/console.md); `None`: off.
     pub console: Option<ConsoleConfig>,
+    /// HTTPS on the port (`[http] tls_cert_file` and `tls_key_file`); `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
+    /// Host names (lower case, without port or brackets) the console and `/api/` answer
+    /// to besides the loopback names; any other `Host` gets 421.
+    pub public_names: Vec<String>,
+}
+
+/// The HTTP port's certificate chain and private key (PEM), re-read when they change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// The web console's settings (`[http] console*`).
@@ -159,6 +172,8 @@ pub struct ConsoleConfig {
     pub pool_size: u32,
     /// `statement_timeout` of the console's read-only transactions, 100ms..=30s.
     pub statement_timeout: Duration,
+    /// Failed logins per client address per minute before it gets 429, 1..=1000.
+    pub login_failures_per_minute: u32,
 }
 
 /// Credentials from `[http] console_auth_file`. `Debug` never shows them.

@@ -64,6 +64,12 @@ pub(super) struct RawHttp {
     pub console_auth_file: Option<String>,
     pub console_pool_size: Option<i64>,
     pub console_statement_timeout: Option<String>,
+    pub console_require_auth: Option<bool>,
+    pub console_login_failures_per_minute: Option<i64>,
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
+    pub allow_plain_http: Option<bool>,
+    pub public_names: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

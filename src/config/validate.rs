@@ -9,13 +9,14 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::check::Checker;
+use super::credfile::Rule;
 use super::dsn::{self, Secret};
 use super::error::ConfigProblem;
 use super::layers::Merged;
 use super::raw::{RawConfig, RawDatabase, RawHttp, RawRetention, RawScheduler};
 use super::{
     Config, ConsoleAuth, ConsoleConfig, DatabaseConfig, HttpConfig, LogConfig, LogFormat,
-    MetricsConfig, ReplicaId, RetentionConfig, SchedulerConfig,
+    MetricsConfig, ReplicaId, RetentionConfig, SchedulerConfig, TlsFiles,
 };
 
 const REPLICA_ID_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
@@ -32,9 +33,32 @@ pub(super) fn validate(
     let replica_id = replica_id(&mut c, raw.replica.id);
     let database = database(&mut c, raw.database);
     let scheduler = scheduler(&mut c, raw.scheduler);
-    let raw_http = raw.http;
+    let mut raw_http = raw.http;
     let bind = http_bind(&mut c, raw_http.bind.clone());
+    let tls = http_tls(
+        &mut c,
+        raw_http.tls_cert_file.take(),
+        raw_http.tls_key_file.take(),
+    );
+    let public_names = public_names(&mut c, raw_http.public_names.take());
+    let allow_plain = raw_http.allow_plain_http.unwrap_or(false);
     let console = console(&mut c, bind.flatten(), raw_http);
+    if let (Some(Some(addr)), Some(Some(_)), Some(None)) = (bind, &console, &tls) {
+        if !addr.ip().is_loopback() && !allow_plain {
+            c.problem_blaming(
+                "http.bind",
+                "http.allow_plain_http",
+                "false",
+                format!(
+                    "the console on http.bind {addr} (not a loopback address) would send its \
+                     credentials and pages in plain text: set http.tls_cert_file and \
+                     http.tls_key_file (HTTPS on the port), or allow_plain_http = true where a \
+                     TLS proxy on the same host terminates it, or console = \"off\""
+                ),
+            );
+        }
+    }
+    let http = (bind.zip(console), tls, public_names);
     let backlog_interval = c.duration(
         "metrics.backlog_interval",
         raw.metrics.backlog_interval,
@@ -49,7 +73,7 @@ pub(super) fn validate(
         replica_id,
         database,
         scheduler,
-        bind.zip(console),
+        http,
         backlog_interval,
         format,
         level,
@@ -59,7 +83,7 @@ pub(super) fn validate(
             Some(replica_id),
             Some(database),
             Some(scheduler),
-            Some((bind, console)),
+            (Some((bind, console)), Some(tls), Some(public_names)),
             Some(bi),
             Some(f),
             Some(level),
@@ -69,7 +93,12 @@ pub(super) fn validate(
             replica_id,
             database,
             scheduler,
-            http: HttpConfig { bind, console },
+            http: HttpConfig {
+                bind,
+                console,
+                tls,
+                public_names,
+            },
             metrics: MetricsConfig {
                 backlog_interval: bi.0,
             },
@@ -180,7 +209,7 @@ fn password(
             None
         }
         (Some(p), None) => Some(Some(Secret::new(p))),
-        (None, Some(path)) => match dsn::read_password_file(&path) {
+        (None, Some(path)) => match dsn::read_password_file(&path, Rule::Password) {
             Ok(secret) => Some(Some(secret)),
             Err(msg) => {
                 c.problem("database.password_file", path, msg);
@@ -315,6 +344,13 @@ fn console(
         Duration::from_millis(100),
         Duration::from_secs(30),
     );
+    let login_failures = c.int(
+        "http.console_login_failures_per_minute",
+        raw.console_login_failures_per_minute,
+        (1, 1000),
+        " (failed logins per client address per minute before it gets 429)",
+    );
+    let require_auth = raw.console_require_auth.unwrap_or(false);
     let file = raw.console_auth_file.filter(|f| !f.is_empty());
     let auth = match &file {
         None => Some(None),
@@ -326,7 +362,8 @@ fn console(
             }
         },
     };
-    let (mode, pool_size, (statement_timeout, _), auth) = (mode?, pool_size?, timeout?, auth?);
+    let (mode, pool_size, (statement_timeout, _), auth, login_failures_per_minute) =
+        (mode?, pool_size?, timeout?, auth?, login_failures?);
     let loopback = bind.is_some_and(|b| b.ip().is_loopback());
     let on = match mode.as_str() {
         "off" => false,
@@ -348,27 +385,29 @@ fn console(
         // auto
         _ => loopback || auth.is_some(),
     };
+    if on && require_auth && auth.is_none() {
+        c.problem(
+            "http.console_require_auth",
+            "true",
+            "needs http.console_auth_file (a bearer token or USER:PASSWORD), on loopback too; \
+             or console = \"off\"",
+        );
+        return None;
+    }
     Some(on.then_some(ConsoleConfig {
         auth,
         pool_size,
         statement_timeout,
+        login_failures_per_minute,
     }))
 }
 
-/// Reads `[http] console_auth_file`: owned by us and not readable by group or others (0600;
-/// 0640 when owned by root), one non-empty line: `USER:PASSWORD` (basic) or a token
+/// Reads `[http] console_auth_file`, checked on the open file as libpq checks a key (0600
+/// owned by us; 0640 owned by root): one non-empty line: `USER:PASSWORD` (basic) or a token
 /// (bearer) of at least 16 characters.
 fn read_console_auth(path: &str) -> Result<ConsoleAuth, String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).map_err(|e| format!("must exist and be readable ({e})"))?;
-    let mode = meta.mode() & 0o777;
-    let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
-    if mode & !allowed != 0 {
-        return Err(format!(
-            "has mode {mode:04o}; it holds a secret: at most {allowed:04o} (chmod {allowed:o})"
-        ));
-    }
-    let secret = dsn::read_password_file(path).map_err(|m| m.replace("password file", "file"))?;
+    let secret = dsn::read_password_file(path, Rule::Key)
+        .map_err(|m| m.replacen("password file ", "", 1))?;
     let line = secret.expose();
     if line.contains('\n') {
         return Err("must hold one line: a bearer token, or USER:PASSWORD".into());
@@ -384,4 +423,94 @@ fn read_console_auth(path: &str) -> Result<ConsoleAuth, String> {
         None if line.trim().len() >= 16 => Ok(ConsoleAuth::Bearer(Secret::new(line.trim()))),
         None => Err("a bearer token must be at least 16 characters".into()),
     }
+}
+
+/// `[http] tls_cert_file` and `tls_key_file`: both or neither; both are read now (the key
+/// checked as libpq checks a key), so a bad file is a configuration error, not a failed
+/// handshake. `Some(None)`: plain HTTP; `None`: a problem was recorded.
+fn http_tls(
+    c: &mut Checker<'_>,
+    cert: Option<String>,
+    key: Option<String>,
+) -> Option<Option<TlsFiles>> {
+    let cert = cert.filter(|f| !f.is_empty());
+    let key = key.filter(|f| !f.is_empty());
+    match (cert, key) {
+        (None, None) => Some(None),
+        (Some(cert), None) => {
+            c.problem(
+                "http.tls_key_file",
+                "\"\"",
+                format!(
+                    "is required with http.tls_cert_file ({cert}): the certificate's private key"
+                ),
+            );
+            None
+        }
+        (None, Some(key)) => {
+            c.problem(
+                "http.tls_cert_file",
+                "\"\"",
+                format!("is required with http.tls_key_file ({key}): the certificate chain (PEM)"),
+            );
+            None
+        }
+        (Some(cert), Some(key)) => {
+            let files = TlsFiles {
+                cert: cert.clone().into(),
+                key: key.clone().into(),
+            };
+            match crate::http::tls::load(&files) {
+                Ok(_) => Some(Some(files)),
+                Err(crate::http::tls::LoadError::Cert(msg)) => {
+                    c.problem("http.tls_cert_file", cert, msg);
+                    None
+                }
+                Err(crate::http::tls::LoadError::Key(msg)) => {
+                    c.problem("http.tls_key_file", key, msg);
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// At most this many `[http] public_names`.
+const PUBLIC_NAMES_MAX: usize = 32;
+
+/// `[http] public_names`: DNS names or IP addresses (without port), lower-cased.
+fn public_names(c: &mut Checker<'_>, names: Option<Vec<String>>) -> Option<Vec<String>> {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    let re = RE.get_or_init(|| {
+        Regex::new(
+            r"^(?i)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$",
+        )
+        .expect("valid regex")
+    });
+    let names = names.unwrap_or_default();
+    if names.len() > PUBLIC_NAMES_MAX {
+        c.problem(
+            "http.public_names",
+            format!("({} names)", names.len()),
+            format!("at most {PUBLIC_NAMES_MAX} names"),
+        );
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut bad = false;
+    for n in names {
+        let bare = n.trim_start_matches('[').trim_end_matches(']');
+        if bare.parse::<std::net::IpAddr>().is_ok() || (re.is_match(&n) && n.len() <= 253) {
+            out.push(bare.to_ascii_lowercase());
+        } else {
+            c.problem(
+                "http.public_names",
+                n,
+                "each must be a DNS name or an IP address, without port or scheme \
+                 (e.g. \"sched.example.org\", \"192.0.2.10\")",
+            );
+            bad = true;
+        }
+    }
+    (!bad).then_some(out)
 }

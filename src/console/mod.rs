@@ -11,9 +11,13 @@
 //!   connections), each request one READ ONLY transaction with a short `statement_timeout`,
 //!   keyset pages of at most 100 rows; credentials from `[http] console_auth_file` when set
 //!   (always set unless HTTP is bound to loopback); CSP without inline script.
+//! - A request with wrong credentials is logged with the client's address (never what it
+//!   sent), counted in `qlsched_console_login_failures_total`, and past
+//!   `[http] console_login_failures_per_minute` failures its address gets 429 (throttle.rs).
 
 mod charts;
 mod pages;
+mod throttle;
 
 use std::time::Duration;
 
@@ -58,6 +62,8 @@ pub struct Console {
     metrics: Metrics,
     replica_id: String,
     history: std::sync::Arc<std::sync::Mutex<Option<ClosedMinutes>>>,
+    throttle: std::sync::Arc<throttle::Throttle>,
+    log: slog::Logger,
 }
 
 /// The overview's cron history of minutes that ended more than a minute ago (by the
@@ -87,10 +93,12 @@ impl Console {
         let pool = store::build_pool(target, cfg.pool_size, connect_timeout, log);
         Console {
             pool,
+            throttle: std::sync::Arc::new(throttle::Throttle::new(cfg.login_failures_per_minute)),
             cfg,
             metrics,
             replica_id,
             history: Default::default(),
+            log: log.new(slog::o!("component" => "console")),
         }
     }
 
@@ -153,6 +161,42 @@ impl Console {
                     .is_some_and(|b| same(b.trim().as_bytes(), want.as_bytes()))
             }
         }
+    }
+
+    /// The credentials check of one request, throttled per client address: `None` lets the
+    /// request through; otherwise the 401 or 429 to send. A request that carried wrong
+    /// credentials is logged (address and path only), counted and remembered.
+    fn admit(&self, req: &HttpRequest) -> Option<HttpResponse> {
+        self.cfg.auth.as_ref()?;
+        let ip = req.peer_addr().map(|a| a.ip());
+        let now = std::time::Instant::now();
+        if let Some(wait) = ip.and_then(|ip| self.throttle.blocked(ip, now)) {
+            return Some(self.throttled(wait));
+        }
+        if self.authorised(req) {
+            return None;
+        }
+        if req.headers().contains_key(header::AUTHORIZATION) {
+            self.metrics.console_login_failures.inc();
+            if let Some(ip) = ip {
+                self.throttle.failed(ip, now);
+            }
+            slog::warn!(self.log, "console login failed: wrong credentials";
+                "client" => ip.map(|i| i.to_string()).unwrap_or_default(),
+                "path" => req.path());
+        }
+        Some(self.unauthorised())
+    }
+
+    fn throttled(&self, wait: Duration) -> HttpResponse {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let mut r = HttpResponse::TooManyRequests();
+        secure(&mut r);
+        r.insert_header((header::RETRY_AFTER, secs.max(1).to_string()))
+            .content_type("text/plain; charset=utf-8")
+            .body(format!(
+                "429 Too Many Requests: too many failed logins from this address; try again in {secs} s\n"
+            ))
     }
 
     fn unauthorised(&self) -> HttpResponse {
@@ -508,8 +552,8 @@ async fn runs(
 
 /// Every console route, each behind the credentials check.
 async fn dispatch(req: HttpRequest, console: web::Data<Console>) -> HttpResponse {
-    if !console.authorised(&req) {
-        return console.unauthorised();
+    if let Some(refused) = console.admit(&req) {
+        return refused;
     }
     let path = req.path().to_owned();
     let query = |req: &HttpRequest| req.query_string().to_owned();

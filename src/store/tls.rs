@@ -488,8 +488,7 @@ fn read_certs(
 /// Reads the client key: refused when others can read it (libpq's rule), decrypted with
 /// `password` when it is an encrypted PKCS#8 key.
 fn read_key(path: &Path, password: Option<&str>) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read("sslkey", path)?;
-    check_key_permissions(path)?;
+    let pem = read_key_file(path)?;
     let text = String::from_utf8_lossy(&pem);
     if text.contains("Proc-Type: 4,ENCRYPTED") {
         return Err(TlsError::LegacyEncryptedKey {
@@ -525,23 +524,27 @@ fn read_key(path: &Path, password: Option<&str>) -> Result<PrivateKeyDer<'static
     })
 }
 
-/// libpq's rule for the client key file: u=rw (0600) or less when owned by the current
-/// user, u=rw,g=r (0640) or less when owned by root (a service reading a root-owned key
-/// through its group).
-fn check_key_permissions(path: &Path) -> Result<(), TlsError> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(()); // read() above would have said why
-    };
-    let mode = meta.mode() & 0o777;
-    let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
-    if mode & !allowed != 0 {
-        return Err(TlsError::KeyPermissions {
+/// Opens the client key and checks the open file with libpq's rule (u=rw (0600) or less;
+/// u=rw,g=r (0640) or less when owned by root: a service reading a root-owned key through
+/// its group), then reads it.
+fn read_key_file(path: &Path) -> Result<Vec<u8>, TlsError> {
+    use crate::config::credfile::{self, CredFileError, Rule};
+    credfile::read(path, Rule::Key).map_err(|e| match e {
+        CredFileError::KeyMode { mode } => TlsError::KeyPermissions {
             path: path.to_path_buf(),
             mode,
-        });
-    }
-    Ok(())
+        },
+        CredFileError::Open(source) => TlsError::Unreadable {
+            keyword: "sslkey",
+            path: path.to_path_buf(),
+            source,
+        },
+        other => TlsError::Unreadable {
+            keyword: "sslkey",
+            path: path.to_path_buf(),
+            source: std::io::Error::other(other.to_string()),
+        },
+    })
 }
 
 #[cfg(test)]

@@ -295,6 +295,7 @@ fn password_file_is_read_and_its_trailing_newline_trimmed() {
     let dir = tempfile::tempdir().unwrap();
     let pw = dir.path().join("pw");
     std::fs::write(&pw, "from-file\n").unwrap();
+    std::fs::set_permissions(&pw, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let file = TempConfig::new(&replica_with(&format!(
         "[database]\npassword_file = {:?}\n",
         pw.display().to_string()
@@ -302,4 +303,69 @@ fn password_file_is_read_and_its_trailing_newline_trimmed() {
     let config = file.load(&[]).unwrap();
     assert_eq!(config.database.pg.get_password(), Some(&b"from-file"[..]));
     assert!(!format!("{config:?}").contains("from-file"));
+}
+
+/// Credential files are checked as libpq checks them, on the descriptor that is read: a
+/// password file with any group or other bit, and a key with more than 0600 (0640 when owned
+/// by root, for a user other than root), are refused naming the file and its mode.
+#[test]
+fn a_password_file_others_can_read_is_refused_by_check_config() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "from-file\n").unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = dir.path().join("r.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[replica]\nid = \"a\"\n[database]\npassword_file = {:?}\n",
+            pw.display().to_string()
+        ),
+    )
+    .unwrap();
+    let o = std::process::Command::new(crate::helpers::replica::binary())
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "check-config accepted a 0644 password file: {out}"
+    );
+    assert!(
+        out.contains("database.password_file")
+            && out.contains(&pw.display().to_string())
+            && out.contains("0644"),
+        "{out}"
+    );
+    assert!(!out.contains("from-file"), "{out}");
+
+    // The CLI's --password-file: refused before any connection is tried.
+    let o = std::process::Command::new(crate::helpers::replica::binary())
+        .args([
+            "db",
+            "check",
+            "--dsn",
+            "host=127.0.0.1 port=1 user=u dbname=d",
+        ])
+        .arg("--password-file")
+        .arg(&pw)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        !o.status.success() && out.contains(&pw.display().to_string()) && out.contains("0644"),
+        "{out}"
+    );
+
+    // 0600 is accepted.
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = std::process::Command::new(crate::helpers::replica::binary())
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

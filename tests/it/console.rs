@@ -336,7 +336,11 @@ async fn off_loopback_the_console_is_off_without_a_token_and_needs_it_with_one()
         &dsn,
         "guarded",
         "",
-        &[("QLSCHED__HTTP__CONSOLE_AUTH_FILE", file.as_str())],
+        &[
+            ("QLSCHED__HTTP__CONSOLE_AUTH_FILE", file.as_str()),
+            // Plain HTTP off loopback must be asked for (the test has no certificate).
+            ("QLSCHED__HTTP__ALLOW_PLAIN_HTTP", "true"),
+        ],
     );
     guarded.wait_ready(Duration::from_secs(30)).await;
     for path in ["/", "/triggers", "/api/v1/runs", "/static/console.css"] {

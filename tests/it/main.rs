@@ -40,3 +40,4 @@ mod status;
 mod store_admit;
 mod store_claim;
 mod tls;
+mod transport;

@@ -885,6 +885,8 @@ async fn credentials_come_from_a_file_the_environment_or_a_passfile_and_are_neve
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pw");
     std::fs::write(&file, format!("{secret}\n")).unwrap();
+    // libpq's passfile rule: no access for group or others.
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let mut outputs = vec![ok_output(list(
         &[],
         &["--password-file", file.to_str().unwrap()],

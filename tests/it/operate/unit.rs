@@ -163,3 +163,37 @@ fn systemd_analyze_verify() -> Option<String> {
     );
     Some(text)
 }
+
+/// The unit's exposure as `systemd-analyze security --offline=true` scores it: at most 1.5
+/// (0 = locked down, 10 = fully exposed). The tool is required (Debian package `systemd`;
+/// scripts/test.sh installs it): without it the test fails naming the package.
+#[test]
+fn the_units_exposure_in_systemd_analyze_security_is_at_most_1_5() {
+    let dir = tempfile::tempdir().unwrap();
+    let unit_path = dir.path().join("qlsched@.service");
+    std::fs::write(&unit_path, UNIT).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&unit_path)
+        .current_dir(dir.path())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("systemd-analyze cannot run ({e}): install the Debian package systemd")
+        });
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let exposure: f64 = text
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for ").nth(1))
+        .and_then(|rest| rest.split(": ").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no overall exposure in:\n{text}"));
+    let open: Vec<&str> = text.lines().filter(|l| l.starts_with('✗')).collect();
+    println!("exposure {exposure}; still open:\n{}", open.join("\n"));
+    assert!(
+        exposure <= 1.5,
+        "systemd-analyze security scores qlsched@.service {exposure} (at most 1.5); open:\n{}",
+        open.join("\n")
+    );
+}
