@@ -365,7 +365,11 @@ async fn a_take_behind_a_large_backlog_reads_only_the_runs_it_takes() {
            SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
                   'ql3:cron:v1:t:1:' || g, g, g, 'test'
              FROM generate_series(1, 50000) g
-           RETURNING run_id, queued_at_ms)
+           RETURNING run_id, queued_at_ms),
+              ev AS (
+           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+             FROM run, generate_series(1, 2) s)
          INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
          SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run;
          ANALYZE qlsched.runs; ANALYZE qlsched.attempts;",

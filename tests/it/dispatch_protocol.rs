@@ -1,0 +1,537 @@
+//! The dispatcher protocol enforced by the database (docs/dispatcher.md): history no role
+//! can forge, and the protocol functions (V17) fencing every write by the attempt's token
+//! and lease, judged by the database clock.
+
+use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
+use tokio_postgres::error::SqlState;
+use uuid::Uuid;
+
+use crate::dispatcher::queued_runs;
+use crate::helpers::TestDb;
+
+/// Runs `sql` as `role` and returns the SQLSTATE it was refused with (None: accepted).
+async fn refused_as(db: &TestDb, role: &str, sql: &str) -> Option<SqlState> {
+    match db.client(role).await.batch_execute(sql).await {
+        Ok(()) => None,
+        Err(e) => Some(e.code().cloned().unwrap_or(SqlState::INTERNAL_ERROR)),
+    }
+}
+
+fn assert_refused(got: Option<SqlState>, why: &str) {
+    assert!(
+        matches!(&got, Some(c) if *c == SqlState::CHECK_VIOLATION || *c == SqlState::INSUFFICIENT_PRIVILEGE),
+        "{why}: accepted or refused for another reason ({got:?})"
+    );
+}
+
+#[tokio::test]
+async fn no_role_can_insert_an_event_out_of_step_with_its_run() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 2).await;
+    for role in ["qlsched_dispatcher", "qlsched_admin", "qlsched_runtime"] {
+        for (seq, kind) in [
+            (3, "run.cancelled"),
+            (3, "run.dispatching"),
+            (9, "run.finished"),
+        ] {
+            let sql = format!(
+                "INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms) VALUES ('{}', {seq}, '{kind}', 0)",
+                runs[0]
+            );
+            assert_refused(refused_as(&db, role, &sql).await, &format!("{role}: {sql}"));
+        }
+    }
+    // The take (and `runs cancel`) still work on that run.
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = d.query(TAKE_SQL, &[&2i64]).await.unwrap();
+    assert_eq!(taken.len(), 2, "the take still takes both runs");
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn cancelled_and_status_cancelled_move_together() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 1).await;
+    let sql = format!(
+        "UPDATE qlsched.runs SET status = 'cancelled' WHERE run_id = '{}'",
+        runs[0]
+    );
+    assert_refused(
+        refused_as(&db, "qlsched_dispatcher", &sql).await,
+        "dispatcher: queued -> cancelled without the flag",
+    );
+    assert_refused(
+        refused_as(&db, "qlsched_admin", &sql).await,
+        "admin: queued -> cancelled without the flag",
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'queued' AND NOT cancelled")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_untouched_attempt_cannot_be_written_and_a_finished_one_is_frozen() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 2).await;
+    // Untouched: an error on a queued run's attempt would make it untakeable for good.
+    let sql = format!(
+        "UPDATE qlsched.attempts SET error = 'x' WHERE run_id = '{}'",
+        runs[1]
+    );
+    assert_refused(
+        refused_as(&db, "qlsched_dispatcher", &sql).await,
+        "error written on a queued run's attempt",
+    );
+    // Finished through the direct statements: result, error and times are frozen.
+    let d = db.client("qlsched_dispatcher").await;
+    d.query(TAKE_SQL, &[&1i64]).await.unwrap();
+    d.query(START_SQL, &[&vec![runs[0]]]).await.unwrap();
+    let done = d
+        .query(
+            FINISH_SQL,
+            &[&vec![runs[0]], &vec!["succeeded"], &vec![None::<String>]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 1);
+    for set in [
+        "result = '{\"forged\":true}'",
+        "error = 'forged'",
+        "finished_at_ms = 0",
+        "started_at_ms = 0, state = state",
+    ] {
+        let sql = format!(
+            "UPDATE qlsched.attempts SET {set} WHERE run_id = '{}'",
+            runs[0]
+        );
+        assert_refused(
+            refused_as(&db, "qlsched_dispatcher", &sql).await,
+            &format!("finished attempt rewritten: {sql}"),
+        );
+    }
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM qlsched.attempts WHERE result IS NOT NULL OR error IS NOT NULL"
+        )
+        .await,
+        0
+    );
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn a_result_is_bounded() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 1).await;
+    let d = db.client("qlsched_dispatcher").await;
+    d.query(TAKE_SQL, &[&1i64]).await.unwrap();
+    d.query(START_SQL, &[&vec![runs[0]]]).await.unwrap();
+    let sql = format!(
+        "UPDATE qlsched.attempts SET state = 'succeeded', result = jsonb_build_object('x', repeat('y', 1048576)) WHERE run_id = '{}'",
+        runs[0]
+    );
+    assert_refused(
+        refused_as(&db, "qlsched_dispatcher", &sql).await,
+        "a 1 MiB result",
+    );
+}
+
+#[tokio::test]
+async fn execution_revisions_are_immutable_for_every_role() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 1).await;
+    for role in ["qlsched_admin", "qlsched_owner"] {
+        assert_refused(
+            refused_as(
+                &db,
+                role,
+                "UPDATE qlsched.execution_revisions SET spec = spec || ' '",
+            )
+            .await,
+            &format!("{role} rewrites an execution revision"),
+        );
+    }
+    let e = db
+        .superuser()
+        .await
+        .batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || ' '")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(&SqlState::CHECK_VIOLATION), "superuser: {e}");
+}
+
+#[tokio::test]
+async fn no_role_can_add_a_second_attempt_to_a_run() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 1).await;
+    for role in ["qlsched_admin", "qlsched_runtime"] {
+        let sql = format!(
+            "INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+             VALUES ('{}', '{}', 2, 'remote_worker', 'claimed', 0)",
+            Uuid::new_v4(),
+            runs[0]
+        );
+        assert_refused(
+            refused_as(&db, role, &sql).await,
+            &format!("{role}: a second live attempt"),
+        );
+    }
+    db.assert_invariants().await;
+}
+
+/// One attempt taken through `qlsched.dispatch_take`.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub run_id: Uuid,
+    pub attempt_id: Uuid,
+    pub attempt_no: i32,
+    pub token: Uuid,
+}
+
+pub async fn take_leases(
+    c: &tokio_postgres::Client,
+    worker: &str,
+    max_runs: i32,
+    lease_ms: i64,
+) -> Vec<Lease> {
+    c.query(
+        "SELECT run_id, attempt_id, attempt_no, lease_token
+           FROM qlsched.dispatch_take($1, NULL, $2, $3)",
+        &[&worker, &max_runs, &lease_ms],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Lease {
+        run_id: r.get(0),
+        attempt_id: r.get(1),
+        attempt_no: r.get(2),
+        token: r.get(3),
+    })
+    .collect()
+}
+
+async fn start(c: &tokio_postgres::Client, l: &Lease, lease_ms: i64) -> bool {
+    c.query_one(
+        "SELECT qlsched.dispatch_start($1, $2, $3)",
+        &[&l.attempt_id, &l.token, &lease_ms],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn heartbeat(c: &tokio_postgres::Client, l: &Lease, lease_ms: i64) -> Option<i64> {
+    c.query_one(
+        "SELECT qlsched.dispatch_heartbeat($1, $2, $3)",
+        &[&l.attempt_id, &l.token, &lease_ms],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn finish(c: &tokio_postgres::Client, l: &Lease, outcome: &str) -> bool {
+    c.query_one(
+        "SELECT qlsched.dispatch_finish($1, $2, $3, 0, 'tail', NULL, '{\"ok\":1}')",
+        &[&l.attempt_id, &l.token, &outcome],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn expire(c: &tokio_postgres::Client) -> (i64, i64) {
+    let r = c
+        .query_one(
+            "SELECT lost, retried FROM qlsched.dispatch_expire(1000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// Ends every live lease now, as if the clock had passed it (the only clock the fence reads
+/// is the database's; the test moves the lease, not the clock).
+async fn end_leases(db: &TestDb) {
+    let su = db.superuser().await;
+    su.batch_execute(
+        "ALTER TABLE qlsched.attempts DISABLE TRIGGER attempts_follow_the_protocol;
+         UPDATE qlsched.attempts SET lease_expires_at_ms = lease_expires_at_ms - 86400000
+          WHERE lease_id IS NOT NULL AND state IN ('dispatching', 'running');
+         ALTER TABLE qlsched.attempts ENABLE TRIGGER attempts_follow_the_protocol;",
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_protocol_takes_starts_heartbeats_and_finishes_under_its_lease() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 3).await;
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = take_leases(&d, "w1", 2, 30_000).await;
+    assert_eq!(taken.len(), 2);
+    let forged = Lease {
+        token: Uuid::new_v4(),
+        ..taken[0].clone()
+    };
+    assert!(
+        !start(&d, &forged, 30_000).await,
+        "a forged token started work"
+    );
+    assert!(start(&d, &taken[0], 30_000).await);
+    assert!(heartbeat(&d, &forged, 60_000).await.is_none());
+    assert!(heartbeat(&d, &taken[0], 60_000).await.is_some());
+    assert!(finish(&d, &taken[0], "succeeded").await);
+    // Not started: only a failure can be recorded, or a release gives it back.
+    assert!(!finish(&d, &taken[1], "succeeded").await);
+    let released: bool = d
+        .query_one(
+            "SELECT qlsched.dispatch_release($1, $2)",
+            &[&taken[1].attempt_id, &taken[1].token],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(released);
+    // A finished or released lease is not held any more.
+    assert!(heartbeat(&d, &taken[0], 30_000).await.is_none());
+    assert!(!start(&d, &taken[1], 30_000).await);
+    let statuses: Vec<String> = db
+        .superuser()
+        .await
+        .query(
+            "SELECT status FROM qlsched.runs WHERE run_id = ANY ($1) ORDER BY status DESC",
+            &[&runs],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(statuses, ["succeeded", "queued", "queued"]);
+    let kinds: Vec<String> = db
+        .superuser()
+        .await
+        .query(
+            "SELECT kind || ':' || seq FROM qlsched.run_events WHERE run_id = $1 ORDER BY seq",
+            &[&taken[1].run_id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "run.created:1",
+            "run.queued:2",
+            "run.dispatching:3",
+            "run.queued:4"
+        ]
+    );
+    // The released run is taken again, under a new token.
+    let again = take_leases(&d, "w2", 2, 30_000).await;
+    let back = again.iter().find(|l| l.run_id == taken[1].run_id).unwrap();
+    assert_ne!(back.token, taken[1].token);
+    db.assert_invariants_after_protocol().await;
+}
+
+#[tokio::test]
+async fn a_paused_dispatchers_late_heartbeat_start_and_finish_are_refused() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 2).await;
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = take_leases(&d, "w1", 2, 30_000).await;
+    assert!(start(&d, &taken[0], 30_000).await);
+    // The worker pauses past its leases.
+    end_leases(&db).await;
+    assert!(
+        heartbeat(&d, &taken[0], 30_000).await.is_none(),
+        "late heartbeat extended a lease"
+    );
+    assert!(
+        !finish(&d, &taken[0], "succeeded").await,
+        "late finish recorded"
+    );
+    assert!(!start(&d, &taken[1], 30_000).await, "late start recorded");
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.attempts WHERE finished_at_ms IS NOT NULL")
+            .await,
+        0,
+        "nothing recorded after the lease ended"
+    );
+    assert_eq!(
+        expire(&d).await,
+        (2, 0),
+        "both lost, max_attempts 1: no retry"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'failed'")
+            .await,
+        2
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.attempts WHERE error LIKE 'lost: lease expired%'")
+            .await,
+        2
+    );
+}
+
+#[tokio::test]
+async fn an_expired_attempt_is_retried_exactly_once_with_max_attempts_2() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    let runs = queued_runs(&db, 1).await;
+    // The run pins a revision whose spec allows two attempts.
+    su.batch_execute(
+        "WITH e AS (
+           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
+           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
+             FROM (VALUES ('{\"image\":\"demo\",\"max_attempts\":2}')) v(s)
+           RETURNING execution_revision_id)
+         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
+    )
+    .await
+    .unwrap();
+    let d = db.client("qlsched_dispatcher").await;
+    let first = take_leases(&d, "w1", 1, 30_000).await;
+    assert_eq!(first.len(), 1);
+    assert!(start(&d, &first[0], 30_000).await);
+    end_leases(&db).await;
+    assert_eq!(expire(&d).await, (1, 1));
+    assert_eq!(expire(&d).await, (0, 0), "expiry is idempotent");
+    let second = take_leases(&d, "w2", 1, 30_000).await;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].run_id, runs[0]);
+    assert_eq!(second[0].attempt_no, 2);
+    // The old holder wakes up: refused.
+    assert!(!finish(&d, &first[0], "succeeded").await);
+    assert!(start(&d, &second[0], 30_000).await);
+    end_leases(&db).await;
+    assert_eq!(
+        expire(&d).await,
+        (1, 0),
+        "attempts exhausted: failed, not retried"
+    );
+    let r = su
+        .query_one(
+            "SELECT r.status, count(a.*), count(*) FILTER (WHERE a.error LIKE 'lost:%'),
+                    max(r.idempotency_key)
+               FROM qlsched.runs r JOIN qlsched.attempts a ON a.run_id = r.run_id
+              GROUP BY r.status",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), "failed");
+    assert_eq!(r.get::<_, i64>(1), 2);
+    assert_eq!(r.get::<_, i64>(2), 2);
+}
+
+#[tokio::test]
+async fn the_take_goes_in_queued_at_order_across_replicas() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 1).await;
+    let su = db.superuser().await;
+    // Runs of three admitting replicas: run ids start with each one's hash, so id order is
+    // replica order; queued_at_ms interleaves them.
+    su.batch_execute(
+        "WITH run AS (
+           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                     task_revision, execution_revision_id, idempotency_key,
+                                     scheduled_for_ms, queued_at_ms, admitted_by)
+           SELECT (lpad(to_hex(g % 3), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
+                  'proj', 'trg-00000', 1, 'task', 1,
+                  (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
+                  'ql3:cron:v1:trg-00000:1:' || g, g, 1000000 + g, 'replica-' || g % 3
+             FROM generate_series(1, 300) g
+           RETURNING run_id, queued_at_ms),
+              ev AS (
+           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+             FROM run, generate_series(1, 2) s)
+         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+         SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run;",
+    )
+    .await
+    .unwrap();
+    let d = db.client("qlsched_dispatcher").await;
+    let mut order = Vec::new();
+    loop {
+        let t = take_leases(&d, "w", 7, 30_000).await;
+        if t.is_empty() {
+            break;
+        }
+        order.extend(t.into_iter().map(|l| l.run_id));
+    }
+    let queued_at: Vec<i64> = {
+        let mut v = Vec::new();
+        for id in &order {
+            v.push(
+                su.query_one(
+                    "SELECT queued_at_ms FROM qlsched.runs WHERE run_id = $1",
+                    &[id],
+                )
+                .await
+                .unwrap()
+                .get(0),
+            );
+        }
+        v
+    };
+    assert_eq!(order.len(), 301);
+    let mut sorted = queued_at.clone();
+    sorted.sort();
+    assert_eq!(queued_at, sorted, "taken in queued_at order");
+}
+
+#[tokio::test]
+async fn a_corrupt_pinned_spec_is_failed_at_take_never_handed_out() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 1).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "ALTER TABLE qlsched.execution_revisions DISABLE TRIGGER execution_revisions_are_immutable;
+             UPDATE qlsched.execution_revisions SET spec = spec || ' ';
+             ALTER TABLE qlsched.execution_revisions ENABLE TRIGGER execution_revisions_are_immutable",
+        )
+        .await
+        .unwrap();
+    let d = db.client("qlsched_dispatcher").await;
+    assert!(take_leases(&d, "w", 10, 30_000).await.is_empty());
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.attempts WHERE state = 'failed' AND error LIKE '%fails its digest%'")
+            .await,
+        1
+    );
+    db.assert_invariants_after_protocol().await;
+}
+
+#[tokio::test]
+async fn replicas_and_admins_cannot_call_the_protocol() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 1).await;
+    for role in ["qlsched_runtime", "qlsched_admin", "qlsched_worker_ingress"] {
+        let e = db
+            .client(role)
+            .await
+            .batch_execute("SELECT * FROM qlsched.dispatch_take('w', NULL, 1, 30000)")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{role}");
+        let e = db
+            .client(role)
+            .await
+            .batch_execute("SELECT * FROM qlsched.dispatch_expire(10)")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{role}");
+    }
+}
