@@ -434,61 +434,116 @@ async fn an_expired_attempt_is_retried_exactly_once_with_max_attempts_2() {
     assert_eq!(r.get::<_, i64>(2), 2);
 }
 
+/// `n` queued runs of trg-00000 as three replicas admit them: run ids begin with each
+/// replica's hash (so id order is replica order) while queued_at_ms interleaves them.
+async fn queued_by_three_replicas(db: &TestDb, n: i32) {
+    db.seed(1, "* * * * * *").await;
+    db.superuser()
+        .await
+        .execute(
+            "WITH run AS (
+               INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                         task_revision, execution_revision_id, idempotency_key,
+                                         scheduled_for_ms, queued_at_ms, admitted_by)
+               SELECT (lpad(to_hex(g % 3), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
+                      'proj', 'trg-00000', 1, 'task', 1,
+                      (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
+                      'ql3:cron:v1:trg-00000:1:' || g, g, 1000000 + g, 'replica-' || g % 3
+                 FROM generate_series(1, $1) g
+               RETURNING run_id, queued_at_ms),
+                  ev AS (
+               INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+               SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+                 FROM run, generate_series(1, 2) s)
+             INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+             SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run",
+            &[&n],
+        )
+        .await
+        .unwrap();
+}
+
+/// Takes batches until none is left; the queued_at_ms of each run taken, in take order.
+async fn take_all_in_order(db: TestDb, worker: &'static str) -> Vec<(Uuid, i64)> {
+    let c = db.client("qlsched_dispatcher").await;
+    let mut got = Vec::new();
+    loop {
+        let rows = c
+            .query(
+                "SELECT t.run_id, r.queued_at_ms
+                   FROM qlsched.dispatch_take($1, NULL, 100, 30000) t
+                   JOIN qlsched.runs r USING (run_id)",
+                &[&worker],
+            )
+            .await
+            .unwrap();
+        if rows.is_empty() {
+            return got;
+        }
+        got.extend(rows.iter().map(|r| (r.get(0), r.get(1))));
+    }
+}
+
 #[tokio::test]
-async fn the_take_goes_in_queued_at_order_across_replicas() {
+async fn two_dispatchers_racing_over_10000_runs_take_each_once_in_queued_at_order() {
     let db = TestDb::new().await;
-    queued_runs(&db, 1).await;
-    let su = db.superuser().await;
-    // Runs of three admitting replicas: run ids start with each one's hash, so id order is
-    // replica order; queued_at_ms interleaves them.
-    su.batch_execute(
-        "WITH run AS (
-           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                     task_revision, execution_revision_id, idempotency_key,
-                                     scheduled_for_ms, queued_at_ms, admitted_by)
-           SELECT (lpad(to_hex(g % 3), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
-                  'proj', 'trg-00000', 1, 'task', 1,
-                  (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
-                  'ql3:cron:v1:trg-00000:1:' || g, g, 1000000 + g, 'replica-' || g % 3
-             FROM generate_series(1, 300) g
-           RETURNING run_id, queued_at_ms),
-              ev AS (
-           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
-             FROM run, generate_series(1, 2) s)
-         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-         SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run;",
-    )
+    queued_by_three_replicas(&db, 10_000).await;
+    let (a, b) = tokio::join!(
+        tokio::spawn(take_all_in_order(db.clone(), "a")),
+        tokio::spawn(take_all_in_order(db.clone(), "b"))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    for (who, got) in [("a", &a), ("b", &b)] {
+        let at: Vec<i64> = got.iter().map(|(_, q)| *q).collect();
+        let mut sorted = at.clone();
+        sorted.sort();
+        assert!(
+            at == sorted,
+            "dispatcher {who} took runs out of queued_at order"
+        );
+    }
+    let mut all: Vec<Uuid> = a.iter().chain(&b).map(|(r, _)| *r).collect();
+    all.sort();
+    let n = all.len();
+    all.dedup();
+    assert_eq!(
+        (n, all.len()),
+        (10_000, 10_000),
+        "each run taken exactly once"
+    );
+    db.assert_invariants_after_protocol().await;
+}
+
+#[tokio::test]
+async fn a_concurrent_cancel_and_take_exclude_each_other() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 20).await;
+    // A cancel holds its chunk open: the take skips every run it locked.
+    let mut admin = db.admin().await;
+    let tx = admin.transaction().await.unwrap();
+    tx.batch_execute(&format!(
+        "SELECT 1 FROM qlsched.runs WHERE run_id IN ({}) FOR UPDATE",
+        runs[..10]
+            .iter()
+            .map(|r| format!("'{r}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
     .await
     .unwrap();
     let d = db.client("qlsched_dispatcher").await;
-    let mut order = Vec::new();
-    loop {
-        let t = take_leases(&d, "w", 7, 30_000).await;
-        if t.is_empty() {
-            break;
-        }
-        order.extend(t.into_iter().map(|l| l.run_id));
-    }
-    let queued_at: Vec<i64> = {
-        let mut v = Vec::new();
-        for id in &order {
-            v.push(
-                su.query_one(
-                    "SELECT queued_at_ms FROM qlsched.runs WHERE run_id = $1",
-                    &[id],
-                )
-                .await
-                .unwrap()
-                .get(0),
-            );
-        }
-        v
-    };
-    assert_eq!(order.len(), 301);
-    let mut sorted = queued_at.clone();
-    sorted.sort();
-    assert_eq!(queued_at, sorted, "taken in queued_at order");
+    let taken = take_leases(&d, "w", 100, 30_000).await;
+    assert_eq!(taken.len(), 10);
+    assert!(taken.iter().all(|l| !runs[..10].contains(&l.run_id)));
+    tx.rollback().await.unwrap();
+    // Now `runs cancel` over all 20: the 10 taken are left alone, the rest cancelled; the
+    // take then finds nothing.
+    let cancelled = qlsched::store::runs::cancel_chunk(&mut admin, &runs)
+        .await
+        .unwrap();
+    assert_eq!(cancelled, 10);
+    assert!(take_leases(&d, "w", 100, 30_000).await.is_empty());
+    db.assert_invariants_after_protocol().await;
 }
 
 #[tokio::test]
