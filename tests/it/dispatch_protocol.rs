@@ -590,3 +590,52 @@ async fn replicas_and_admins_cannot_call_the_protocol() {
         assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{role}");
     }
 }
+
+#[tokio::test]
+async fn recovery_leaves_runs_under_the_protocol_alone_and_reports_the_old_takes() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    queued_runs(&db, 5).await;
+    su.batch_execute(
+        "WITH e AS (
+           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
+           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
+             FROM (VALUES ('{\"max_attempts\":3}')) v(s)
+           RETURNING execution_revision_id)
+         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
+    )
+    .await
+    .unwrap();
+    let d = db.client("qlsched_dispatcher").await;
+    // One run lost and queued again (attempt 2), one taken, one running: all the protocol's.
+    let lost = take_leases(&d, "w", 1, 30_000).await;
+    end_leases(&db).await;
+    assert_eq!(expire(&d).await, (1, 1));
+    let taken = take_leases(&d, "w", 2, 30_000).await;
+    assert_eq!(taken.len(), 2);
+    assert!(taken.iter().all(|l| l.run_id != lost[0].run_id));
+    assert!(start(&d, &taken[0], 30_000).await);
+    // One more taken by a dispatcher of the V10 contract, outside the protocol.
+    let old: Vec<Uuid> = d
+        .query(TAKE_SQL, &[&1i64])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(old.len(), 1, "{old:?}");
+    let runtime = db.client("qlsched_runtime").await;
+    let report = qlsched::store::recovery::recover_on_startup(&runtime, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        report
+            .candidates
+            .iter()
+            .map(|c| (c.run_id, c.reason.as_str()))
+            .collect::<Vec<_>>(),
+        [(old[0], "run is dispatching")],
+        "only the run outside the protocol is reported"
+    );
+    assert_eq!(report.candidate_count, 1);
+}
