@@ -298,6 +298,16 @@ async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_si
         wrong, 0,
         "attempt state, times and error follow each run's outcome"
     );
+    // Every run went through the protocol functions (V17): taken under a lease, with the
+    // command's exit status recorded.
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM qlsched.attempts
+              WHERE lease_id IS NULL OR worker_id IS NULL OR exit_status IS NULL"
+        )
+        .await,
+        0
+    );
     // Each run's command ran once, with its own key.
     let runs = su
         .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
