@@ -72,7 +72,7 @@ async fn cancelled_and_status_cancelled_move_together() {
 }
 
 #[tokio::test]
-async fn an_untouched_attempt_cannot_be_written_and_a_finished_one_is_frozen() {
+async fn an_untouched_attempt_cannot_be_written() {
     let db = TestDb::new().await;
     let runs = queued_runs(&db, 2).await;
     // Untouched: an error on a queued run's attempt would make it untakeable for good.
@@ -84,6 +84,13 @@ async fn an_untouched_attempt_cannot_be_written_and_a_finished_one_is_frozen() {
         refused_as(&db, "qlsched_dispatcher", &sql).await,
         "error written on a queued run's attempt",
     );
+    db.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn a_finished_attempt_is_frozen() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 1).await;
     // Finished through the direct statements: result, error and times are frozen.
     let d = db.client("qlsched_dispatcher").await;
     d.query(TAKE_SQL, &[&1i64]).await.unwrap();
