@@ -646,3 +646,54 @@ async fn recovery_leaves_runs_under_the_protocol_alone_and_reports_the_old_takes
     );
     assert_eq!(report.candidate_count, 1);
 }
+
+#[tokio::test]
+async fn runs_show_lists_every_attempt_and_runs_list_filters_by_status() {
+    use crate::helpers::cli::{ok, ql};
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    let runs = queued_runs(&db, 3).await;
+    su.batch_execute(
+        "WITH e AS (
+           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
+           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
+             FROM (VALUES ('{\"max_attempts\":2}')) v(s)
+           RETURNING execution_revision_id)
+         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
+    )
+    .await
+    .unwrap();
+    let d = db.client("qlsched_dispatcher").await;
+    let first = take_leases(&d, "w1", 1, 30_000).await;
+    end_leases(&db).await;
+    assert_eq!(expire(&d).await, (1, 1));
+    let all = take_leases(&d, "w2", 10, 30_000).await;
+    assert_eq!(all.len(), 3);
+    let second = all.iter().find(|l| l.run_id == first[0].run_id).unwrap();
+    assert_eq!(second.attempt_no, 2);
+    assert!(start(&d, second, 30_000).await);
+    assert!(finish(&d, second, "succeeded").await);
+    let run = first[0].run_id.to_string();
+    let shown: serde_json::Value =
+        serde_json::from_str(&ok(ql(&db, &["runs", "show", &run, "--json"]))).unwrap();
+    assert_eq!(shown["status"], "succeeded");
+    let attempts = shown["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[0]["state"], "failed");
+    assert!(attempts[0]["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("lost: lease expired"));
+    assert_eq!(attempts[1]["state"], "succeeded");
+    assert_eq!(attempts[1]["worker_id"], "w2");
+    assert_eq!(shown["events"].as_array().unwrap().len(), 7);
+    let text = ok(ql(&db, &["runs", "show", &run]));
+    assert!(text.contains("attempt 2  succeeded"), "{text}");
+    let listed = ok(ql(&db, &["runs", "list", "--status", "dispatching"]));
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+    assert!(
+        listed.lines().all(|l| l.contains("  dispatching  ")),
+        "{listed}"
+    );
+    assert!(runs.contains(&first[0].run_id));
+}
