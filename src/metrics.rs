@@ -64,6 +64,8 @@ pub struct Metrics {
     pub oldest_finished_run_age_seconds: Gauge<f64, AtomicU64>,
     /// Queued runs admitted more than `retention.queued_alert_after` ago.
     pub old_queued_runs: Gauge,
+    /// Attempts of the dispatcher protocol past their lease, not yet expired.
+    pub lapsed_attempts: Gauge,
 }
 
 /// Buckets of one prune batch (seconds).
@@ -99,6 +101,7 @@ impl Default for Metrics {
             prune_duration_seconds: Histogram::new(PRUNE_BUCKETS),
             oldest_finished_run_age_seconds: Gauge::default(),
             old_queued_runs: Gauge::default(),
+            lapsed_attempts: Gauge::default(),
         }
     }
 }
@@ -235,6 +238,11 @@ impl Metrics {
             "old_queued_runs",
             "Queued runs admitted more than retention.queued_alert_after ago (refreshed every retention.interval)",
             self.old_queued_runs.clone(),
+        );
+        r.register(
+            "lapsed_attempts",
+            "Attempts taken under a dispatcher lease that ended (database clock) and that no qlsched.dispatch_expire has marked lost yet (refreshed every retention.interval)",
+            self.lapsed_attempts.clone(),
         );
         r
     }

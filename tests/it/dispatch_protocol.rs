@@ -697,3 +697,23 @@ async fn runs_show_lists_every_attempt_and_runs_list_filters_by_status() {
     );
     assert!(runs.contains(&first[0].run_id));
 }
+
+#[tokio::test]
+async fn attempts_past_their_lease_are_a_gauge() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 3).await;
+    let d = db.client("qlsched_dispatcher").await;
+    assert_eq!(take_leases(&d, "w", 2, 30_000).await.len(), 2);
+    end_leases(&db).await;
+    let p = crate::retention::pruner(
+        "a",
+        crate::retention::cfg(std::time::Duration::from_secs(3600), 10),
+    );
+    p.pass(&db.client("qlsched_runtime").await).await.unwrap();
+    let text = p.metrics.render();
+    assert!(text.contains("qlsched_lapsed_attempts 2\n"), "{text}");
+    // Once expired, nothing is past its lease.
+    assert_eq!(expire(&d).await, (2, 0));
+    p.pass(&db.client("qlsched_runtime").await).await.unwrap();
+    assert!(p.metrics.render().contains("qlsched_lapsed_attempts 0\n"));
+}
