@@ -288,17 +288,33 @@ BEGIN
 END
 $$;
 
--- The fence of every call below: the attempt, its run locked FOR UPDATE (the lock a take, a
--- cancel and an expiry ask for), in one of the given states, held under this token, its
--- lease not ended by the database clock. NULL when not held.
-CREATE FUNCTION qlsched.dispatch_held(attempt uuid, token uuid, states text[], now_ms bigint)
-RETURNS uuid LANGUAGE sql
+-- The fence of every call below: locks the attempt's run FOR UPDATE (the lock a take, a
+-- cancel, an expiry and every other call ask for), then reads the attempt again — a new
+-- snapshot, after whoever held the lock committed — and answers the run id when the attempt
+-- is in one of the given states, holds this token and its lease has not ended by the
+-- database clock read after the lock; NULL otherwise. (One statement joining attempt and
+-- run FOR UPDATE OF the run would re-check only the run's newest version after a wait, and
+-- pass on the attempt as it was before a concurrent release or expiry.)
+CREATE FUNCTION qlsched.dispatch_held(attempt uuid, token uuid, states text[])
+RETURNS uuid LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT r.run_id FROM qlsched.attempts a JOIN qlsched.runs r ON r.run_id = a.run_id
-     WHERE a.attempt_id = attempt AND a.lease_id = token::text AND a.state = ANY (states)
-       AND a.lease_expires_at_ms > now_ms
-       FOR UPDATE OF r
+DECLARE
+    run uuid;
+BEGIN
+    SELECT a.run_id INTO run FROM qlsched.attempts a WHERE a.attempt_id = attempt;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM qlsched.runs r WHERE r.run_id = run FOR UPDATE;
+    PERFORM 1 FROM qlsched.attempts a
+      WHERE a.attempt_id = attempt AND a.lease_id = token::text AND a.state = ANY (states)
+        AND a.lease_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN run;
+END
 $$;
 
 -- The work started: attempt and run `running`, started_at_ms, event run.started; the lease
@@ -309,16 +325,17 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    now_ms bigint;
     run uuid;
 BEGIN
     IF lease_ms IS NULL OR lease_ms NOT BETWEEN 1000 AND 86400000 THEN
         RAISE EXCEPTION 'dispatch_start: lease_ms 1000..86400000' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    run := qlsched.dispatch_held(attempt, token, ARRAY['dispatching'], now_ms);
+    run := qlsched.dispatch_held(attempt, token, ARRAY['dispatching']);
     IF run IS NULL THEN
         RETURN false;
     END IF;
+    now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     UPDATE qlsched.runs r SET status = 'running' WHERE r.run_id = run;
     UPDATE qlsched.attempts a SET state = 'running', started_at_ms = now_ms,
            lease_expires_at_ms = now_ms + lease_ms
@@ -336,14 +353,15 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    now_ms bigint;
 BEGIN
     IF lease_ms IS NULL OR lease_ms NOT BETWEEN 1000 AND 86400000 THEN
         RAISE EXCEPTION 'dispatch_heartbeat: lease_ms 1000..86400000' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF qlsched.dispatch_held(attempt, token, ARRAY['dispatching', 'running'], now_ms) IS NULL THEN
+    IF qlsched.dispatch_held(attempt, token, ARRAY['dispatching', 'running']) IS NULL THEN
         RETURN NULL;
     END IF;
+    now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     UPDATE qlsched.attempts a SET lease_expires_at_ms = now_ms + lease_ms WHERE a.attempt_id = attempt;
     RETURN now_ms + lease_ms;
 END
@@ -359,9 +377,8 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    now_ms bigint;
     run uuid;
-    st text;
 BEGIN
     IF outcome IS NULL OR outcome NOT IN ('succeeded', 'failed')
        OR octet_length(error) > 8192 OR octet_length(result::text) > 65536 THEN
@@ -370,10 +387,11 @@ BEGIN
     END IF;
     run := qlsched.dispatch_held(attempt, token,
                                  CASE outcome WHEN 'succeeded' THEN ARRAY['running']
-                                              ELSE ARRAY['dispatching', 'running'] END, now_ms);
+                                              ELSE ARRAY['dispatching', 'running'] END);
     IF run IS NULL THEN
         RETURN false;
     END IF;
+    now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     UPDATE qlsched.runs r SET status = outcome WHERE r.run_id = run;
     UPDATE qlsched.attempts a
        SET state = outcome, finished_at_ms = now_ms, exit_status = dispatch_finish.exit_status,
@@ -396,13 +414,14 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    now_ms bigint;
     run uuid;
 BEGIN
-    run := qlsched.dispatch_held(attempt, token, ARRAY['dispatching'], now_ms);
+    run := qlsched.dispatch_held(attempt, token, ARRAY['dispatching']);
     IF run IS NULL THEN
         RETURN false;
     END IF;
+    now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     UPDATE qlsched.runs r SET status = 'queued' WHERE r.run_id = run;
     UPDATE qlsched.attempts a
        SET state = 'claimed', worker_id = NULL, lease_id = NULL, lease_expires_at_ms = NULL
@@ -479,6 +498,6 @@ REVOKE ALL ON FUNCTION qlsched.dispatch_heartbeat(uuid, uuid, bigint) FROM PUBLI
 REVOKE ALL ON FUNCTION qlsched.dispatch_finish(uuid, uuid, text, integer, text, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.dispatch_release(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.dispatch_expire(integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION qlsched.dispatch_held(uuid, uuid, text[], bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION qlsched.dispatch_held(uuid, uuid, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.spec_setting(text, text, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.spec_pool(text) FROM PUBLIC;

@@ -717,3 +717,58 @@ async fn attempts_past_their_lease_are_a_gauge() {
     p.pass(&db.client("qlsched_runtime").await).await.unwrap();
     assert!(p.metrics.render().contains("qlsched_lapsed_attempts 0\n"));
 }
+
+#[tokio::test]
+async fn a_call_that_waited_for_the_run_lock_rechecks_the_lease_after_it() {
+    let db = TestDb::new().await;
+    queued_runs(&db, 1).await;
+    let a = db.client("qlsched_dispatcher").await;
+    let b = db.client("qlsched_dispatcher").await;
+    let l = take_leases(&a, "w", 1, 30_000).await.remove(0);
+    // A releases the attempt in a transaction it keeps open; B's failing finish of the same
+    // lease waits for the run lock, then must find the lease gone.
+    a.batch_execute("BEGIN").await.unwrap();
+    let released: bool = a
+        .query_one(
+            "SELECT qlsched.dispatch_release($1, $2)",
+            &[&l.attempt_id, &l.token],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(released);
+    let (attempt, token) = (l.attempt_id, l.token);
+    let late = tokio::spawn(async move {
+        b.query_one(
+            "SELECT qlsched.dispatch_finish($1, $2, 'failed', 1, NULL, 'late', NULL)",
+            &[&attempt, &token],
+        )
+        .await
+        .map(|r| r.get::<_, bool>(0))
+    });
+    crate::helpers::wait_until(
+        "the finish waits for the run lock",
+        std::time::Duration::from_secs(10),
+        || async {
+            db.count(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE usename = 'qlsched_dispatcher' AND wait_event_type = 'Lock'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    a.batch_execute("COMMIT").await.unwrap();
+    let got = late.await.unwrap();
+    assert!(
+        matches!(got, Ok(false)),
+        "a finish after the release: {got:?}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'queued'")
+            .await,
+        1
+    );
+    db.assert_invariants_after_protocol().await;
+}

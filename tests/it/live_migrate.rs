@@ -192,7 +192,7 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
          DROP FUNCTION qlsched.spec_setting(text, text, bigint, bigint, bigint),
                        qlsched.spec_pool(text),
                        qlsched.dispatch_take(text, text[], integer, bigint),
-                       qlsched.dispatch_held(uuid, uuid, text[], bigint),
+                       qlsched.dispatch_held(uuid, uuid, text[]),
                        qlsched.dispatch_start(uuid, uuid, bigint),
                        qlsched.dispatch_heartbeat(uuid, uuid, bigint),
                        qlsched.dispatch_finish(uuid, uuid, text, integer, text, text, jsonb),
