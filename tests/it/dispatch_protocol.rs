@@ -772,3 +772,121 @@ async fn a_call_that_waited_for_the_run_lock_rechecks_the_lease_after_it() {
     );
     db.assert_invariants_after_protocol().await;
 }
+
+/// One dispatcher pass over `ids` until the connection fails: take, start, finish each run
+/// (autocommit calls). Returns the runs whose finish answered `true` (acknowledged).
+async fn dispatch_until_error(db: &TestDb, acked: &std::sync::Mutex<Vec<Uuid>>) {
+    let Ok(c) = qlsched::store::connect(&db.config("qlsched_dispatcher")).await else {
+        return;
+    };
+    loop {
+        let Ok(rows) = c
+            .query(
+                "SELECT run_id, attempt_id, lease_token FROM qlsched.dispatch_take('w', NULL, 5, 1000)",
+                &[],
+            )
+            .await
+        else {
+            return;
+        };
+        if rows.is_empty() {
+            return;
+        }
+        for r in &rows {
+            let (run, attempt, token): (Uuid, Uuid, Uuid) = (r.get(0), r.get(1), r.get(2));
+            if c.query_one(
+                "SELECT qlsched.dispatch_start($1, $2, 1000)",
+                &[&attempt, &token],
+            )
+            .await
+            .is_err()
+            {
+                return;
+            }
+            match c
+                .query_one(
+                    "SELECT qlsched.dispatch_finish($1, $2, 'succeeded', 0, NULL, NULL, NULL)",
+                    &[&attempt, &token],
+                )
+                .await
+            {
+                Ok(row) if row.get::<_, bool>(0) => acked.lock().unwrap().push(run),
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_postgresql_restart_mid_protocol_leaves_every_run_with_one_recorded_outcome() {
+    let mut own = crate::drills::OwnPg::start("dispatch-restart", "").await;
+    let db = TestDb {
+        name: own.db.name.clone(),
+        port: own.db.port,
+    };
+    let runs = queued_runs(&db, 1000).await;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (db2, acked2) = (db.clone(), acked.clone());
+    let worker = tokio::spawn(async move { dispatch_until_error(&db2, &acked2).await });
+    crate::helpers::wait_until(
+        "the dispatcher is mid-way",
+        std::time::Duration::from_secs(30),
+        || async { acked.lock().unwrap().len() >= 50 },
+    )
+    .await;
+    own.server.stop("immediate");
+    worker.await.unwrap();
+    let at_crash = acked.lock().unwrap().len();
+    assert!(at_crash < runs.len(), "the crash came after the last run");
+    own.server.start();
+    // After the restart: leases of the attempts the crash interrupted end (1 s), any
+    // dispatcher expires them (max_attempts 1: their runs fail), and the rest is dispatched.
+    let d = db.client("qlsched_dispatcher").await;
+    crate::helpers::wait_until(
+        "no attempt left under a lease",
+        std::time::Duration::from_secs(30),
+        || async {
+            d.query_one("SELECT lost FROM qlsched.dispatch_expire(1000)", &[])
+                .await
+                .unwrap();
+            db.count(
+                "SELECT count(*) FROM qlsched.attempts WHERE state IN ('dispatching', 'running')",
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    let after = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    dispatch_until_error(&db, &after).await;
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() >= 50);
+    let su = db.superuser().await;
+    let lost_acks: i64 = su
+        .query_one(
+            "SELECT count(*) FROM qlsched.runs WHERE run_id = ANY ($1) AND status <> 'succeeded'",
+            &[&acked],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        lost_acks, 0,
+        "an acknowledged outcome was lost in the restart"
+    );
+    let bad: i64 = su
+        .query_one(
+            "SELECT count(*) FROM qlsched.runs r
+              WHERE r.run_id = ANY ($1)
+                AND (r.status NOT IN ('succeeded', 'failed')
+                     OR (SELECT count(*) FROM qlsched.run_events e
+                          WHERE e.run_id = r.run_id AND e.kind = 'run.finished') <> 1)",
+            &[&runs],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bad, 0, "runs without exactly one recorded outcome");
+    db.assert_invariants_after_protocol().await;
+}
