@@ -890,3 +890,22 @@ async fn a_postgresql_restart_mid_protocol_leaves_every_run_with_one_recorded_ou
     assert_eq!(bad, 0, "runs without exactly one recorded outcome");
     db.assert_invariants_after_protocol().await;
 }
+
+#[tokio::test]
+async fn db_status_names_the_deprecated_direct_dispatcher_grants() {
+    use crate::helpers::cli::{ok, ql};
+    let db = TestDb::new().await;
+    let out = ok(ql(&db, &["db", "status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let deprecations = v["deprecations"].as_array().cloned().unwrap_or_default();
+    assert_eq!(deprecations.len(), 1, "{out}");
+    assert!(
+        deprecations[0]
+            .as_str()
+            .unwrap()
+            .contains("qlsched.dispatch_*"),
+        "{out}"
+    );
+    let text = ok(ql(&db, &["db", "status"]));
+    assert!(text.contains("deprecated (V17):"), "{text}");
+}
