@@ -22,6 +22,13 @@ ensure_chromium() {
   [ -x /usr/bin/chromedriver ] || apt_install chromium-driver "chromedriver (/usr/bin/chromedriver, the console's browser tests need it) is"
 }
 ensure_chromium
+# The Python dispatcher's test (tests/it/dispatch_protocol.rs) runs examples/dispatcher.py
+# with psycopg 3 (Debian package python3-psycopg).
+ensure_psycopg() {
+  /usr/bin/python3 -c 'import psycopg' 2>/dev/null || python3 -c 'import psycopg' 2>/dev/null \
+    || apt_install python3-psycopg "psycopg 3 for python3 (the Python dispatcher's test needs it) is"
+}
+ensure_psycopg
 system_bindir="$(pg_find_bindir)"
 export QLSCHED_PG_BINDIR="$system_bindir"
 log=$(mktemp)

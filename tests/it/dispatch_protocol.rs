@@ -909,3 +909,99 @@ async fn db_status_names_the_deprecated_direct_dispatcher_grants() {
     let text = ok(ql(&db, &["db", "status"]));
     assert!(text.contains("deprecated (V17):"), "{text}");
 }
+
+/// A Python 3 that has psycopg 3, or a panic saying what to install (the Python dispatcher's
+/// test must fail, never skip).
+fn python_with_psycopg() -> &'static str {
+    for py in ["/usr/bin/python3", "python3"] {
+        let ok = std::process::Command::new(py)
+            .args(["-c", "import psycopg"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return py;
+        }
+    }
+    panic!("no python3 with psycopg 3: install it (`apt-get install -y python3-psycopg`)");
+}
+
+#[tokio::test]
+async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigterm() {
+    use crate::helpers::replica::ReplicaProc;
+    let db = TestDb::new().await;
+    db.seed(2, "* * * * * *").await;
+    let mut replica = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "r1", "", &[]);
+    replica.wait_ready(std::time::Duration::from_secs(30)).await;
+    let out = tempfile::tempdir().unwrap();
+    let command = format!(
+        "echo \"$QLSCHED_IDEMPOTENCY_KEY\" > {}/\"$QLSCHED_RUN_ID\"; test \"$QLSCHED_TRIGGER_ID\" = trg-00000 || exit 3",
+        out.path().display()
+    );
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dispatcher.py");
+    let mut child = tokio::process::Command::new(python_with_psycopg())
+        .arg(&script)
+        .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--idle-ms", "50"])
+        .args(["--command", &command])
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::helpers::wait_until(
+        "3 finished runs of each trigger",
+        std::time::Duration::from_secs(30),
+        || async {
+            db.count(
+                "SELECT least(count(*) FILTER (WHERE trigger_id = 'trg-00000' AND status = 'succeeded'),
+                              count(*) FILTER (WHERE trigger_id = 'trg-00001' AND status = 'failed'))
+                   FROM qlsched.runs",
+            )
+            .await
+                >= 3
+        },
+    )
+    .await;
+    replica.terminate(std::time::Duration::from_secs(20)).await;
+    crate::helpers::wait_until(
+        "no unfinished run",
+        std::time::Duration::from_secs(20),
+        || async {
+            db.count(
+                "SELECT count(*) FROM qlsched.runs WHERE status NOT IN ('succeeded', 'failed')",
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    let st = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait())
+        .await
+        .expect("the Python dispatcher stops on SIGTERM")
+        .unwrap();
+    assert!(st.success(), "{st}");
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)
+              WHERE r.status <> a.state OR a.lease_id IS NULL OR a.exit_status IS NULL
+                 OR (r.trigger_id = 'trg-00000') <> (r.status = 'succeeded')
+                 OR (r.status = 'failed') <> (a.exit_status = 3)"
+        )
+        .await,
+        0,
+        "every run finished through the functions with its command's exit status"
+    );
+    let su = db.superuser().await;
+    let runs = su
+        .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), runs.len());
+    for r in &runs {
+        let id: Uuid = r.get(0);
+        let key: String = r.get(1);
+        let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
+        assert_eq!(written.trim(), key);
+    }
+    db.assert_invariants_after_protocol().await;
+}
