@@ -26,11 +26,15 @@ def heartbeat(conninfo, attempt, token, lease_ms, done):
     """Extends the lease every third of it until the work is done."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         while not done.wait(lease_ms / 3000):
-            held = conn.execute(
-                "SELECT qlsched.dispatch_heartbeat(%s, %s, %s)", (attempt, token, lease_ms)
-            ).fetchone()[0]
+            held, cancel = conn.execute(
+                "SELECT lease_expires_at_ms, cancel_requested"
+                "  FROM qlsched.dispatch_heartbeat(%s, %s, %s)",
+                (attempt, token, lease_ms),
+            ).fetchone()
             if held is None:
                 print(f"dispatcher.py: attempt {attempt} lost its lease", flush=True)
+            elif cancel:
+                print(f"dispatcher.py: attempt {attempt}: a cancel was requested", flush=True)
 
 
 def run_one(conn, args, run):

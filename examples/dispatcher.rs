@@ -197,12 +197,16 @@ fn heartbeats(
         loop {
             tokio::time::sleep(every).await;
             for (attempt, token) in &leases {
-                let held: Result<Option<i64>, _> = client
+                let held: Result<(Option<i64>, bool), _> = client
                     .query_one(protocol::HEARTBEAT, &[attempt, token, &lease_ms])
                     .await
-                    .map(|r| r.get(0));
-                if !matches!(held, Ok(Some(_))) {
-                    eprintln!("dispatcher: attempt {attempt} lost its lease");
+                    .map(|r| (r.get(0), r.get(1)));
+                match held {
+                    Ok((Some(_), false)) => {}
+                    Ok((Some(_), true)) => {
+                        eprintln!("dispatcher: attempt {attempt}: a cancel was requested")
+                    }
+                    _ => eprintln!("dispatcher: attempt {attempt} lost its lease"),
                 }
             }
         }

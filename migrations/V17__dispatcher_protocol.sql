@@ -21,7 +21,7 @@
 --    while one is live; execution revisions are immutable (the admin role's UPDATE grant goes
 --    with the contract).
 --
--- Expand: three nullable columns, triggers and functions; the two partial indexes are built
+-- Expand: four nullable columns, triggers and functions; the two partial indexes are built
 -- CONCURRENTLY after this transaction (src/store/migrate/apply.rs CONCURRENT_INDEXES). The
 -- admission's rows (attempt 1 `claimed`, events 1 `run.created` and 2 `run.queued`) pass the
 -- WHEN clauses below without calling any trigger function: its cost is unchanged.
@@ -30,8 +30,13 @@
 -- LOCK_ORDER): CREATE TRIGGER takes SHARE ROW EXCLUSIVE, ADD COLUMN ACCESS EXCLUSIVE, each for
 -- a catalog change only (no scan, no rewrite).
 LOCK TABLE qlsched.execution_revisions IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE qlsched.runs IN ACCESS EXCLUSIVE MODE;
 LOCK TABLE qlsched.attempts IN ACCESS EXCLUSIVE MODE;
 LOCK TABLE qlsched.run_events IN SHARE ROW EXCLUSIVE MODE;
+
+-- When an operator asked the dispatcher holding a taken run to stop it
+-- (qlsched.request_cancel); its heartbeat answers it, and an expiry no longer retries it.
+ALTER TABLE qlsched.runs ADD COLUMN cancel_requested_at_ms bigint;
 
 ALTER TABLE qlsched.attempts
     -- A retried attempt is not taken before this instant (database clock, Unix ms).
@@ -345,25 +350,31 @@ BEGIN
 END
 $$;
 
--- Extends a held lease to lease_ms from now; returns the new expiry, NULL when the lease is
--- not held (ended, released, expired, finished, or another token).
+-- Extends a held lease to lease_ms from now. Answers the new expiry (NULL when the lease is
+-- not held: ended, released, expired, finished, or another token; stop the work) and
+-- whether an operator asked to stop the run (qlsched.request_cancel): finish it `failed`.
 CREATE FUNCTION qlsched.dispatch_heartbeat(attempt uuid, token uuid, lease_ms bigint)
-RETURNS bigint
+RETURNS TABLE (lease_expires_at_ms bigint, cancel_requested boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     now_ms bigint;
+    run uuid;
 BEGIN
     IF lease_ms IS NULL OR lease_ms NOT BETWEEN 1000 AND 86400000 THEN
         RAISE EXCEPTION 'dispatch_heartbeat: lease_ms 1000..86400000' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF qlsched.dispatch_held(attempt, token, ARRAY['dispatching', 'running']) IS NULL THEN
-        RETURN NULL;
+    run := qlsched.dispatch_held(attempt, token, ARRAY['dispatching', 'running']);
+    IF run IS NULL THEN
+        RETURN QUERY SELECT NULL::bigint, false;
+        RETURN;
     END IF;
     now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     UPDATE qlsched.attempts a SET lease_expires_at_ms = now_ms + lease_ms WHERE a.attempt_id = attempt;
-    RETURN now_ms + lease_ms;
+    RETURN QUERY SELECT now_ms + lease_ms, r.cancel_requested_at_ms IS NOT NULL
+                   FROM qlsched.runs r WHERE r.run_id = run;
 END
 $$;
 
@@ -435,7 +446,7 @@ $$;
 -- clock, oldest expiry first, are marked lost (state failed, error 'lost: …'); each run is
 -- queued again under attempt_no + 1 (same run, same idempotency key), not taken before
 -- retry_backoff_ms from now, while attempt_no < max_attempts of its pinned spec (default
--- 1), and failed otherwise. Runs locked by someone (a late call of the holder, a take) are
+-- 1) and no cancel was requested, and failed otherwise. Runs locked by someone (a late call of the holder, a take) are
 -- skipped. Any dispatcher or worker may run it; replicas never do.
 CREATE FUNCTION qlsched.dispatch_expire(max_rows integer)
 RETURNS TABLE (lost bigint, retried bigint)
@@ -453,7 +464,8 @@ BEGIN
         RAISE EXCEPTION 'dispatch_expire: max_rows 1..10000' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR x IN
-        SELECT a.attempt_id, a.attempt_no, a.lease_expires_at_ms, r.run_id, e.spec
+        SELECT a.attempt_id, a.attempt_no, a.lease_expires_at_ms, r.run_id, e.spec,
+               r.cancel_requested_at_ms IS NOT NULL AS cancel_requested
           FROM qlsched.attempts a
           JOIN qlsched.runs r ON r.run_id = a.run_id
           JOIN qlsched.execution_revisions e ON e.execution_revision_id = r.execution_revision_id
@@ -471,11 +483,12 @@ BEGIN
         max_attempts := qlsched.spec_setting(x.spec, 'max_attempts', 1, 1, 100);
         UPDATE qlsched.attempts a
            SET state = 'failed', finished_at_ms = now_ms,
-               error = format('lost: lease expired at %s ms (attempt %s of %s)',
-                              x.lease_expires_at_ms, x.attempt_no, max_attempts)
+               error = format('lost: lease expired at %s ms (attempt %s of %s)%s',
+                              x.lease_expires_at_ms, x.attempt_no, max_attempts,
+                              CASE WHEN x.cancel_requested THEN '; a cancel was requested: not retried' ELSE '' END)
          WHERE a.attempt_id = x.attempt_id;
         n_lost := n_lost + 1;
-        IF x.attempt_no < max_attempts THEN
+        IF x.attempt_no < max_attempts AND NOT x.cancel_requested THEN
             UPDATE qlsched.runs r SET status = 'queued' WHERE r.run_id = x.run_id;
             INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state,
                                           created_at_ms, not_before_ms)
@@ -492,6 +505,33 @@ BEGIN
 END
 $$;
 
+-- An operator asks the dispatchers holding run_ids (at most 10000; dispatching or running)
+-- to stop them: their heartbeats answer cancel_requested, an expiry no longer retries them.
+-- The run stays the dispatcher's: its holder finishes it (failed), or its lease ends.
+-- Returns how many runs were asked. EXECUTE to the admin role only (`runs cancel` of taken
+-- runs is an operator command). Locking: each run's row lock, taken by the UPDATE (it waits
+-- for a protocol call in flight on the same run).
+CREATE FUNCTION qlsched.request_cancel(run_ids uuid[])
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF run_ids IS NULL OR cardinality(run_ids) > 10000 THEN
+        RAISE EXCEPTION 'request_cancel: run_ids must be given, at most 10000'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE qlsched.runs r SET cancel_requested_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+     WHERE r.run_id = ANY (run_ids) AND r.status IN ('dispatching', 'running')
+       AND r.cancel_requested_at_ms IS NULL;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+REVOKE ALL ON FUNCTION qlsched.request_cancel(uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.dispatch_take(text, text[], integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.dispatch_start(uuid, uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.dispatch_heartbeat(uuid, uuid, bigint) FROM PUBLIC;

@@ -131,8 +131,10 @@ pub mod protocol {
 
     /// `$1` attempt id, `$2` lease token, `$3` lease ms: extends a held lease; returns the
     /// new expiry (ms) or NULL when it is not held any more (stop the work: it may be retried
-    /// elsewhere). Locking: the run row `FOR UPDATE`.
-    pub const HEARTBEAT: &str = "SELECT qlsched.dispatch_heartbeat($1, $2, $3)";
+    /// elsewhere), and whether an operator asked to stop the run (`qlsched.request_cancel`).
+    /// Locking: the run row `FOR UPDATE`.
+    pub const HEARTBEAT: &str = "SELECT lease_expires_at_ms, cancel_requested
+   FROM qlsched.dispatch_heartbeat($1, $2, $3)";
 
     /// `$1` attempt id, `$2` lease token, `$3` 'succeeded' | 'failed', `$4` exit status
     /// (int4), `$5` output tail, `$6` error (≤ 8 KiB), `$7` result (jsonb, ≤ 64 KiB). Returns

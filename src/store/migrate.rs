@@ -197,8 +197,9 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// `qlsched runs prune`'s, an operator command run as the admin role like `runs cancel`.
 ///
 /// The `dispatch_*` functions (V17) are the dispatcher protocol (docs/dispatcher.md): the
-/// dispatcher role's only; no replica calls them.
-pub const EXECUTE_GRANTS: [(&str, &str); 8] = [
+/// dispatcher role's only; no replica calls them. `request_cancel` (V17) asks the holders of
+/// taken runs to stop them, an operator's (admin role).
+pub const EXECUTE_GRANTS: [(&str, &str); 9] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -216,6 +217,7 @@ pub const EXECUTE_GRANTS: [(&str, &str); 8] = [
     ),
     ("qlsched.dispatch_release(uuid,uuid)", "dispatcher"),
     ("qlsched.dispatch_expire(integer)", "dispatcher"),
+    ("qlsched.request_cancel(uuid[])", "admin"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

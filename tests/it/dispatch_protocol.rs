@@ -231,13 +231,23 @@ async fn start(c: &tokio_postgres::Client, l: &Lease, lease_ms: i64) -> bool {
 }
 
 async fn heartbeat(c: &tokio_postgres::Client, l: &Lease, lease_ms: i64) -> Option<i64> {
-    c.query_one(
-        "SELECT qlsched.dispatch_heartbeat($1, $2, $3)",
-        &[&l.attempt_id, &l.token, &lease_ms],
-    )
-    .await
-    .unwrap()
-    .get(0)
+    heartbeat_and_cancel(c, l, lease_ms).await.0
+}
+
+/// The new lease expiry (None: not held) and whether a cancel was requested.
+async fn heartbeat_and_cancel(
+    c: &tokio_postgres::Client,
+    l: &Lease,
+    lease_ms: i64,
+) -> (Option<i64>, bool) {
+    let r = c
+        .query_one(
+            qlsched::store::dispatch::protocol::HEARTBEAT,
+            &[&l.attempt_id, &l.token, &lease_ms],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
 }
 
 async fn finish(c: &tokio_postgres::Client, l: &Lease, outcome: &str) -> bool {
@@ -1003,5 +1013,58 @@ async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigte
         let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
         assert_eq!(written.trim(), key);
     }
+    db.assert_invariants_after_protocol().await;
+}
+
+#[tokio::test]
+async fn a_requested_cancel_reaches_the_holders_heartbeat_and_stops_retries() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    let runs = queued_runs(&db, 2).await;
+    su.batch_execute(
+        "WITH e AS (
+           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
+           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
+             FROM (VALUES ('{\"max_attempts\":3}')) v(s)
+           RETURNING execution_revision_id)
+         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
+    )
+    .await
+    .unwrap();
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = take_leases(&d, "w", 2, 30_000).await;
+    assert!(start(&d, &taken[0], 30_000).await);
+    assert!(!heartbeat_and_cancel(&d, &taken[0], 30_000).await.1);
+    // The dispatcher role may not ask; the admin may, for taken runs only.
+    let e = d
+        .query_one("SELECT qlsched.request_cancel($1)", &[&runs])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
+    let admin = db.admin().await;
+    let asked: i64 = admin
+        .query_one(
+            "SELECT qlsched.request_cancel($1)",
+            &[&vec![taken[0].run_id, taken[1].run_id]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(asked, 2);
+    let (held, cancel) = heartbeat_and_cancel(&d, &taken[0], 30_000).await;
+    assert!(held.is_some() && cancel, "the holder hears the cancel");
+    // The holder stops the work and records it; the other's lease ends: not retried.
+    assert!(finish(&d, &taken[0], "failed").await);
+    end_leases(&db).await;
+    assert_eq!(
+        expire(&d).await,
+        (1, 0),
+        "a cancel-requested run is not retried"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'failed'")
+            .await,
+        2
+    );
     db.assert_invariants_after_protocol().await;
 }

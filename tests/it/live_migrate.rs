@@ -197,7 +197,9 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
                        qlsched.dispatch_heartbeat(uuid, uuid, bigint),
                        qlsched.dispatch_finish(uuid, uuid, text, integer, text, text, jsonb),
                        qlsched.dispatch_release(uuid, uuid),
-                       qlsched.dispatch_expire(integer);
+                       qlsched.dispatch_expire(integer),
+                       qlsched.request_cancel(uuid[]);
+         ALTER TABLE qlsched.runs DROP COLUMN cancel_requested_at_ms;
          DROP INDEX qlsched.runs_queued_order_idx, qlsched.attempts_lease_expiry_idx;
          ALTER TABLE qlsched.attempts DROP COLUMN not_before_ms, DROP COLUMN exit_status,
                                       DROP COLUMN output_tail;
