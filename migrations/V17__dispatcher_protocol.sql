@@ -10,7 +10,8 @@
 --    a worker paused past its lease records nothing, starts nothing, extends nothing. Expiry
 --    marks a lapsed attempt lost (state failed, error 'lost: …') and queues the run again
 --    under a new attempt while the task's spec allows (max_attempts, retry_backoff_ms), or
---    fails it. No replica calls any of them.
+--    fails it. No replica calls any of them. A seventh, request_cancel (EXECUTE to the admin
+--    role only), asks the holders of taken runs to stop them; their heartbeats answer it.
 -- 2. Triggers that keep history unforgeable for every role, the direct statements of
 --    V10's contract included (they stay granted until the contract migration, a release
 --    later): an event after admission must be the event of its run's current status that
@@ -21,10 +22,12 @@
 --    while one is live; execution revisions are immutable (the admin role's UPDATE grant goes
 --    with the contract).
 --
--- Expand: four nullable columns, triggers and functions; the two partial indexes are built
--- CONCURRENTLY after this transaction (src/store/migrate/apply.rs CONCURRENT_INDEXES). The
--- admission's rows (attempt 1 `claimed`, events 1 `run.created` and 2 `run.queued`) pass the
--- WHEN clauses below without calling any trigger function: its cost is unchanged.
+-- Expand: four nullable columns, triggers and functions; nothing an older binary writes is
+-- refused. The two partial indexes are built CONCURRENTLY after this transaction
+-- (src/store/migrate/apply.rs CONCURRENT_INDEXES). The admission's rows (attempt 1
+-- `claimed`, events 1 `run.created` and 2 `run.queued`) pass the WHEN clauses below without
+-- calling any trigger function; each admitted run does add one entry to
+-- runs_queued_order_idx (the take's order), removed from its predicate when it is taken.
 
 -- The tables this migration changes, locked first in the lock order (src/store/migrate/lint.rs
 -- LOCK_ORDER): CREATE TRIGGER takes SHARE ROW EXCLUSIVE, ADD COLUMN ACCESS EXCLUSIVE, each for
