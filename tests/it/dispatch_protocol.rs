@@ -1068,3 +1068,65 @@ async fn a_requested_cancel_reaches_the_holders_heartbeat_and_stops_retries() {
     );
     db.assert_invariants_after_protocol().await;
 }
+
+/// The take behind 50,000 finished runs and 50,000 queued ones reads about the runs it takes:
+/// `runs_queued_order_idx` holds queued runs only, in `queued_at_ms` order (the function's
+/// inner statements count in the buffers of its call: about 1,100, most of them the writes
+/// of 16 runs; without the index the take sorts every queued run, about 2,400 here and
+/// growing with the backlog).
+#[tokio::test]
+async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    let su = db.superuser().await;
+    su.batch_execute(
+        "WITH run AS (
+           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                     task_revision, execution_revision_id, idempotency_key,
+                                     status, scheduled_for_ms, queued_at_ms, admitted_by)
+           SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1,
+                  (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
+                  'ql3:cron:v1:trg-00000:1:' || g, CASE WHEN g <= 50000 THEN 'succeeded' ELSE 'queued' END,
+                  g, g, 'test'
+             FROM generate_series(1, 100000) g
+           RETURNING run_id, queued_at_ms, status),
+              ev AS (
+           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+             FROM run, generate_series(1, 2) s)
+         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+         SELECT gen_random_uuid(), run_id, 1, 'remote_worker',
+                CASE status WHEN 'queued' THEN 'claimed' ELSE 'succeeded' END, queued_at_ms FROM run;",
+    )
+    .await
+    .unwrap();
+    for q in [
+        "VACUUM ANALYZE qlsched.runs",
+        "VACUUM ANALYZE qlsched.attempts",
+    ] {
+        su.batch_execute(q).await.unwrap();
+    }
+    // A long-running dispatcher's session: its statements are planned already.
+    su.batch_execute("BEGIN; SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)")
+        .await
+        .unwrap();
+    let plan: Vec<String> = su
+        .query(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+             SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    su.batch_execute("ROLLBACK").await.unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains(" rows=16 loops=1)"), "{plan}");
+    let buffers = crate::helpers::plan_buffers(&plan, "");
+    assert!(
+        buffers < 1_500,
+        "taking 16 runs behind 50,000 finished ones touched {buffers} buffers:\n{plan}"
+    );
+}
