@@ -111,41 +111,57 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 _ = tokio::time::sleep(Duration::from_millis(args.idle_ms)) => continue,
             }
         }
-        let mut started = Vec::with_capacity(taken.len());
-        for t in taken {
-            if stop.load(Ordering::SeqCst) {
+        // The calls of a batch are pipelined on the one connection (one round trip's wait
+        // for the batch, not one per run); each is still its own transaction.
+        if stop.load(Ordering::SeqCst) {
+            let releases = taken.iter().map(|t| async {
                 client
                     .query_one(protocol::RELEASE, &[&t.attempt_id, &t.token])
-                    .await?;
-            } else if client
-                .query_one(protocol::START, &[&t.attempt_id, &t.token, &args.lease_ms])
-                .await?
-                .get::<_, bool>(0)
-            {
-                started.push(t);
-            }
+                    .await
+            });
+            futures::future::try_join_all(releases).await?;
+            break;
         }
+        let starts = taken.iter().map(|t| async {
+            client
+                .query_one(protocol::START, &[&t.attempt_id, &t.token, &args.lease_ms])
+                .await
+        });
+        let held = futures::future::try_join_all(starts).await?;
+        let started: Vec<Taken> = taken
+            .into_iter()
+            .zip(held)
+            .filter(|(_, r)| r.get::<_, bool>(0))
+            .map(|(t, _)| t)
+            .collect();
         let beat = heartbeats(client.clone(), &started, args.lease_ms);
         let outcomes = run_all(&started, args.command.as_deref()).await;
         beat.abort();
+        let finishes = started
+            .iter()
+            .zip(&outcomes)
+            .map(|(t, (outcome, exit, error))| async {
+                client
+                    .query_one(
+                        protocol::FINISH,
+                        &[
+                            &t.attempt_id,
+                            &t.token,
+                            outcome,
+                            exit,
+                            &None::<String>,
+                            error,
+                            &None::<serde_json::Value>,
+                        ],
+                    )
+                    .await
+            });
         let mut recorded = 0;
-        for (t, (outcome, exit, error)) in started.iter().zip(outcomes) {
-            let ok: bool = client
-                .query_one(
-                    protocol::FINISH,
-                    &[
-                        &t.attempt_id,
-                        &t.token,
-                        &outcome,
-                        &exit,
-                        &None::<String>,
-                        &error,
-                        &None::<serde_json::Value>,
-                    ],
-                )
-                .await?
-                .get(0);
-            if ok {
+        for (t, r) in started
+            .iter()
+            .zip(futures::future::try_join_all(finishes).await?)
+        {
+            if r.get::<_, bool>(0) {
                 recorded += 1;
             } else {
                 eprintln!(
