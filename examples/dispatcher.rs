@@ -134,8 +134,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .filter(|(_, r)| r.get::<_, bool>(0))
             .map(|(t, _)| t)
             .collect();
-        let beat = heartbeats(client.clone(), &started, args.lease_ms);
-        let outcomes = run_all(&started, args.command.as_deref()).await;
+        let cancelled = Cancelled::default();
+        let beat = heartbeats(client.clone(), &started, args.lease_ms, cancelled.clone());
+        let outcomes = run_all(&started, args.command.as_deref(), &cancelled).await;
         beat.abort();
         let finishes = started
             .iter()
@@ -201,11 +202,17 @@ async fn take(
         .collect())
 }
 
-/// Extends every lease of the batch each third of the lease until aborted.
+/// Attempts whose heartbeat answered `cancel_requested` (an operator's
+/// `qlsched.request_cancel`): their commands are killed and the runs finished `failed`.
+type Cancelled = Arc<std::sync::Mutex<std::collections::HashSet<Uuid>>>;
+
+/// Extends every lease of the batch each third of the lease until aborted; records the
+/// attempts whose run an operator asked to stop.
 fn heartbeats(
     client: Arc<tokio_postgres::Client>,
     started: &[Taken],
     lease_ms: i64,
+    cancelled: Cancelled,
 ) -> tokio::task::JoinHandle<()> {
     let leases: Vec<(Uuid, Uuid)> = started.iter().map(|t| (t.attempt_id, t.token)).collect();
     tokio::spawn(async move {
@@ -220,7 +227,9 @@ fn heartbeats(
                 match held {
                     Ok((Some(_), false)) => {}
                     Ok((Some(_), true)) => {
-                        eprintln!("dispatcher: attempt {attempt}: a cancel was requested")
+                        if cancelled.lock().unwrap().insert(*attempt) {
+                            eprintln!("dispatcher: attempt {attempt}: a cancel was requested");
+                        }
                     }
                     _ => eprintln!("dispatcher: attempt {attempt} lost its lease"),
                 }
@@ -230,7 +239,7 @@ fn heartbeats(
 }
 
 /// Runs the command for every run of the batch concurrently; the outcome of each.
-async fn run_all(taken: &[Taken], command: Option<&str>) -> Vec<Outcome> {
+async fn run_all(taken: &[Taken], command: Option<&str>, cancelled: &Cancelled) -> Vec<Outcome> {
     let Some(command) = command else {
         return taken.iter().map(|_| ("succeeded", Some(0), None)).collect();
     };
@@ -249,13 +258,26 @@ async fn run_all(taken: &[Taken], command: Option<&str>) -> Vec<Outcome> {
         children.push(child);
     }
     let mut out = Vec::with_capacity(taken.len());
-    for child in children {
+    for (t, child) in taken.iter().zip(children) {
         out.push(match child {
             Err(e) => ("failed", None, Some(format!("could not start: {e}"))),
-            Ok(mut c) => match c.wait().await {
-                Ok(s) if s.success() => ("succeeded", Some(0), None),
-                Ok(s) => ("failed", s.code(), Some(s.to_string())),
-                Err(e) => ("failed", None, Some(format!("wait: {e}"))),
+            Ok(mut c) => loop {
+                if cancelled.lock().unwrap().contains(&t.attempt_id) {
+                    let _ = c.kill().await;
+                    break (
+                        "failed",
+                        None,
+                        Some("cancelled at an operator's request".into()),
+                    );
+                }
+                tokio::select! {
+                    st = c.wait() => break match st {
+                        Ok(s) if s.success() => ("succeeded", Some(0), None),
+                        Ok(s) => ("failed", s.code(), Some(s.to_string())),
+                        Err(e) => ("failed", None, Some(format!("wait: {e}"))),
+                    },
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
             },
         });
     }

@@ -1134,3 +1134,55 @@ async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
         "taking 16 runs behind 50,000 finished ones touched {buffers} buffers:\n{plan}"
     );
 }
+
+#[tokio::test]
+async fn the_reference_dispatcher_stops_a_run_an_operator_cancels() {
+    let db = TestDb::new().await;
+    let runs = queued_runs(&db, 1).await;
+    let mut child = tokio::process::Command::new(crate::dispatcher::example_binary())
+        .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--idle-ms", "50"])
+        .args(["--lease-ms", "1500", "--command", "sleep 60"])
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::helpers::wait_until(
+        "the run is running",
+        std::time::Duration::from_secs(20),
+        || async {
+            db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'running'")
+                .await
+                == 1
+        },
+    )
+    .await;
+    let asked: i64 = db
+        .admin()
+        .await
+        .query_one("SELECT qlsched.request_cancel($1)", &[&runs])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(asked, 1);
+    // The next heartbeat (every 0.5 s) hears it: the command is killed, the run failed.
+    crate::helpers::wait_until(
+        "the run is stopped",
+        std::time::Duration::from_secs(10),
+        || async {
+            db.count(
+                "SELECT count(*) FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)
+              WHERE r.status = 'failed' AND a.error = 'cancelled at an operator''s request'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    let st = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait())
+        .await
+        .expect("the dispatcher stops on SIGTERM")
+        .unwrap();
+    assert!(st.success(), "{st}");
+    db.assert_invariants_after_protocol().await;
+}

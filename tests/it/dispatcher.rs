@@ -213,7 +213,7 @@ async fn recovery_leaves_pristine_queued_runs_alone_and_lists_the_dispatchers_un
 }
 
 /// The reference dispatcher, built once per test binary (`cargo build --example`).
-fn example_binary() -> &'static PathBuf {
+pub fn example_binary() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
