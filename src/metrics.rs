@@ -72,6 +72,8 @@ pub struct Metrics {
     /// sslmode that an attacker on the path can defeat (disable, prefer, require without a
     /// root certificate); 0 otherwise.
     pub database_tls_unverified: Gauge,
+    /// Attempts of the dispatcher protocol past their lease, not yet expired.
+    pub lapsed_attempts: Gauge,
 }
 
 /// Buckets of one prune batch (seconds).
@@ -110,6 +112,7 @@ impl Default for Metrics {
             old_queued_runs: Gauge::default(),
             console_login_failures: Counter::default(),
             database_tls_unverified: Gauge::default(),
+            lapsed_attempts: Gauge::default(),
         }
     }
 }
@@ -261,6 +264,11 @@ impl Metrics {
             "database_tls_unverified",
             "1 when database connections go over TCP to a non-loopback host with sslmode disable, prefer, or require without a root certificate (no protection against an attacker on the path)",
             self.database_tls_unverified.clone(),
+        );
+        r.register(
+            "lapsed_attempts",
+            "Attempts taken under a dispatcher lease that ended (database clock) and that no qlsched.dispatch_expire has marked lost yet (refreshed every retention.interval)",
+            self.lapsed_attempts.clone(),
         );
         r
     }

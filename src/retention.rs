@@ -112,6 +112,7 @@ impl Pruner {
         }
         let view = retention::view(client, self.cfg.queued_alert_after).await?;
         self.metrics.old_queued_runs.set(view.old_queued);
+        self.metrics.lapsed_attempts.set(view.lapsed_attempts);
         self.metrics
             .oldest_finished_run_age_seconds
             .set(view.oldest_finished_age_ms.unwrap_or(0) as f64 / 1000.0);

@@ -190,8 +190,20 @@ pub enum RunsCommand {
         target: Target,
         #[arg(long)]
         trigger: Option<String>,
+        /// Only runs in this status.
+        #[arg(long, value_parser = ["queued", "dispatching", "running", "succeeded", "failed", "cancelled"])]
+        status: Option<String>,
         #[arg(long, default_value_t = 20)]
         limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run with every attempt and event.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        /// The run id (a UUID).
+        run: String,
         #[arg(long)]
         json: bool,
     },
@@ -257,9 +269,13 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
         Command::Runs(RunsCommand::List {
             target,
             trigger,
+            status,
             limit,
             json,
-        }) => views::runs_list(&target, trigger.as_deref(), limit, json).await,
+        }) => views::runs_list(&target, trigger.as_deref(), status.as_deref(), limit, json).await,
+        Command::Runs(RunsCommand::Show { target, run, json }) => {
+            views::runs_show(&target, &run, json).await
+        }
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,
         Command::CheckConfig { .. } | Command::Run { .. } => unreachable!("handled in main"),

@@ -5,6 +5,10 @@
 //! Every statement moves run, attempt and event together (one statement, one
 //! transaction), so a run's status, its attempt's state and its last event always agree.
 //! Migration V10's triggers refuse any status change that is not a step forward.
+//!
+//! [`TAKE_SQL`], [`START_SQL`] and [`FINISH_SQL`] are the V10 contract, deprecated: they
+//! keep working until the contract migration a release after V16 revokes the dispatcher's
+//! direct grants. New dispatchers call the functions of [`protocol`].
 
 use crate::db_now_ms;
 
@@ -102,3 +106,47 @@ pub const FINISH_SQL: &str = concat!(
 )
 SELECT run_id FROM run ORDER BY run_id"
 );
+
+/// The dispatcher protocol (V16, docs/dispatcher.md): calls of the `qlsched.dispatch_*`
+/// functions, the dispatcher role's only EXECUTE grants. Each function is one transaction in
+/// autocommit; none is ever called by a replica. Every write but the take and the expiry is
+/// fenced by the attempt's lease token and its expiry on the database clock: a call that
+/// does not hold the lease writes nothing and answers `false` / NULL.
+pub mod protocol {
+    /// `$1` worker id, `$2` pools (text[], NULL: all), `$3` max runs (int4), `$4` lease ms.
+    /// Returns run id, attempt id, attempt no, lease token, lease expiry (ms), trigger id,
+    /// scheduled instant, idempotency key, pinned spec; in `queued_at_ms` order.
+    /// Locking: each run `FOR UPDATE SKIP LOCKED` in `runs_queued_order_idx` order (another
+    /// take or a `runs cancel` holding a run makes this take skip it); its attempt is then
+    /// updated under that lock.
+    pub const TAKE: &str =
+        "SELECT run_id, attempt_id, attempt_no, lease_token, lease_expires_at_ms,
+        trigger_id, scheduled_for_ms, idempotency_key, spec
+   FROM qlsched.dispatch_take($1, $2, $3, $4)";
+
+    /// `$1` attempt id, `$2` lease token, `$3` lease ms: the work started; the lease runs
+    /// `$3` from now. Returns whether the lease was held.
+    /// Locking: the run row `FOR UPDATE` (waits for a concurrent expiry of the same run).
+    pub const START: &str = "SELECT qlsched.dispatch_start($1, $2, $3)";
+
+    /// `$1` attempt id, `$2` lease token, `$3` lease ms: extends a held lease; returns the
+    /// new expiry (ms) or NULL when it is not held any more (stop the work: it may be retried
+    /// elsewhere), and whether an operator asked to stop the run (`qlsched.request_cancel`).
+    /// Locking: the run row `FOR UPDATE`.
+    pub const HEARTBEAT: &str = "SELECT lease_expires_at_ms, cancel_requested
+   FROM qlsched.dispatch_heartbeat($1, $2, $3)";
+
+    /// `$1` attempt id, `$2` lease token, `$3` 'succeeded' | 'failed', `$4` exit status
+    /// (int4), `$5` output tail, `$6` error (≤ 8 KiB), `$7` result (jsonb, ≤ 64 KiB). Returns
+    /// whether it was recorded. Locking: the run row `FOR UPDATE`.
+    pub const FINISH: &str = "SELECT qlsched.dispatch_finish($1, $2, $3, $4, $5, $6, $7)";
+
+    /// `$1` attempt id, `$2` lease token: gives back a held attempt whose work never started
+    /// (graceful stop). Returns whether it did. Locking: the run row `FOR UPDATE`.
+    pub const RELEASE: &str = "SELECT qlsched.dispatch_release($1, $2)";
+
+    /// `$1` max rows: marks attempts whose lease ended (database clock) lost and retries or
+    /// fails their runs. Returns (lost, retried). Locking: each run `FOR UPDATE SKIP
+    /// LOCKED` (a run whose holder is mid-call is left for the next pass).
+    pub const EXPIRE: &str = "SELECT lost, retried FROM qlsched.dispatch_expire($1)";
+}

@@ -197,12 +197,29 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// The only functions EXECUTE any role holds (docs/design.md, "Retention"): (signature, role
 /// kind). `db migrate` grants them, `db check` expects exactly them. `prune_queued` (V12) is
 /// `qlsched runs prune`'s, an operator command run as the admin role like `runs cancel`.
-pub const EXECUTE_GRANTS: [(&str, &str); 2] = [
+///
+/// The `dispatch_*` functions (V16) are the dispatcher protocol (docs/dispatcher.md): the
+/// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
+/// taken runs to stop them, an operator's (admin role).
+pub const EXECUTE_GRANTS: [(&str, &str); 9] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
     ),
     ("qlsched.prune_queued(bigint,uuid[])", "admin"),
+    (
+        "qlsched.dispatch_take(text,text[],integer,bigint)",
+        "dispatcher",
+    ),
+    ("qlsched.dispatch_start(uuid,uuid,bigint)", "dispatcher"),
+    ("qlsched.dispatch_heartbeat(uuid,uuid,bigint)", "dispatcher"),
+    (
+        "qlsched.dispatch_finish(uuid,uuid,text,integer,text,text,jsonb)",
+        "dispatcher",
+    ),
+    ("qlsched.dispatch_release(uuid,uuid)", "dispatcher"),
+    ("qlsched.dispatch_expire(integer)", "dispatcher"),
+    ("qlsched.request_cancel(uuid[])", "admin"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

@@ -13,7 +13,9 @@ pub struct RecoveryCandidate {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
-    /// Queued runs whose latest attempt is still exactly as admitted: the dispatcher's.
+    /// Unfinished runs that are the dispatcher's: queued runs whose latest attempt is still
+    /// exactly as admitted (or queued again by the protocol after lost attempts), and runs
+    /// held under a lease of the protocol (V16).
     pub pristine: i64,
     /// How many unfinished runs are not pristine (the true count, whatever the list holds).
     pub candidate_count: i64,
@@ -23,7 +25,12 @@ pub struct RecoveryReport {
 }
 
 /// The classification [`recover_on_startup`] runs (`$1`: how many candidates to list). The
-/// first row carries the counts; the rest are the candidates. Public so that a test can
+/// first row carries the counts; the rest are the candidates. A run whose attempts all follow
+/// the dispatcher protocol (V16) is no candidate: one taken under a lease (the attempt's
+/// `lease_id`, its state the run's status) is ended by `qlsched.dispatch_expire`, and one
+/// queued again after lost attempts (each earlier attempt failed `lost: …`) is untouched
+/// work like any queued run. Runs a dispatcher of the V10 statements took are still
+/// reported and left alone. Public so that a test can
 /// EXPLAIN this very statement (`runs_unfinished_idx`, `tests/it/edges.rs`).
 pub const RECOVERY_SQL: &str = "WITH latest AS (
                  SELECT DISTINCT ON (a.run_id) a.*
@@ -35,10 +42,16 @@ pub const RECOVERY_SQL: &str = "WITH latest AS (
              SELECT r.run_id, r.idempotency_key,
                     CASE
                       WHEN l.run_id IS NULL THEN 'no attempt'
+                      WHEN r.status <> 'queued' AND l.lease_id IS NOT NULL AND l.state = r.status
+                        THEN NULL
                       WHEN r.status <> 'queued' THEN 'run is ' || r.status
                       WHEN r.cancelled THEN 'run is cancelled'
                       WHEN r.queued_at_ms IS NULL THEN 'run has no queued_at_ms'
-                      WHEN l.attempt_no <> 1 THEN 'a newer attempt exists'
+                      WHEN l.attempt_no <> 1
+                           AND EXISTS (SELECT 1 FROM qlsched.attempts p
+                                        WHERE p.run_id = r.run_id AND p.attempt_no < l.attempt_no
+                                          AND (p.state <> 'failed' OR p.error NOT LIKE 'lost: %'))
+                        THEN 'a newer attempt exists'
                       WHEN l.executor <> 'remote_worker' OR l.state <> 'claimed'
                         THEN 'attempt is ' || l.executor || '/' || l.state
                       WHEN num_nonnulls(l.worker_id, l.session_id, l.lease_id, l.lease_expires_at_ms,

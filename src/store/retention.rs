@@ -157,6 +157,10 @@ pub struct RetentionView {
     pub oldest_finished_age_ms: Option<i64>,
     /// Queued runs admitted more than `queued_alert_after` ago.
     pub old_queued: i64,
+    /// Attempts taken under a lease of the dispatcher protocol (V16) whose lease ended by the
+    /// database clock and that no `qlsched.dispatch_expire` has marked lost yet, up to
+    /// [`OLD_QUEUED_CAP`].
+    pub lapsed_attempts: i64,
 }
 
 /// Where the view stops counting old queued runs: a count of `OLD_QUEUED_CAP` means that many
@@ -171,6 +175,17 @@ pub const OLD_QUEUED_SQL: &str = concat!(
       WHERE r.status = 'queued' AND r.queued_at_ms < ",
     crate::db_now_ms!(),
     " - $1::bigint LIMIT 10000) q"
+);
+
+/// Counts attempts whose lease ended (database clock) and that are still `dispatching` or
+/// `running`, through `attempts_lease_expiry_idx` (V16), up to [`OLD_QUEUED_CAP`]. Replicas
+/// only count them: ending them is `qlsched.dispatch_expire`'s, which no replica calls.
+pub const LAPSED_ATTEMPTS_SQL: &str = concat!(
+    "SELECT count(*) FROM (SELECT 1 FROM qlsched.attempts a
+      WHERE a.state IN ('dispatching', 'running') AND a.lease_id IS NOT NULL
+        AND a.lease_expires_at_ms <= ",
+    crate::db_now_ms!(),
+    " LIMIT 10000) l"
 );
 
 /// Reads the retention view. `old_queued` counts queued runs through `runs_unfinished_idx`
@@ -188,7 +203,7 @@ pub async fn view(
                  SELECT m.finished_after_ms, m.pruned_through_ms,
                         (SELECT now.ms - min(r.queued_at_ms) FROM qlsched.runs r
                           WHERE r.status IN ('succeeded', 'failed', 'cancelled')),
-                        ({OLD_QUEUED_SQL})
+                        ({OLD_QUEUED_SQL}), ({LAPSED_ATTEMPTS_SQL})
                    FROM now LEFT JOIN qlsched.maintenance m ON m.task = 'prune'"
             ),
             &[&alert_ms],
@@ -199,6 +214,7 @@ pub async fn view(
         pruned_through_ms: row.get(1),
         oldest_finished_age_ms: row.get(2),
         old_queued: row.get(3),
+        lapsed_attempts: row.get(4),
     })
 }
 

@@ -458,3 +458,119 @@ pub const RUN_STATUSES: [&str; 6] = [
     "failed",
     "cancelled",
 ];
+
+/// `runs show RUN`: one run with every attempt and event.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: RunItem,
+    pub cancelled: bool,
+    pub execution_revision_id: String,
+    pub attempts: Vec<AttemptItem>,
+    pub events: Vec<EventItem>,
+}
+
+/// One attempt of a run (attempt_no 1, 2, …: later ones come from the dispatcher protocol's
+/// retries of lost attempts).
+#[derive(Clone, Debug, Serialize)]
+pub struct AttemptItem {
+    pub attempt_no: i32,
+    pub state: String,
+    pub worker_id: Option<String>,
+    pub lease_expires_at_ms: Option<i64>,
+    pub not_before_ms: Option<i64>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub exit_status: Option<i32>,
+    pub error: Option<String>,
+    pub result: Option<serde_json::Value>,
+    pub output_tail: Option<String>,
+}
+
+/// One event of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventItem {
+    pub seq: i32,
+    pub kind: String,
+    pub at_ms: i64,
+}
+
+/// The run `run_id` with its attempts and events (None: no such run), read in one
+/// REPEATABLE READ snapshot so the three agree. Locking: plain reads, by the primary key of
+/// runs and the `(run_id, …)` keys of attempts and events.
+pub async fn run_detail(
+    client: &mut tokio_postgres::Client,
+    run_id: uuid::Uuid,
+) -> Result<Option<RunDetail>, StoreError> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let sql = format!(
+        "SELECT r.run_id::text AS run_id, r.trigger_id, r.idempotency_key, {RUN_KIND_SQL} AS kind,
+                r.status, r.scheduled_for_ms, r.queued_at_ms,
+                r.queued_at_ms - r.scheduled_for_ms AS lag_ms, r.admitted_by, r.cancelled,
+                r.execution_revision_id::text AS execution_revision_id
+           FROM qlsched.runs r WHERE r.run_id = $1"
+    );
+    let Some(r) = tx.query_opt(&sql, &[&run_id]).await? else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let attempts = tx
+        .query(
+            "SELECT attempt_no, state, worker_id, lease_expires_at_ms, not_before_ms,
+                    started_at_ms, finished_at_ms, exit_status, error, result, output_tail
+               FROM qlsched.attempts WHERE run_id = $1 ORDER BY attempt_no",
+            &[&run_id],
+        )
+        .await?
+        .iter()
+        .map(|a| AttemptItem {
+            attempt_no: a.get("attempt_no"),
+            state: a.get("state"),
+            worker_id: a.get("worker_id"),
+            lease_expires_at_ms: a.get("lease_expires_at_ms"),
+            not_before_ms: a.get("not_before_ms"),
+            started_at_ms: a.get("started_at_ms"),
+            finished_at_ms: a.get("finished_at_ms"),
+            exit_status: a.get("exit_status"),
+            error: a.get("error"),
+            result: a.get("result"),
+            output_tail: a.get("output_tail"),
+        })
+        .collect();
+    let events = tx
+        .query(
+            "SELECT seq, kind, at_ms FROM qlsched.run_events WHERE run_id = $1 ORDER BY seq",
+            &[&run_id],
+        )
+        .await?
+        .iter()
+        .map(|e| EventItem {
+            seq: e.get("seq"),
+            kind: e.get("kind"),
+            at_ms: e.get("at_ms"),
+        })
+        .collect();
+    tx.rollback().await?;
+    Ok(Some(RunDetail {
+        run: RunItem {
+            run_id: r.get("run_id"),
+            trigger_id: r.get("trigger_id"),
+            idempotency_key: r.get("idempotency_key"),
+            kind: r.get("kind"),
+            status: r.get("status"),
+            scheduled_for_ms: r.get("scheduled_for_ms"),
+            queued_at_ms: r.get("queued_at_ms"),
+            lag_ms: r.get("lag_ms"),
+            admitted_by: r.get("admitted_by"),
+        },
+        cancelled: r.get("cancelled"),
+        execution_revision_id: r.get("execution_revision_id"),
+        attempts,
+        events,
+    }))
+}

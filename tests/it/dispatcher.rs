@@ -213,7 +213,7 @@ async fn recovery_leaves_pristine_queued_runs_alone_and_lists_the_dispatchers_un
 }
 
 /// The reference dispatcher, built once per test binary (`cargo build --example`).
-fn example_binary() -> &'static PathBuf {
+pub fn example_binary() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -298,6 +298,16 @@ async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_si
         wrong, 0,
         "attempt state, times and error follow each run's outcome"
     );
+    // Every run went through the protocol functions (V16): taken under a lease, with the
+    // command's exit status recorded.
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM qlsched.attempts
+              WHERE lease_id IS NULL OR worker_id IS NULL OR exit_status IS NULL"
+        )
+        .await,
+        0
+    );
     // Each run's command ran once, with its own key.
     let runs = su
         .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
@@ -365,7 +375,11 @@ async fn a_take_behind_a_large_backlog_reads_only_the_runs_it_takes() {
            SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
                   'ql3:cron:v1:t:1:' || g, g, g, 'test'
              FROM generate_series(1, 50000) g
-           RETURNING run_id, queued_at_ms)
+           RETURNING run_id, queued_at_ms),
+              ev AS (
+           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+             FROM run, generate_series(1, 2) s)
          INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
          SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run;
          ANALYZE qlsched.runs; ANALYZE qlsched.attempts;",

@@ -386,7 +386,7 @@ async fn refusals_are_diagnosed_by_cause() {
             Refusal::DefinitionChanged,
         ),
         (
-            "UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'",
+            "ALTER TABLE qlsched.execution_revisions DISABLE TRIGGER execution_revisions_are_immutable; UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'; ALTER TABLE qlsched.execution_revisions ENABLE TRIGGER execution_revisions_are_immutable",
             Refusal::ExecutionRevisionInvalid,
         ),
         (
@@ -480,7 +480,7 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
             Some((Refusal::DefinitionChanged, 0)),
         ),
         (
-            "UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'",
+            "ALTER TABLE qlsched.execution_revisions DISABLE TRIGGER execution_revisions_are_immutable; UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'; ALTER TABLE qlsched.execution_revisions ENABLE TRIGGER execution_revisions_are_immutable",
             Some((Refusal::ExecutionRevisionInvalid, 60_000)),
         ),
     ];

@@ -11,6 +11,7 @@ mod coordinator;
 mod counting;
 mod cursor_floor;
 mod daemon;
+mod dispatch_protocol;
 mod dispatcher;
 mod docs_drift;
 mod drills;

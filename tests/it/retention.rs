@@ -77,7 +77,7 @@ async fn rows_of(db: &TestDb, run: Uuid) -> (i64, i64, i64) {
     (r.get(0), r.get(1), r.get(2))
 }
 
-fn cfg(finished_after: Duration, batch: u32) -> RetentionConfig {
+pub(crate) fn cfg(finished_after: Duration, batch: u32) -> RetentionConfig {
     RetentionConfig {
         finished_after: Some(finished_after),
         batch,
@@ -86,7 +86,7 @@ fn cfg(finished_after: Duration, batch: u32) -> RetentionConfig {
     }
 }
 
-fn pruner(owner: &str, cfg: RetentionConfig) -> Pruner {
+pub(crate) fn pruner(owner: &str, cfg: RetentionConfig) -> Pruner {
     Pruner {
         owner: owner.into(),
         cfg,

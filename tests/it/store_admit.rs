@@ -245,7 +245,7 @@ async fn a_corrupt_execution_revision_is_refused_and_the_claim_released_with_bac
     let db = TestDb::with_due(1).await;
     db.superuser()
         .await
-        .batch_execute("UPDATE qlsched.execution_revisions SET spec = spec || ' '")
+        .batch_execute("ALTER TABLE qlsched.execution_revisions DISABLE TRIGGER execution_revisions_are_immutable; UPDATE qlsched.execution_revisions SET spec = spec || ' '; ALTER TABLE qlsched.execution_revisions ENABLE TRIGGER execution_revisions_are_immutable")
         .await
         .unwrap();
     let c = Claimed::new(&db, "a", 30_000).await;

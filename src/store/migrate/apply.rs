@@ -136,8 +136,24 @@ pub struct ConcurrentIndex {
     pub on: &'static str,
 }
 
-/// The concurrent index builds of the embedded migrations (none yet).
-pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[];
+/// The concurrent index builds of the embedded migrations.
+pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[
+    // V16: `qlsched.dispatch_take` walks queued runs in admission order across replicas.
+    ConcurrentIndex {
+        version: 16,
+        name: "runs_queued_order_idx",
+        unique: false,
+        on: "qlsched.runs (queued_at_ms) WHERE status = 'queued'",
+    },
+    // V16: `qlsched.dispatch_expire` finds ended leases; an admission never writes it (its
+    // attempt is `claimed`, outside the predicate).
+    ConcurrentIndex {
+        version: 16,
+        name: "attempts_lease_expiry_idx",
+        unique: false,
+        on: "qlsched.attempts (lease_expires_at_ms) WHERE state IN ('dispatching', 'running') AND lease_id IS NOT NULL",
+    },
+];
 
 /// The refinery history table, as refinery creates it.
 const HISTORY_DDL: &str = "CREATE TABLE IF NOT EXISTS qlsched.schema_migrations(

@@ -46,7 +46,21 @@ pub struct SchemaStatus {
     pub binary_served: bool,
     /// Live replicas (guard not stopped, not expired).
     pub replicas: Vec<ReplicaVersion>,
+    /// What an applied expand deprecated and a later release's contract removes
+    /// ([`DEPRECATIONS`]).
+    pub deprecations: Vec<String>,
 }
+
+/// (migration, what it deprecated): shown by `db status` once that migration is applied,
+/// until the contract that removes it ships.
+pub const DEPRECATIONS: [(i32, &str); 1] = [(
+    16,
+    "deprecated (V16): the direct writes of the dispatcher role (INSERT on run_events; UPDATE \
+     of runs(status) and attempts(state, started_at_ms, finished_at_ms, result, error)) and \
+     the admin role's UPDATE on execution_revisions; a contract migration of a later release \
+     revokes them: move every dispatcher onto the qlsched.dispatch_* functions \
+     (docs/dispatcher.md)",
+)];
 
 /// Reads it in one snapshot (any role with SELECT on the history, `schema_compat` and
 /// `replicas`).
@@ -152,6 +166,11 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
             heartbeat_age_ms: r.get(4),
         })
         .collect();
+    let deprecations = DEPRECATIONS
+        .iter()
+        .filter(|(v, _)| applied.iter().any(|a| a.version == *v))
+        .map(|(_, what)| what.to_string())
+        .collect();
     Ok(SchemaStatus {
         applied,
         floor: range.floor,
@@ -161,6 +180,7 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
         binary_newest_migration: known,
         binary_served,
         replicas,
+        deprecations,
     })
 }
 
@@ -206,6 +226,9 @@ impl SchemaStatus {
                 "NOT served (see `qlsched db check`)"
             }
         );
+        for d in &self.deprecations {
+            let _ = writeln!(s, "{d}");
+        }
         let _ = writeln!(s, "live replicas: {}", self.replicas.len());
         for r in &self.replicas {
             let _ = writeln!(

@@ -448,6 +448,34 @@ impl TestDb {
     }
 }
 
+impl TestDb {
+    /// The invariant of runs moved through the dispatcher functions (V16): events numbered
+    /// 1, 2, … without gaps, the admission's two first, the last one the event of the run's
+    /// status; at most one live attempt per run, none on a finished run; one run per key.
+    pub async fn assert_invariants_after_protocol(&self) {
+        let bad = self
+            .count(
+                "SELECT count(*) FROM qlsched.runs r
+                  WHERE (SELECT count(*) <> max(e.seq) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
+                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
+                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')
+                     OR (SELECT e.kind FROM qlsched.run_events e WHERE e.run_id = r.run_id ORDER BY e.seq DESC LIMIT 1)
+                        <> CASE r.status WHEN 'queued' THEN 'run.queued' WHEN 'dispatching' THEN 'run.dispatching'
+                                         WHEN 'running' THEN 'run.started' WHEN 'cancelled' THEN 'run.cancelled'
+                                         ELSE 'run.finished' END
+                     OR (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id
+                            AND a.state IN ('claimed', 'dispatching', 'running'))
+                        <> CASE WHEN r.status IN ('queued', 'dispatching', 'running') THEN 1 ELSE 0 END",
+            )
+            .await;
+        assert_eq!(bad, 0, "runs whose events or attempts break the protocol");
+        let dup = self
+            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d")
+            .await;
+        assert_eq!(dup, 0, "duplicate occurrences");
+    }
+}
+
 pub fn discard_log() -> slog::Logger {
     slog::Logger::root(slog::Discard, slog::o!())
 }
