@@ -164,11 +164,15 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
 async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    // The database as the previous release left it: V13 not applied.
+    // The database as the previous release left it: V13 not applied (nor V15, which
+    // replaces V11's and V12's functions and drops nothing they need).
     su.batch_execute(&format!(
-        "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest;
+        "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;
+         DROP FUNCTION qlsched.keep_pruned_out(uuid[]);
+         REVOKE UPDATE (finished_after_floor_ms) ON qlsched.maintenance FROM qlsched_admin;
+         ALTER TABLE qlsched.maintenance DROP COLUMN finished_after_floor_ms;
          ALTER TABLE qlsched.replicas DROP COLUMN binary_version, DROP COLUMN newest_migration;
-         DELETE FROM {} WHERE version = 13",
+         DELETE FROM {} WHERE version IN (13, 15)",
         migrate::HISTORY_TABLE
     ))
     .await
@@ -211,7 +215,8 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let out = ok(command(&db, &args).output().unwrap());
     assert_eq!(
         out,
-        "applied V13__schema_compat_and_replica_versions; grants installed\n"
+        "applied V13__schema_compat_and_replica_versions, V15__retention_floor_and_tombstones; \
+         grants installed\n"
     );
     let ready = ok(
         command(&db, &["db", "check", "--dsn", &db.dsn("qlsched_runtime")])
@@ -220,8 +225,8 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     );
     assert!(
         ready.starts_with(
-            "database ready: migrations (the database at V13, serving binaries that know V11 \
-             or later; this binary knows up to V13)"
+            "database ready: migrations (the database at V15, serving binaries that know V15 \
+             or later; this binary knows up to V15)"
         ),
         "{ready}"
     );
