@@ -595,7 +595,11 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
              SELECT r.run_id FROM qlsched.runs r
               WHERE r.queued_at_ms < 40000 AND r.scheduled_for_ms < 40000
                 AND r.status IN ('succeeded', 'failed', 'cancelled')
-              ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE SKIP LOCKED",
+                AND NOT EXISTS (SELECT 1 FROM qlsched.attempts a
+                                 WHERE a.run_id = r.run_id AND a.finished_at_ms >= 40000)
+                AND NOT EXISTS (SELECT 1 FROM qlsched.run_events e
+                                 WHERE e.run_id = r.run_id AND e.at_ms >= 40000)
+              ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE OF r SKIP LOCKED",
             &[],
         )
         .await
