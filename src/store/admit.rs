@@ -144,7 +144,7 @@ impl Refusal {
 /// the UPDATE's RETURNING, so an occurrence is written exactly when its fenced UPDATE hit
 /// its one row. The run insert skips a key that already exists (`ON CONFLICT DO NOTHING`) or
 /// whose run was pruned (a tombstone in `pruned_occurrences`, V15, read in the statement's
-/// snapshot by its primary key): that occurrence was admitted before, so its cursor still
+/// snapshot, one primary-key scan for the batch's keys): that occurrence was admitted before, so its cursor still
 /// advances and nothing else is written for it. A prune records a tombstone only while the
 /// schedule row is unclaimed and locked by it, so a claim, and the admission after it, start
 /// after the tombstone committed. Admissions never write tombstones, so their predicate
@@ -347,13 +347,17 @@ WITH obs AS MATERIALIZED (
                AND e.execution_revision_id = d.erev)
     RETURNING s.trigger_id, s.project_id, obs.now_ms, d.rev, d.task_id, d.krev, d.erev, d.run_id,
               d.attempt_id, d.ikey, d.sf, d.admitted_by
+), tomb AS MATERIALIZED (
+    -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
+    -- the whole batch (almost always an empty index: one page read).
+    SELECT p.idempotency_key FROM qlsched.pruned_occurrences p WHERE p.idempotency_key = ANY ($19::text[])
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
                               queued_at_ms, admitted_by)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by
       FROM adv
-     WHERE NOT EXISTS (SELECT 1 FROM qlsched.pruned_occurrences p WHERE p.idempotency_key = adv.ikey)
+     WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING run_id, queued_at_ms
 ), att AS (

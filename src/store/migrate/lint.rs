@@ -11,7 +11,7 @@ use super::compat::{kind_of, BASELINE};
 
 /// The one order in which relation locks are taken: the order in which the admission
 /// statement opens its tables (trigger_schedules, triggers, tasks, projects,
-/// execution_revisions, runs, attempts, run_events; a unit test reads it from
+/// execution_revisions, pruned_occurrences, runs, attempts, run_events; a unit test reads it from
 /// `store::admit::ADMIT_SQL`), after replicas, which the claim statement opens first. (The
 /// claim opens projects before tasks; a migration never needs both exclusively at once, and
 /// the lock timeout ends any wait cycle.) A migration that locks several of these takes them
@@ -23,8 +23,8 @@ pub const LOCK_ORDER: [&str; 11] = [
     "tasks",
     "projects",
     "execution_revisions",
-    "runs",
     "pruned_occurrences",
+    "runs",
     "attempts",
     "run_events",
     "maintenance",
