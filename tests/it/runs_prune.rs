@@ -555,3 +555,50 @@ async fn prune_queued_refuses_a_bound_in_the_future() {
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 3);
     assert_eq!(pruned_through(&db).await, None);
 }
+
+/// While a trigger's schedule row is claimed, an admission of it may be in flight with a
+/// snapshot from before the prune: a backfilled run at or after that cursor is left alone
+/// (counted), never removed under it. Once the claim is gone the next prune removes it and
+/// keeps its key, and the cron moves past the instant without a run.
+#[tokio::test]
+async fn a_run_ahead_of_a_claimed_cursor_is_left_for_a_later_prune() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-10_000).await;
+    let cursor = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+        .await;
+    backfill_chunk(
+        &mut db.admin().await,
+        "trg-00000",
+        1,
+        &[cursor, cursor + 1000],
+        "backfill:test",
+    )
+    .await
+    .unwrap();
+    let claimed = Claimed::new(&db, "a", 30_000).await;
+    let out = json(ok(prune(
+        &db,
+        bound_after_admissions(&db).await,
+        &["--json"],
+    )));
+    assert_eq!(
+        (out["removed"].as_i64(), out["left_alone"].as_i64()),
+        (Some(0), Some(2)),
+        "runs at or after a claimed cursor were removed: {out}"
+    );
+    let first = claimed.admit(&claimed.admission()).await;
+    assert_eq!(first, AdmitOutcome::AlreadyAdmitted);
+    let out = json(ok(prune(
+        &db,
+        bound_after_admissions(&db).await,
+        &["--json"],
+    )));
+    assert_eq!(out["removed"], 2, "{out}");
+    let row = claimed.another("a", 30_000).await;
+    assert_eq!(row.next_fire_at_ms, Some(cursor + 1000));
+    let second = claimed.admit(&admission(&row)).await;
+    assert_eq!(second, AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+}
