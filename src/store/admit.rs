@@ -349,8 +349,10 @@ WITH obs AS MATERIALIZED (
               d.attempt_id, d.ikey, d.sf, d.admitted_by
 ), tomb AS MATERIALIZED (
     -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
-    -- the whole batch (almost always an empty index: one page read).
-    SELECT p.idempotency_key FROM qlsched.pruned_occurrences p WHERE p.idempotency_key = ANY ($19::text[])
+    -- the whole batch, skipped (a one-time filter) while there is no tombstone at all, the
+    -- usual case (a probe per key of an empty index still reads its metapage each time).
+    SELECT p.idempotency_key FROM qlsched.pruned_occurrences p
+     WHERE EXISTS (SELECT FROM qlsched.pruned_occurrences) AND p.idempotency_key = ANY ($19::text[])
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
