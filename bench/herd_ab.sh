@@ -5,12 +5,15 @@
 #   cli1    : `qlsched trigger publish` once per trigger, all sharing one task, database qb
 #   clitask : `qlsched task publish` + `qlsched trigger publish` per trigger (a task and an
 #             execution revision each), database qc
+#   base    : as bulk, but bootstrapped, migrated and run by the binary QLSCHED_AB_BASE_BIN
+#             (a baseline build): QLSCHED_AB_SETS="base bulk" compares two binaries in one run
 # Each set fires every 3 minutes, offset by one minute (`0 K-59/3 * * * *`), so every minute
 # boundary is one set's herd of HERD_N occurrences; each database has its own 3 replicas at the
 # default configuration. Per boundary: time from the boundary until the last run committed,
 # and the set's pg_stat_statements / pg_stat_user_tables / replica-metric deltas.
 #   usage: bench/herd_ab.sh [HERD_N] [ROUNDS] [PUBLISH_P]   (defaults 10000 3 4)
 # environment: QLSCHED_BENCH_BIN (binary), QLSCHED_AB_SETS (default "bulk cli1 clitask"),
+#   QLSCHED_AB_BASE_BIN (the binary of set base),
 #   QLSCHED_AB_STOCK=1 (stock server settings instead of the bench's tuned ones),
 #   QLSCHED_BENCH_KEEP=1 (keep the work directory)
 set -euo pipefail
@@ -21,6 +24,7 @@ N=${1:-10000} ROUNDS=${2:-3} P=${3:-4}
 SETS=(${QLSCHED_AB_SETS:-cli1 clitask bulk})   # bulk last: its first cursor is set at load time
 QL=${QLSCHED_BENCH_BIN:-$ROOT/target/release/qlsched}
 BIN=$(pg_find_bindir)
+ql_of() { if [ "$1" = base ]; then echo "${QLSCHED_AB_BASE_BIN:?set base needs QLSCHED_AB_BASE_BIN}"; else echo "$QL"; fi; }
 say() { printf '== %s\n' "$*" >&2; }
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 free_port() { local p=$1; while port_busy "$p"; do p=$((p + 1)); done; echo "$p"; }
@@ -61,9 +65,9 @@ declare -A DB=() OFF=()
 i=0
 for s in "${SETS[@]}"; do
   d=q$(printf "\\x$(printf %x $((97 + i)))"); DB[$s]=$d; OFF[$s]=$i; i=$((i + 1))
-  "$QL" db bootstrap --superuser-dsn "host=127.0.0.1 port=$PORT user=postgres dbname=postgres" \
+  "$(ql_of "$s")" db bootstrap --superuser-dsn "host=127.0.0.1 port=$PORT user=postgres dbname=postgres" \
       --prefix "$d" --database "$d" >"$WORK/boot-$d.log" 2>&1 || { cat "$WORK/boot-$d.log"; exit 1; }
-  "$QL" db migrate --prefix "$d" --dsn "host=127.0.0.1 port=$PORT user=${d}_owner dbname=$d" >"$WORK/mig-$d.log" 2>&1 \
+  "$(ql_of "$s")" db migrate --prefix "$d" --dsn "host=127.0.0.1 port=$PORT user=${d}_owner dbname=$d" >"$WORK/mig-$d.log" 2>&1 \
       || { cat "$WORK/mig-$d.log"; exit 1; }
 done
 K=${#SETS[@]}
@@ -140,7 +144,7 @@ fi
 for s in "${SETS[@]}"; do
   say "creating set $s in database ${DB[$s]}"
   case $s in
-    bulk) load_bulk "$s" ;;
+    bulk|base) load_bulk "$s" ;;
     cli1) publish_cli "$s" 0 ;;
     clitask) publish_cli "$s" 1 ;;
   esac
@@ -162,7 +166,7 @@ application_name = "$d-r$r"
 [http]
 bind = "127.0.0.1:$HTTP"
 TOML
-    "$QL" run --config "$WORK/$d-r$r.toml" >>"$WORK/$d-r$r.log" 2>&1 &
+    "$(ql_of "$s")" run --config "$WORK/$d-r$r.toml" >>"$WORK/$d-r$r.log" 2>&1 &
     ALLPIDS+=($!); ports="$ports $HTTP"
   done
   RP[$s]=$ports

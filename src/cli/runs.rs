@@ -74,7 +74,8 @@ fn selection(a: &CancelArgs) -> Result<Selection, CliError> {
 /// `runs cancel`: every check before the first write (input, the run or trigger exists,
 /// at most `--max` queued runs match); then chunks of 500 commit one by one. A run a
 /// dispatcher took (before the read, or between it and its chunk) is left alone and
-/// counted.
+/// counted, as is a cron-keyed run at or after the cursor of a trigger whose schedule row is
+/// claimed at that moment (V15: removed by a later run, with a tombstone).
 pub async fn cancel(a: CancelArgs) -> Result<(), CliError> {
     let sel = selection(&a)?;
     if !(1..=CANCEL_HARD_CAP).contains(&a.max) {
@@ -168,7 +169,8 @@ pub struct PruneArgs {
 /// at most `--max` queued runs match); then chunks of 500 commit one by one through
 /// `qlsched.prune_queued`, each raising the recorded horizon to the bound first. A run a
 /// dispatcher took (before the read, or between it and its chunk) is left alone and
-/// counted.
+/// counted, as is a cron-keyed run at or after the cursor of a trigger whose schedule row is
+/// claimed at that moment (V15: removed by a later run, with a tombstone).
 pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
     let before = parse_time("--queued-before", &a.queued_before)?;
     if !(1..=PRUNE_HARD_CAP).contains(&a.max) {
@@ -209,7 +211,7 @@ pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
         );
     } else {
         println!(
-            "queued runs admitted before {}: {} matched, {removed} removed with their attempts and events, {left_alone} left alone (taken by a dispatcher meanwhile, or no longer untouched)",
+            "queued runs admitted before {}: {} matched, {removed} removed with their attempts and events, {left_alone} left alone (taken by a dispatcher meanwhile, no longer untouched, or at or after the cursor of a trigger being admitted: run it again)",
             render::utc(Some(before)),
             backlog.matched
         );

@@ -95,8 +95,8 @@ pub enum AdmitOutcome {
     /// Committed: exactly one run, one attempt, two events; cursor advanced; claim cleared.
     Admitted { queued_at_ms: i64 },
     /// The occurrence's idempotency key already existed (a backfill, or a run admitted by
-    /// other means): nothing new was written for it, the cursor advanced past it under the
-    /// fence and the claim was cleared.
+    /// other means) or its run was pruned (a tombstone): nothing new was written for it, the
+    /// cursor advanced past it under the fence and the claim was cleared.
     AlreadyAdmitted,
     /// A verification failed; nothing was written. `why` names what changed.
     Refused { why: Refusal },
@@ -146,9 +146,13 @@ impl Refusal {
 /// (revision and execution revision) as this transaction reads it, whatever the claim read,
 /// so a task deployed since the claim refuses nothing; the inserts take their rows from
 /// the UPDATE's RETURNING, so an occurrence is written exactly when its fenced UPDATE hit
-/// its one row. The run insert skips a key that already exists (`ON CONFLICT DO NOTHING`):
-/// that occurrence was admitted before, so its cursor still advances and nothing else is
-/// written for it. A row whose checks fail is simply absent (refused, nothing written for
+/// its one row. The run insert skips a key that already exists (`ON CONFLICT DO NOTHING`) or
+/// whose run was pruned (a tombstone in `pruned_occurrences`, V15, read in the statement's
+/// snapshot, one primary-key scan for the batch's keys): that occurrence was admitted before, so its cursor still
+/// advances and nothing else is written for it. A prune records a tombstone only while the
+/// schedule row is unclaimed and locked by it, so a claim, and the admission after it, start
+/// after the tombstone committed. Admissions never write tombstones, so their predicate
+/// locks there conflict with no other admission. A row whose checks fail is simply absent (refused, nothing written for
 /// it); any failed write aborts the statement and the whole transaction rolls back.
 ///
 /// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
@@ -349,12 +353,19 @@ WITH obs AS MATERIALIZED (
               (SELECT k.revision FROM qlsched.tasks k WHERE k.task_id = d.task_id) AS krev,
               (SELECT k.execution_revision_id FROM qlsched.tasks k WHERE k.task_id = d.task_id) AS erev,
               d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by
+), tomb AS MATERIALIZED (
+    -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
+    -- the whole batch, skipped (a one-time filter) while there is no tombstone at all, the
+    -- usual case (a probe per key of an empty index still reads its metapage each time).
+    SELECT p.idempotency_key FROM qlsched.pruned_occurrences p
+     WHERE EXISTS (SELECT FROM qlsched.pruned_occurrences) AND p.idempotency_key = ANY ($16::text[])
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
                               queued_at_ms, admitted_by)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by
       FROM adv
+     WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING run_id, queued_at_ms
 ), att AS (

@@ -118,7 +118,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 14] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -140,8 +140,11 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 14] = [
     ("capability", &["SELECT"], &["SELECT"]),
     ("replicas", &["SELECT"], &["SELECT", "INSERT", "UPDATE"]),
     ("schema_migrations", &["SELECT"], &["SELECT"]),
-    // Retention (V11): replicas claim the 'prune' lease; `trigger backfill` reads the horizon.
-    ("maintenance", &["SELECT"], &["SELECT", "UPDATE"]),
+    // Retention (V11): replicas claim the 'prune' lease (column-level UPDATE, V15: never the
+    // recorded horizon nor the floor); `trigger backfill` reads the horizon.
+    ("maintenance", &["SELECT"], &["SELECT"]),
+    // Tombstones of pruned occurrences (V15): the cron admission reads them.
+    ("pruned_occurrences", &["SELECT"], &["SELECT"]),
     // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
     ("schema_compat", &["SELECT"], &["SELECT"]),
     ("grant_manifest", &["SELECT"], &["SELECT"]),
@@ -161,8 +164,10 @@ pub const DISPATCHER_GRANTS: [(&str, &[&str]); 4] = [
 /// Column-level grants: (role kind, table, privilege, columns). The only UPDATEs of
 /// admitted work: a dispatcher moves a run and its attempt forward (docs/dispatcher.md), an
 /// admin cancels an untouched queued run (`runs cancel`). Migration V10's triggers allow
-/// only forward moves of `status` and `state`.
-pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 4] = [
+/// only forward moves of `status` and `state`. On the maintenance row (V15) a replica
+/// claims the 'prune' lease and records what it asks for; the floor of retention is the
+/// admin's; the recorded horizon only the prune functions move.
+pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 6] = [
     ("dispatcher", "runs", "UPDATE", &["status"]),
     (
         "dispatcher",
@@ -178,6 +183,25 @@ pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 4] = [
     ),
     ("admin", "runs", "UPDATE", &["status", "cancelled"]),
     ("admin", "attempts", "UPDATE", &["state", "finished_at_ms"]),
+    (
+        "runtime",
+        "maintenance",
+        "UPDATE",
+        &[
+            "lease_owner",
+            "lease_token",
+            "lease_expires_at",
+            "finished_after_ms",
+            "queued_alert_after_ms",
+            "last_pass_at",
+        ],
+    ),
+    (
+        "admin",
+        "maintenance",
+        "UPDATE",
+        &["finished_after_floor_ms"],
+    ),
 ];
 
 /// The column-level grants a role kind must hold, as (table, column, privilege), sorted.

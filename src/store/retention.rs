@@ -122,12 +122,14 @@ impl Pruned {
     }
 }
 
-/// SQL of one batch: the horizon is `finished_after` before the database clock.
+/// SQL of one batch: the horizon asked for is `finished_after` before the database clock;
+/// `prune_finished` (V15) uses the earlier of it and the clock minus the database's floor.
 pub const PRUNE_SQL: &str = "SELECT status, pruned FROM qlsched.prune_finished(\
      (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $1::bigint, $2::integer, $3, $4)";
 
 /// One prune batch, in its own transaction (one statement): up to `max_rows` finished runs
-/// admitted and scheduled more than `finished_after` ago, with their attempts and events.
+/// scheduled and finished more than `finished_after` (at least the floor) ago, with their
+/// attempts and events. Waits for a `trigger backfill` chunk in progress (the prune lock).
 pub async fn prune_batch(
     client: &tokio_postgres::Client,
     finished_after: Duration,
@@ -220,7 +222,7 @@ pub async fn view(
 
 /// The earliest `scheduled_for` (epoch ms) an operator may still admit without risking a
 /// pruned run's occurrence being admitted again: the later of the highest horizon any prune
-/// used and `now − finished_after + margin` (the margin covers a prune that starts while the
+/// used and `now − max(finished_after, floor) + margin` (the floor: V15) (the margin covers a prune that starts while the
 /// backfill runs). `None`: nothing was or will be pruned (no pruning replica yet, or
 /// retention 0 = forever and nothing pruned before).
 pub async fn backfill_floor_ms(
@@ -232,7 +234,8 @@ pub async fn backfill_floor_ms(
         .query_opt(
             &format!(
                 "SELECT CASE WHEN finished_after_ms > 0
-                             THEN {NOW_MS} - finished_after_ms + $1::bigint END,
+                             THEN {NOW_MS} - greatest(finished_after_ms, finished_after_floor_ms)
+                                  + $1::bigint END,
                         pruned_through_ms, finished_after_ms
                    FROM qlsched.maintenance WHERE task = 'prune'"
             ),

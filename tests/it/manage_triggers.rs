@@ -978,3 +978,32 @@ async fn a_republish_keeps_an_operator_disable_until_enable() {
     );
     assert_eq!(v.enabled_by.as_deref(), Some("ops"));
 }
+
+/// A manual fire and a cron occurrence may fall on the same millisecond: they are different
+/// runs (different key kinds), so a backfill of that instant still admits the occurrence.
+#[tokio::test]
+async fn a_backfill_admits_an_occurrence_a_manual_fire_shares_the_millisecond_with() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    let id = "trg-00000";
+    let mut admin = db.admin().await;
+    let fired = triggers::fire(&mut admin, id, "same-ms", "operator:test")
+        .await
+        .unwrap();
+    assert!(fired.admitted);
+    let at = fired.scheduled_for_ms;
+    let n = triggers::backfill_chunk(&mut admin, id, 1, &[at], "backfill:test")
+        .await
+        .unwrap();
+    assert_eq!(
+        (n.admitted, n.already_existed),
+        (1, 0),
+        "the cron occurrence at {at} was skipped because a manual run shares its instant"
+    );
+    assert_eq!(
+        runs_where(&db, id, "r.scheduled_for_ms = $2", at).await,
+        2,
+        "the manual run and the occurrence"
+    );
+    db.assert_invariants().await;
+}

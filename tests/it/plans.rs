@@ -214,6 +214,12 @@ async fn the_admission_keeps_its_tid_access_after_six_executions_and_as_a_generi
             "{what}:\n{p}"
         );
         assert!(!p.contains("Seq Scan"), "{what}:\n{p}");
+        // The tombstones of pruned occurrences (V15): one probe of their key per member.
+        assert!(
+            p.contains("Index Only Scan using pruned_occurrences_pkey")
+                || p.contains("Index Scan using pruned_occurrences_pkey"),
+            "{what}:\n{p}"
+        );
     }
 }
 

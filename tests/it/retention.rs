@@ -595,7 +595,11 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
              SELECT r.run_id FROM qlsched.runs r
               WHERE r.queued_at_ms < 40000 AND r.scheduled_for_ms < 40000
                 AND r.status IN ('succeeded', 'failed', 'cancelled')
-              ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE SKIP LOCKED",
+                AND NOT EXISTS (SELECT 1 FROM qlsched.attempts a
+                                 WHERE a.run_id = r.run_id AND a.finished_at_ms >= 40000)
+                AND NOT EXISTS (SELECT 1 FROM qlsched.run_events e
+                                 WHERE e.run_id = r.run_id AND e.at_ms >= 40000)
+              ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE OF r SKIP LOCKED",
             &[],
         )
         .await
@@ -698,5 +702,215 @@ async fn the_old_queued_count_reads_the_queued_runs_only_and_is_capped() {
     assert!(
         line.ends_with(&format!("{} or more", retention::OLD_QUEUED_CAP)),
         "{line}"
+    );
+}
+
+/// Writes a succeeded cron run of `trigger` (revision 1) for the instant `sf`, admitted
+/// `queued_age_ms` and finished `finished_age_ms` ago by the database clock, with its
+/// attempt and its five events, as the superuser, with the row triggers off for the
+/// transaction (V16's event trigger admits an event only in step with the run's status, and
+/// this writes a finished run's whole history at once); returns its id.
+async fn finished_cron_run(
+    db: &TestDb,
+    trigger: &str,
+    sf: i64,
+    queued_age_ms: i64,
+    finished_age_ms: i64,
+) -> Uuid {
+    let mut su = db.superuser().await;
+    let tx = su.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL session_replication_role = replica")
+        .await
+        .unwrap();
+    let id = tx
+        .query_one(
+            "WITH t AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
+                  run AS (
+                INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                          task_revision, execution_revision_id, idempotency_key,
+                                          status, scheduled_for_ms, queued_at_ms, admitted_by)
+                SELECT gen_random_uuid(), 'proj', $1, 1, 'task', 1, gen_random_uuid(),
+                       'ql3:cron:v1:' || $1 || ':1:' || $2::bigint, 'succeeded', $2, t.now - $3,
+                       'backfill:test' FROM t
+                RETURNING run_id, queued_at_ms),
+                  att AS (
+                INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state,
+                                              created_at_ms, started_at_ms, finished_at_ms)
+                SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'succeeded', queued_at_ms,
+                       t.now - $4, t.now - $4 FROM run, t),
+                  ev AS (
+                INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+                SELECT run_id, s, (ARRAY['run.created', 'run.queued', 'run.dispatching',
+                                         'run.started', 'run.finished'])[s],
+                       CASE WHEN s <= 2 THEN queued_at_ms ELSE t.now - $4 END
+                  FROM run, t, generate_series(1, 5) s)
+             SELECT run_id FROM run",
+            &[&trigger, &sf, &queued_age_ms, &finished_age_ms],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    id
+}
+
+/// A backfill ran ahead of a lagging cursor (the project was suspended, say); its runs
+/// finished and retention removed them. When the cursor reaches those instants the cron
+/// admission moves past each without a run: a pruned occurrence never comes back.
+#[tokio::test]
+async fn a_retention_pruned_occurrence_ahead_of_the_cursor_is_not_admitted_again() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    // The cursor lags by three days; a backfill admitted its next instants two and a half
+    // days ago and they finished two days ago.
+    db.make_due(-3 * DAY_MS).await;
+    let cursor = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+        .await;
+    let ahead: Vec<i64> = (0..3).map(|i| cursor + i * 1000).collect();
+    for &at in &ahead {
+        finished_cron_run(&db, "trg-00000", at, 5 * DAY_MS / 2, 2 * DAY_MS).await;
+    }
+    let runtime = db.client("qlsched_runtime").await;
+    let report = pruner("p", cfg(Duration::from_secs(86_400), 100))
+        .pass(&runtime)
+        .await
+        .unwrap();
+    assert_eq!(report.pruned, 3, "{report:?}");
+    let claimed = Claimed::new(&db, "a", 30_000).await;
+    let mut outcomes = Vec::new();
+    let mut row = claimed.row().clone();
+    for &at in &ahead {
+        assert_eq!(row.next_fire_at_ms, Some(at));
+        outcomes.push(
+            claimed
+                .admit(&crate::helpers::claimed::admission(&row))
+                .await,
+        );
+        if at != *ahead.last().unwrap() {
+            row = claimed.another("a", 30_000).await;
+        }
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs").await,
+        0,
+        "pruned occurrences admitted again by the cron: {outcomes:?}"
+    );
+}
+
+/// A `trigger backfill` chunk holds the prune lock shared from its horizon check to its
+/// commit; a prune batch (here with a shorter retention than the one the backfill checked)
+/// waits for it instead of removing, in between, a run the chunk has just found existing.
+#[tokio::test]
+async fn a_prune_batch_waits_for_a_backfill_chunk_in_progress() {
+    let db = TestDb::new().await;
+    let old = run_aged(&db, "trg-a", "succeeded", 3 * DAY_MS).await;
+    let chunk = db.admin().await;
+    chunk
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared({});
+             SELECT pruned_through_ms FROM qlsched.maintenance WHERE task = 'prune'",
+            qlsched::store::runs::PRUNE_QUEUED_LOCK
+        ))
+        .await
+        .unwrap();
+    let prune_db = db.clone();
+    let batch = tokio::spawn(async move {
+        let runtime = prune_db.client("qlsched_runtime").await;
+        pruner("short", cfg(Duration::from_secs(86_400), 10))
+            .pass(&runtime)
+            .await
+            .unwrap()
+    });
+    crate::helpers::wait_until(
+        "the prune batch finishes or waits for the chunk's lock",
+        Duration::from_secs(15),
+        || async {
+            batch.is_finished()
+                || db
+                    .count(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                    )
+                    .await
+                    > 0
+        },
+    )
+    .await;
+    let removed_meanwhile = rows_of(&db, old).await == (0, 0, 0);
+    chunk.batch_execute("COMMIT").await.unwrap();
+    let report = batch.await.unwrap();
+    assert!(
+        !removed_meanwhile,
+        "the prune removed a run while a backfill chunk held the prune lock"
+    );
+    assert_eq!(report.pruned, 1, "{report:?}");
+}
+
+/// The retention horizon is the database's: the runtime role can claim the lease and ask
+/// for a retention, but cannot move the recorded horizon nor the floor, and a request below
+/// the floor (set by the admin) prunes only what the floor allows.
+#[tokio::test]
+async fn the_runtime_role_cannot_move_the_retention_horizon() {
+    let db = TestDb::new().await;
+    let runtime = db.client("qlsched_runtime").await;
+    for sql in [
+        "UPDATE qlsched.maintenance SET pruned_through_ms = NULL WHERE task = 'prune'",
+        "UPDATE qlsched.maintenance SET pruned_through_ms = 9223372036854775807 WHERE task = 'prune'",
+    ] {
+        let err = runtime.execute(sql, &[]).await.err();
+        assert_eq!(
+            err.as_ref().and_then(|e| e.code()),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "{sql}: {err:?}"
+        );
+    }
+}
+
+/// A finished run is kept `finished_after` from when it finished (its last event), not from
+/// its admission; and a request shorter than the floor (the admin's, in the database) keeps
+/// runs for the floor.
+#[tokio::test]
+async fn the_horizon_counts_from_the_finish_and_is_bounded_by_the_floor() {
+    let db = TestDb::new().await;
+    // Admitted 3 days ago, finished a minute ago: kept under a 1-day retention.
+    let late = finished_cron_run(&db, "trg-a", 1_000, 3 * DAY_MS, 60_000).await;
+    // Admitted and finished 3 days ago: pruned.
+    let old = finished_cron_run(&db, "trg-a", 2_000, 3 * DAY_MS, 3 * DAY_MS).await;
+    let runtime = db.client("qlsched_runtime").await;
+    pruner("a", cfg(Duration::from_secs(86_400), 100))
+        .pass(&runtime)
+        .await
+        .unwrap();
+    assert_eq!(rows_of(&db, old).await, (0, 0, 0));
+    assert_eq!(
+        rows_of(&db, late).await,
+        (1, 1, 5),
+        "a run that finished a minute ago was pruned under a 1-day retention"
+    );
+    // A request of "keep nothing" (horizon = now) is bounded below by the floor: the run
+    // that finished a minute ago stays while the admin's floor is a day.
+    db.admin()
+        .await
+        .execute(
+            "UPDATE qlsched.maintenance SET finished_after_floor_ms = $1 WHERE task = 'prune'",
+            &[&DAY_MS],
+        )
+        .await
+        .unwrap();
+    let lease = retention::claim_lease(&runtime, "a", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let pruned = retention::prune_batch(&runtime, Duration::ZERO, 100, "a", lease.token)
+        .await
+        .unwrap();
+    assert_eq!(pruned.total(), 0, "{pruned:?}");
+    assert_eq!(rows_of(&db, late).await, (1, 1, 5));
+    let horizon: i64 = db
+        .count("SELECT pruned_through_ms FROM qlsched.maintenance")
+        .await;
+    assert!(
+        horizon <= db.now_ms().await - DAY_MS,
+        "the recorded horizon {horizon} is inside the floor"
     );
 }

@@ -76,11 +76,24 @@ async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
         [
             "attempts.finished_at_ms UPDATE",
             "attempts.state UPDATE",
+            "maintenance.finished_after_floor_ms UPDATE",
             "runs.cancelled UPDATE",
             "runs.status UPDATE"
         ]
     );
-    assert!(columns("qlsched_runtime").await.is_empty());
+    // The runtime claims the 'prune' lease and records what it asks for; the recorded
+    // horizon and the floor are not its to write (V15).
+    assert_eq!(
+        columns("qlsched_runtime").await,
+        [
+            "maintenance.finished_after_ms UPDATE",
+            "maintenance.last_pass_at UPDATE",
+            "maintenance.lease_expires_at UPDATE",
+            "maintenance.lease_owner UPDATE",
+            "maintenance.lease_token UPDATE",
+            "maintenance.queued_alert_after_ms UPDATE"
+        ]
+    );
     assert!(columns("qlsched_worker_ingress").await.is_empty());
     let runtime = migrate::table_privileges(&su, "qlsched_runtime")
         .await
@@ -119,6 +132,17 @@ const CASES: &[(&str, &str, bool)] = &[
     ("qlsched_runtime", "DELETE FROM qlsched.runs", false),
     ("qlsched_runtime", "DELETE FROM qlsched.run_events", false),
     ("qlsched_runtime", "CREATE TABLE qlsched.sneaky (x int)", false),
+    // Retention (V15): the runtime claims the lease and reads the tombstones of pruned
+    // occurrences; the horizon and the floor are the database's.
+    ("qlsched_runtime", "UPDATE qlsched.maintenance SET lease_owner = 'x', lease_token = NULL, lease_expires_at = NULL, finished_after_ms = 0, queued_alert_after_ms = 1, last_pass_at = NULL", true),
+    ("qlsched_runtime", "UPDATE qlsched.maintenance SET pruned_through_ms = NULL", false),
+    ("qlsched_runtime", "UPDATE qlsched.maintenance SET finished_after_floor_ms = 0", false),
+    ("qlsched_runtime", "SELECT count(*) FROM qlsched.pruned_occurrences", true),
+    ("qlsched_runtime", "INSERT INTO qlsched.pruned_occurrences (idempotency_key, trigger_id, scheduled_for_ms, pruned_at_ms) VALUES ('k', 't', 0, 0)", false),
+    ("qlsched_runtime", "DELETE FROM qlsched.pruned_occurrences", false),
+    ("qlsched_admin", "UPDATE qlsched.maintenance SET finished_after_floor_ms = 0", true),
+    ("qlsched_admin", "UPDATE qlsched.maintenance SET pruned_through_ms = NULL", false),
+    ("qlsched_admin", "DELETE FROM qlsched.pruned_occurrences", false),
     ("qlsched_worker_ingress", "SELECT count(*) FROM qlsched.trigger_schedules", false),
     ("qlsched_worker_ingress", "SELECT count(*) FROM qlsched.runs", false),
     ("qlsched_worker_ingress", "SELECT count(*) FROM qlsched.triggers", false),

@@ -476,3 +476,129 @@ fn the_prune_lock_key_is_the_one_v12_takes() {
         "V12 does not lock {key}"
     );
 }
+
+/// A backfill writes cron keys ahead of a lagging cursor (replicas were down, a herd, a
+/// back-off). `runs prune` removes them; when the cursor reaches those instants the cron
+/// admission moves past each of them without a run: a pruned occurrence never comes back.
+#[tokio::test]
+async fn a_pruned_backfill_ahead_of_the_cursor_is_not_admitted_again_by_the_cron() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-10_000).await;
+    let cursor = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+        .await;
+    let ahead: Vec<i64> = (0..3).map(|i| cursor + i * 1000).collect();
+    backfill_chunk(
+        &mut db.admin().await,
+        "trg-00000",
+        1,
+        &ahead,
+        "backfill:test",
+    )
+    .await
+    .unwrap();
+    let before = bound_after_admissions(&db).await;
+    let out = json(ok(prune(&db, before, &["--json"])));
+    assert_eq!(out["removed"], 3, "{out}");
+    // The replicas come back: the cursor reaches each pruned instant in turn.
+    let claimed = Claimed::new(&db, "a", 30_000).await;
+    let mut outcomes = Vec::new();
+    let mut row = claimed.row().clone();
+    for &at in &ahead {
+        assert_eq!(row.next_fire_at_ms, Some(at));
+        outcomes.push(claimed.admit(&admission(&row)).await);
+        if at != *ahead.last().unwrap() {
+            row = claimed.another("a", 30_000).await;
+        }
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs").await,
+        0,
+        "pruned occurrences admitted again by the cron: {outcomes:?}"
+    );
+    assert!(
+        outcomes.iter().all(|o| *o == AdmitOutcome::AlreadyAdmitted),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        db.count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+            .await,
+        cursor + 3000,
+        "the cursor moved past every pruned instant"
+    );
+}
+
+/// `qlsched.prune_queued` judges its bound by the database clock itself: a bound in the
+/// future (which would raise the recorded horizon past now and refuse every backfill for
+/// good) is refused, whoever calls it, and nothing is removed.
+#[tokio::test]
+async fn prune_queued_refuses_a_bound_in_the_future() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, 0..3).await;
+    let future = db.now_ms().await + 3_600_000;
+    let err = db
+        .admin()
+        .await
+        .query_one(
+            "SELECT qlsched.prune_queued($1, ARRAY(SELECT run_id FROM qlsched.runs))",
+            &[&future],
+        )
+        .await
+        .err();
+    assert_eq!(
+        err.as_ref().and_then(|e| e.code()),
+        Some(&SqlState::INVALID_PARAMETER_VALUE),
+        "a future bound was accepted: {err:?}"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 3);
+    assert_eq!(pruned_through(&db).await, None);
+}
+
+/// While a trigger's schedule row is claimed, an admission of it may be in flight with a
+/// snapshot from before the prune: a backfilled run at or after that cursor is left alone
+/// (counted), never removed under it. Once the claim is gone the next prune removes it and
+/// keeps its key, and the cron moves past the instant without a run.
+#[tokio::test]
+async fn a_run_ahead_of_a_claimed_cursor_is_left_for_a_later_prune() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-10_000).await;
+    let cursor = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+        .await;
+    backfill_chunk(
+        &mut db.admin().await,
+        "trg-00000",
+        1,
+        &[cursor, cursor + 1000],
+        "backfill:test",
+    )
+    .await
+    .unwrap();
+    let claimed = Claimed::new(&db, "a", 30_000).await;
+    let out = json(ok(prune(
+        &db,
+        bound_after_admissions(&db).await,
+        &["--json"],
+    )));
+    assert_eq!(
+        (out["removed"].as_i64(), out["left_alone"].as_i64()),
+        (Some(0), Some(2)),
+        "runs at or after a claimed cursor were removed: {out}"
+    );
+    let first = claimed.admit(&claimed.admission()).await;
+    assert_eq!(first, AdmitOutcome::AlreadyAdmitted);
+    let out = json(ok(prune(
+        &db,
+        bound_after_admissions(&db).await,
+        &["--json"],
+    )));
+    assert_eq!(out["removed"], 2, "{out}");
+    let row = claimed.another("a", 30_000).await;
+    assert_eq!(row.next_fire_at_ms, Some(cursor + 1000));
+    let second = claimed.admit(&admission(&row)).await;
+    assert_eq!(second, AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
+}

@@ -11,18 +11,19 @@ use super::compat::{kind_of, BASELINE};
 
 /// The one order in which relation locks are taken: the order in which the admission
 /// statement opens its tables (trigger_schedules, triggers, tasks, projects,
-/// execution_revisions, runs, attempts, run_events; a unit test reads it from
+/// execution_revisions, pruned_occurrences, runs, attempts, run_events; a unit test reads it from
 /// `store::admit::ADMIT_SQL`), after replicas, which the claim statement opens first. (The
 /// claim opens projects before tasks; a migration never needs both exclusively at once, and
 /// the lock timeout ends any wait cycle.) A migration that locks several of these takes them
 /// in this order, with `LOCK TABLE` statements before anything else.
-pub const LOCK_ORDER: [&str; 10] = [
+pub const LOCK_ORDER: [&str; 11] = [
     "replicas",
     "trigger_schedules",
     "triggers",
     "tasks",
     "projects",
     "execution_revisions",
+    "pruned_occurrences",
     "runs",
     "attempts",
     "run_events",
@@ -31,10 +32,11 @@ pub const LOCK_ORDER: [&str; 10] = [
 
 /// Tables every claim round, admission or dispatcher writes: a lock held on one of them for
 /// a scan or a build stops the scheduler.
-pub const BUSY_TABLES: [&str; 6] = [
+pub const BUSY_TABLES: [&str; 7] = [
     "replicas",
     "trigger_schedules",
     "runs",
+    "pruned_occurrences",
     "attempts",
     "run_events",
     "maintenance",
@@ -310,7 +312,7 @@ mod tests {
             positions.windows(2).all(|w| w[0] < w[1]),
             "the admission opens {tables:?}, against LOCK_ORDER {LOCK_ORDER:?}"
         );
-        assert_eq!(tables.len(), 8, "{tables:?}");
+        assert_eq!(tables.len(), 9, "{tables:?}");
         // The claim opens replicas first, then trigger_schedules and triggers.
         let claim = opened(crate::store::claim::CLAIM_DUE_SQL);
         assert_eq!(

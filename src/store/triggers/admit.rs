@@ -38,7 +38,8 @@ pub struct Fired {
 /// in one statement, from the trigger's current definition (`$4` trigger id). Per row `d`:
 /// scheduled time, run id, attempt id, idempotency key, request id (NULL for cron keys).
 /// An occurrence whose key exists (a concurrent cron admission, an earlier fire or chunk)
-/// or whose instant already has a run is skipped: `ON CONFLICT DO NOTHING` on the unique key
+/// or whose instant already has a cron-keyed run (of any revision; a manual run at the same
+/// millisecond is another run) is skipped: `ON CONFLICT DO NOTHING` on the unique key
 /// (a concurrent inserter of the same key makes us wait for its outcome, then skip), and the
 /// `runs_trigger_idx` probe. The execution revision's digest is re-verified as in a cron
 /// admission.
@@ -60,7 +61,8 @@ const ADMIT_MANUAL_SQL: &str = concat!(
      WHERE t.trigger_id = $4 AND e.kind = 'remote_worker' AND e.project_id = t.project_id
        AND e.spec_digest = encode(sha256(convert_to(e.spec, 'UTF8')), 'hex')
        AND (d.sf IS NULL OR NOT EXISTS (SELECT 1 FROM qlsched.runs r
-                                         WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = d.sf))
+                                         WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = d.sf
+                                           AND r.idempotency_key LIKE 'ql3:cron:%'))
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING run_id, queued_at_ms, scheduled_for_ms
 ), att AS (
