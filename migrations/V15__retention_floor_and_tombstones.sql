@@ -1,11 +1,17 @@
--- qlsched: contract
+-- qlsched: expand
 -- Retention, round three (docs/design.md, "Retention"; docs/operations.md, "Pruning a queued
 -- backlog"; issue 30 items 2, 4 and 6).
 --
--- Contract: `db migrate` now grants the runtime role UPDATE on the lease columns of
--- qlsched.maintenance only (src/store/migrate.rs, COLUMN_GRANTS), no longer on the table, so
--- a binary that does not know this migration would find its own grants missing. Its
--- statements would still run; its `db check` would not pass.
+-- Expand: a column, a table, functions and a row trigger. A binary before V15 keeps every
+-- grant it checks for, and nothing it writes is refused: its replicas claim the 'prune'
+-- lease through the columns they always wrote, and call prune_finished with the same
+-- signature. Until every replica runs V15 or later, an older replica's admission does not
+-- read the tombstones of item 2. Narrowing the runtime role's UPDATE on
+-- qlsched.maintenance to the lease columns is left to a contract of a later release; until
+-- then the row trigger below refuses, to every role but the owner (the SECURITY DEFINER
+-- prune functions) and superusers, a change of the recorded horizon, and a change of the
+-- floor to any role that does not manage definitions (the admin role: it may INSERT
+-- schedule rows; the runtime may not).
 --
 -- 1. The floor of retention is the database's: qlsched.maintenance.finished_after_floor_ms,
 --    written by the admin role alone (a column grant). A replica's retention.finished_after
@@ -218,3 +224,34 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION qlsched.prune_queued(bigint, uuid[]) FROM PUBLIC;
+
+-- The horizon and the floor are not the runtime's to move (item 6). Raised as
+-- insufficient_privilege, like the permission check the later contract will make.
+CREATE FUNCTION qlsched.maintenance_horizon_is_guarded() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    table_owner name;
+    superuser boolean;
+BEGIN
+    SELECT r.rolname INTO table_owner FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
+     WHERE c.oid = TG_RELID;
+    SELECT r.rolsuper INTO superuser FROM pg_roles r WHERE r.rolname = current_user;
+    IF current_user = table_owner OR coalesce(superuser, false) THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.pruned_through_ms IS DISTINCT FROM OLD.pruned_through_ms THEN
+        RAISE EXCEPTION 'qlsched.maintenance.pruned_through_ms is moved only by the prune functions (role %)', current_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NEW.finished_after_floor_ms IS DISTINCT FROM OLD.finished_after_floor_ms
+       AND NOT has_table_privilege(current_user, 'qlsched.trigger_schedules', 'INSERT') THEN
+        RAISE EXCEPTION 'the floor of retention (qlsched.maintenance.finished_after_floor_ms) is the admin role''s (role %)', current_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER maintenance_horizon_guarded BEFORE UPDATE ON qlsched.maintenance
+    FOR EACH ROW EXECUTE FUNCTION qlsched.maintenance_horizon_is_guarded();

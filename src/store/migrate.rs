@@ -140,9 +140,10 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
     ("capability", &["SELECT"], &["SELECT"]),
     ("replicas", &["SELECT"], &["SELECT", "INSERT", "UPDATE"]),
     ("schema_migrations", &["SELECT"], &["SELECT"]),
-    // Retention (V11): replicas claim the 'prune' lease (column-level UPDATE, V15: never the
-    // recorded horizon nor the floor); `trigger backfill` reads the horizon.
-    ("maintenance", &["SELECT"], &["SELECT"]),
+    // Retention (V11): replicas claim the 'prune' lease; `trigger backfill` reads the horizon.
+    // The recorded horizon and the floor (V15) are guarded by a row trigger until a later
+    // contract narrows the runtime's UPDATE to the lease columns (docs/design.md, "Retention").
+    ("maintenance", &["SELECT"], &["SELECT", "UPDATE"]),
     // Tombstones of pruned occurrences (V15): the cron admission reads them.
     ("pruned_occurrences", &["SELECT"], &["SELECT"]),
     // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
@@ -164,10 +165,10 @@ pub const DISPATCHER_GRANTS: [(&str, &[&str]); 4] = [
 /// Column-level grants: (role kind, table, privilege, columns). The only UPDATEs of
 /// admitted work: a dispatcher moves a run and its attempt forward (docs/dispatcher.md), an
 /// admin cancels an untouched queued run (`runs cancel`). Migration V10's triggers allow
-/// only forward moves of `status` and `state`. On the maintenance row (V15) a replica
-/// claims the 'prune' lease and records what it asks for; the floor of retention is the
-/// admin's; the recorded horizon only the prune functions move.
-pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 6] = [
+/// only forward moves of `status` and `state`. The floor of retention on the maintenance row
+/// (V15) is the admin's; the recorded horizon only the prune functions move (V15's row
+/// trigger holds the runtime, whose table UPDATE claims the 'prune' lease, to that).
+pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 5] = [
     ("dispatcher", "runs", "UPDATE", &["status"]),
     (
         "dispatcher",
@@ -183,19 +184,6 @@ pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 6] = [
     ),
     ("admin", "runs", "UPDATE", &["status", "cancelled"]),
     ("admin", "attempts", "UPDATE", &["state", "finished_at_ms"]),
-    (
-        "runtime",
-        "maintenance",
-        "UPDATE",
-        &[
-            "lease_owner",
-            "lease_token",
-            "lease_expires_at",
-            "finished_after_ms",
-            "queued_alert_after_ms",
-            "last_pass_at",
-        ],
-    ),
     (
         "admin",
         "maintenance",

@@ -852,10 +852,20 @@ async fn a_prune_batch_waits_for_a_backfill_chunk_in_progress() {
 #[tokio::test]
 async fn the_runtime_role_cannot_move_the_retention_horizon() {
     let db = TestDb::new().await;
+    // A horizon some prune recorded.
+    db.superuser()
+        .await
+        .execute(
+            "UPDATE qlsched.maintenance SET pruned_through_ms = 1000 WHERE task = 'prune'",
+            &[],
+        )
+        .await
+        .unwrap();
     let runtime = db.client("qlsched_runtime").await;
     for sql in [
         "UPDATE qlsched.maintenance SET pruned_through_ms = NULL WHERE task = 'prune'",
         "UPDATE qlsched.maintenance SET pruned_through_ms = 9223372036854775807 WHERE task = 'prune'",
+        "UPDATE qlsched.maintenance SET finished_after_floor_ms = 0 WHERE task = 'prune'",
     ] {
         let err = runtime.execute(sql, &[]).await.err();
         assert_eq!(
