@@ -205,11 +205,13 @@ async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(stops, 3);
-    assert!(
-        metrics.actor_restarts.get() >= 3,
-        "restarts: {}",
-        metrics.actor_restarts.get()
-    );
+    // The last stop may land as the last rows commit: its restart follows asynchronously.
+    wait_until(
+        "the supervisor restarted each stopped admit actor",
+        Duration::from_secs(10),
+        || async { metrics.actor_restarts.get() >= 3 },
+    )
+    .await;
     db.assert_invariants().await;
 }
 
