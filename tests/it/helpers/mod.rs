@@ -116,10 +116,13 @@ where
 pub fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| {
         let root = std::env::temp_dir().join(format!("qlsched-it-{}", std::process::id()));
+        // pg_stat_statements keeps every test's statements: tests that count a database's
+        // statements read deltas, which an eviction of older entries would make negative.
         let port = start_for_the_process(
             &root,
             "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
-             shared_preload_libraries = 'pg_stat_statements'\n"
+             shared_preload_libraries = 'pg_stat_statements'\n\
+             pg_stat_statements.max = 50000\n"
                 .into(),
             "PostgreSQL",
             |_| {},
