@@ -131,10 +131,11 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
 
 /// A rewrite of the schedule table (`VACUUM FULL`) moves every row's physical address under
 /// live claims: the refused admissions are decided again at once, with no back-off and no loss.
-/// A rewrite lands between a claim and its admission only by chance (the gap is milliseconds),
-/// so the rewrites repeat, 150 ms apart, until at least one admission was refused for a moved
-/// row (a re-decision: nothing else changes here), and the test asserts that it happened: the
-/// path it is about has run, and every row still comes back at once.
+/// A rewrite lands between a claim and its admission only in a gap of milliseconds after a
+/// whole second, so the rewrites repeat, aimed at offsets sweeping that gap, until at least
+/// one admission was refused for a moved row (a re-decision: nothing else changes here), and
+/// the test asserts that it happened: the path it is about has run, and every row still
+/// comes back at once.
 #[actix_rt::test]
 async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     let _one = crate::drills::exclusive().await;
@@ -150,6 +151,7 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     assert_eq!(m.redecides.get(), 0, "re-decisions before any rewrite");
     let su = db.superuser().await;
     let mut rewrites = 0;
+    let mut offset_ms = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while m.redecides.get() == 0 {
         assert!(
@@ -165,11 +167,18 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
             m.error_backoffs.get(),
             m.unknown_outcomes.get()
         );
+        // Every row falls due at a whole second; its claim commits and its admission follows
+        // a few milliseconds later. Aim each rewrite at that gap: a whole second plus an
+        // offset that sweeps 0..45 ms, one rewrite a second (the database clock is this
+        // machine's).
+        let now = db.now_ms().await;
+        let at = (now / 1000 + 1) * 1000 + offset_ms;
+        tokio::time::sleep(Duration::from_millis((at - now) as u64)).await;
         su.batch_execute("VACUUM FULL qlsched.trigger_schedules")
             .await
             .unwrap();
         rewrites += 1;
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        offset_ms = (offset_ms + 3) % 45;
     }
     let after = db.now_ms().await;
     wait_until("every trigger admitted after the rewrites", Duration::from_secs(10), || async {
