@@ -829,7 +829,9 @@ async fn a_prune_batch_waits_for_a_backfill_chunk_in_progress() {
             batch.is_finished()
                 || db
                     .count(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                            AND database = (SELECT oid FROM pg_database
+                                             WHERE datname = current_database())",
                     )
                     .await
                     > 0

@@ -447,8 +447,12 @@ async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrenc
         "the backfill's chunk waits for the trigger row",
         Duration::from_secs(15),
         || async {
-            db.count("SELECT count(*) FROM pg_locks WHERE NOT granted")
-                .await
+            // A session of this database waiting (other tests run beside this one).
+            db.count(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                  WHERE NOT l.granted AND a.datname = current_database()",
+            )
+            .await
                 > 0
         },
     )
