@@ -197,7 +197,7 @@ pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
     }
     let mut removed = 0u64;
     for chunk in ids.chunks(PRUNE_CHUNK) {
-        removed += runs::prune_queued_chunk(&client, before, chunk).await?;
+        removed += runs::prune_queued_chunk(&mut client, before, chunk).await?;
     }
     let left_alone = backlog.matched as u64 - removed;
     if a.json {

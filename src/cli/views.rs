@@ -56,7 +56,7 @@ pub async fn runs_show(target: &Target, run: &str, json: bool) -> Result<(), Cli
     }
     println!("{}", d.run.line());
     println!(
-        "run {}  trigger {}  revision {}{}",
+        "run {}  trigger {}  execution revision {}{}",
         d.run.run_id,
         d.run.trigger_id,
         d.execution_revision_id,

@@ -189,10 +189,10 @@ impl Console {
     }
 
     fn throttled(&self, wait: Duration) -> HttpResponse {
-        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let secs = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
         let mut r = HttpResponse::TooManyRequests();
         secure(&mut r);
-        r.insert_header((header::RETRY_AFTER, secs.max(1).to_string()))
+        r.insert_header((header::RETRY_AFTER, secs.to_string()))
             .content_type("text/plain; charset=utf-8")
             .body(format!(
                 "429 Too Many Requests: too many failed logins from this address; try again in {secs} s\n"

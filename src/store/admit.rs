@@ -148,12 +148,13 @@ impl Refusal {
 /// the UPDATE's RETURNING, so an occurrence is written exactly when its fenced UPDATE hit
 /// its one row. The run insert skips a key that already exists (`ON CONFLICT DO NOTHING`) or
 /// whose run was pruned (a tombstone in `pruned_occurrences`, V15, read in the statement's
-/// snapshot, one primary-key scan for the batch's keys): that occurrence was admitted before, so its cursor still
-/// advances and nothing else is written for it. A prune records a tombstone only while the
-/// schedule row is unclaimed and locked by it, so a claim, and the admission after it, start
-/// after the tombstone committed. Admissions never write tombstones, so their predicate
-/// locks there conflict with no other admission. A row whose checks fail is simply absent (refused, nothing written for
-/// it); any failed write aborts the statement and the whole transaction rolls back.
+/// snapshot, one primary-key scan for the batch's keys): that occurrence was admitted
+/// before, so its cursor still advances and nothing else is written for it. A prune records
+/// a tombstone only while the schedule row is unclaimed and locked by it, so a claim, and
+/// the admission after it, start after the tombstone committed. Admissions never write
+/// tombstones, so their predicate locks there conflict with no other admission. A row whose
+/// checks fail is simply absent (refused, nothing written for it); any failed write aborts
+/// the statement and the whole transaction rolls back.
 ///
 /// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
 /// flush for the whole batch. A broken connection anywhere in the three leaves the outcome

@@ -34,11 +34,6 @@ pub async fn bound_waits(
         .get(0))
 }
 
-/// The statement waited longer than `lock_timeout` for a lock (SQLSTATE 55P03).
-pub fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
-    e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
-}
-
 /// A session holding an advisory lock, as the lock table and `pg_stat_activity` show it to
 /// any role (pid, role and application name are visible to all; the query is not).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,15 +108,20 @@ pub async fn holders(
     ))
 }
 
-/// The error of a lock wait that timed out: `what` waited `bound` for `lock` (key `key`),
-/// whose holders are read on `client` (outside the failed transaction).
-pub async fn timed_out(
+/// `e`, the error of a statement whose lock waits [`bound_waits`] bounded by `bound`, as the
+/// caller's error: a wait that timed out (SQLSTATE 55P03) names the holders of `lock` (key
+/// `key`), read on `client` (outside the failed transaction, which the caller ended);
+/// anything else is `e` itself.
+pub async fn wait_error(
     client: &impl tokio_postgres::GenericClient,
+    e: tokio_postgres::Error,
     what: &'static str,
-    lock: &'static str,
-    key: i64,
+    (lock, key): (&'static str, i64),
     bound: String,
 ) -> StoreError {
+    if e.code() != Some(&SqlState::LOCK_NOT_AVAILABLE) {
+        return e.into();
+    }
     match holders(client, key).await {
         Ok(holders) => StoreError::LockWait {
             what,

@@ -266,41 +266,27 @@ pub async fn read_queued_backlog(
 /// maintenance row. Its transaction's lock waits are bounded (store::locks), and a time-out
 /// names the lock's holders.
 pub async fn prune_queued_chunk(
-    client: &tokio_postgres::Client,
+    client: &mut tokio_postgres::Client,
     before_ms: i64,
     ids: &[Uuid],
 ) -> Result<u64, StoreError> {
-    client.batch_execute("BEGIN").await?;
-    let res = async {
-        let bound = super::locks::bound_waits(client).await?;
-        let n = client
-            .query_one(
-                "SELECT qlsched.prune_queued($1::bigint, $2::uuid[])",
-                &[&before_ms, &ids],
-            )
-            .await;
-        Ok::<_, StoreError>((bound, n))
-    }
-    .await;
-    match res {
-        Ok((_, Ok(row))) => {
-            client.batch_execute("COMMIT").await?;
+    let tx = client.transaction().await?;
+    let bound = super::locks::bound_waits(&tx).await?;
+    let pruned = tx
+        .query_one(
+            "SELECT qlsched.prune_queued($1::bigint, $2::uuid[])",
+            &[&before_ms, &ids],
+        )
+        .await;
+    match pruned {
+        Ok(row) => {
+            tx.commit().await?;
             Ok(row.get::<_, i64>(0) as u64)
         }
-        Ok((bound, Err(e))) => {
-            client.batch_execute("ROLLBACK").await?;
-            if super::locks::is_lock_timeout(&e) {
-                let what = "runs prune";
-                let key = PRUNE_QUEUED_LOCK;
-                return Err(
-                    super::locks::timed_out(client, what, PRUNE_LOCK_NAME, key, bound).await,
-                );
-            }
-            Err(e.into())
-        }
         Err(e) => {
-            client.batch_execute("ROLLBACK").await?;
-            Err(e)
+            tx.rollback().await?;
+            let lock = (PRUNE_LOCK_NAME, PRUNE_QUEUED_LOCK);
+            Err(super::locks::wait_error(client, e, "runs prune", lock, bound).await)
         }
     }
 }

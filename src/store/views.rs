@@ -306,6 +306,30 @@ pub fn parse_run_cursor(s: &str) -> Option<(i64, uuid::Uuid)> {
     Some((q.parse().ok()?, uuid::Uuid::parse_str(id).ok()?))
 }
 
+/// The select list of a [`RunItem`] over `qlsched.runs r`, each column named as its field.
+fn run_columns() -> String {
+    format!(
+        "r.run_id::text AS run_id, r.trigger_id, r.idempotency_key, {RUN_KIND_SQL} AS kind,
+         r.status, r.scheduled_for_ms, r.queued_at_ms,
+         r.queued_at_ms - r.scheduled_for_ms AS lag_ms, r.admitted_by"
+    )
+}
+
+/// A [`RunItem`] from a row selected with [`run_columns`].
+fn run_item(r: &tokio_postgres::Row) -> RunItem {
+    RunItem {
+        run_id: r.get("run_id"),
+        trigger_id: r.get("trigger_id"),
+        idempotency_key: r.get("idempotency_key"),
+        kind: r.get("kind"),
+        status: r.get("status"),
+        scheduled_for_ms: r.get("scheduled_for_ms"),
+        queued_at_ms: r.get("queued_at_ms"),
+        lag_ms: r.get("lag_ms"),
+        admitted_by: r.get("admitted_by"),
+    }
+}
+
 /// One page of runs, newest admission first: `runs_queued_at_idx` read backwards from the
 /// cursor (the order is the index's, `DESC` = `DESC NULLS FIRST`, so no sort of the table),
 /// or a trigger's runs through `runs_trigger_idx`, stopping after `limit` rows that pass
@@ -319,9 +343,7 @@ pub async fn run_page(
         None => (None, None),
     };
     let sql = format!(
-        "SELECT r.run_id::text, r.trigger_id, r.idempotency_key, {RUN_KIND_SQL}, r.status,
-                r.scheduled_for_ms, r.queued_at_ms, r.queued_at_ms - r.scheduled_for_ms, r.admitted_by,
-                r.run_id
+        "SELECT {}, r.run_id AS run_uuid
            FROM qlsched.runs r
           WHERE r.queued_at_ms IS NOT NULL
             AND ($1::text IS NULL OR r.trigger_id = $1)
@@ -329,29 +351,17 @@ pub async fn run_page(
             AND ($3::text IS NULL OR r.status = $3)
             AND r.queued_at_ms <= coalesce($4::bigint, 9223372036854775807)
             AND ($4::bigint IS NULL OR r.queued_at_ms < $4 OR r.run_id < $5)
-          ORDER BY r.queued_at_ms DESC, r.run_id DESC LIMIT $6"
+          ORDER BY r.queued_at_ms DESC, r.run_id DESC LIMIT $6",
+        run_columns()
     );
     let rows = client
         .query(&sql, &[&f.trigger, &f.kind, &f.status, &bq, &bid, &f.limit])
         .await?;
-    let runs: Vec<RunItem> = rows
-        .iter()
-        .map(|r| RunItem {
-            run_id: r.get(0),
-            trigger_id: r.get(1),
-            idempotency_key: r.get(2),
-            kind: r.get(3),
-            status: r.get(4),
-            scheduled_for_ms: r.get(5),
-            queued_at_ms: r.get(6),
-            lag_ms: r.get(7),
-            admitted_by: r.get(8),
-        })
-        .collect();
+    let runs: Vec<RunItem> = rows.iter().map(run_item).collect();
     let next_before = match rows.last() {
         Some(last) if rows.len() as i64 == f.limit => last
-            .get::<_, Option<i64>>(6)
-            .map(|q| format!("{q}:{}", last.get::<_, uuid::Uuid>(9))),
+            .get::<_, Option<i64>>("queued_at_ms")
+            .map(|q| format!("{q}:{}", last.get::<_, uuid::Uuid>("run_uuid"))),
         _ => None,
     };
     Ok(RunsPage { runs, next_before })
@@ -509,11 +519,9 @@ pub async fn run_detail(
         .start()
         .await?;
     let sql = format!(
-        "SELECT r.run_id::text AS run_id, r.trigger_id, r.idempotency_key, {RUN_KIND_SQL} AS kind,
-                r.status, r.scheduled_for_ms, r.queued_at_ms,
-                r.queued_at_ms - r.scheduled_for_ms AS lag_ms, r.admitted_by, r.cancelled,
-                r.execution_revision_id::text AS execution_revision_id
-           FROM qlsched.runs r WHERE r.run_id = $1"
+        "SELECT {}, r.cancelled, r.execution_revision_id::text AS execution_revision_id
+           FROM qlsched.runs r WHERE r.run_id = $1",
+        run_columns()
     );
     let Some(r) = tx.query_opt(&sql, &[&run_id]).await? else {
         tx.rollback().await?;
@@ -557,17 +565,7 @@ pub async fn run_detail(
         .collect();
     tx.rollback().await?;
     Ok(Some(RunDetail {
-        run: RunItem {
-            run_id: r.get("run_id"),
-            trigger_id: r.get("trigger_id"),
-            idempotency_key: r.get("idempotency_key"),
-            kind: r.get("kind"),
-            status: r.get("status"),
-            scheduled_for_ms: r.get("scheduled_for_ms"),
-            queued_at_ms: r.get("queued_at_ms"),
-            lag_ms: r.get("lag_ms"),
-            admitted_by: r.get("admitted_by"),
-        },
+        run: run_item(&r),
         cancelled: r.get("cancelled"),
         execution_revision_id: r.get("execution_revision_id"),
         attempts,

@@ -47,10 +47,10 @@ pub fn parse_payload(payload: &str) -> Option<Option<i64>> {
     if payload.is_empty() {
         return Some(None);
     }
-    if payload.len() > 19 || !payload.bytes().all(|b| b.is_ascii_digit()) {
+    if !payload.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    payload.parse::<i64>().ok().map(Some)
+    payload.parse::<i64>().ok().map(Some) // too many digits: out of range, None
 }
 
 /// Of the sessions `$1` (notification senders' backend pids), those whose role may not

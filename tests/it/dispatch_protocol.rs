@@ -400,22 +400,28 @@ async fn a_paused_dispatchers_late_heartbeat_start_and_finish_are_refused() {
     );
 }
 
+/// Pins every run to a new execution revision of `spec` (as the superuser): its settings
+/// (`max_attempts`, …) are what the protocol reads at take and expiry.
+async fn pin_spec(su: &tokio_postgres::Client, spec: &str) {
+    su.execute(
+        "WITH e AS (
+           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
+           VALUES (gen_random_uuid(), 'proj', 'remote_worker', $1, encode(sha256(convert_to($1, 'UTF8')), 'hex'), 0)
+           RETURNING execution_revision_id)
+         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
+        &[&spec],
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn an_expired_attempt_is_retried_exactly_once_with_max_attempts_2() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
     let runs = queued_runs(&db, 1).await;
     // The run pins a revision whose spec allows two attempts.
-    su.batch_execute(
-        "WITH e AS (
-           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
-           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
-             FROM (VALUES ('{\"image\":\"demo\",\"max_attempts\":2}')) v(s)
-           RETURNING execution_revision_id)
-         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
-    )
-    .await
-    .unwrap();
+    pin_spec(&su, "{\"image\":\"demo\",\"max_attempts\":2}").await;
     let d = db.client("qlsched_dispatcher").await;
     let first = take_leases(&d, "w1", 1, 30_000).await;
     assert_eq!(first.len(), 1);
@@ -613,16 +619,7 @@ async fn recovery_leaves_runs_under_the_protocol_alone_and_reports_the_old_takes
     let db = TestDb::new().await;
     let su = db.superuser().await;
     queued_runs(&db, 5).await;
-    su.batch_execute(
-        "WITH e AS (
-           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
-           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
-             FROM (VALUES ('{\"max_attempts\":3}')) v(s)
-           RETURNING execution_revision_id)
-         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
-    )
-    .await
-    .unwrap();
+    pin_spec(&su, "{\"max_attempts\":3}").await;
     let d = db.client("qlsched_dispatcher").await;
     // One run lost and queued again (attempt 2), one taken, one running: all the protocol's.
     let lost = take_leases(&d, "w", 1, 30_000).await;
@@ -663,16 +660,7 @@ async fn runs_show_lists_every_attempt_and_runs_list_filters_by_status() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
     let runs = queued_runs(&db, 3).await;
-    su.batch_execute(
-        "WITH e AS (
-           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
-           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
-             FROM (VALUES ('{\"max_attempts\":2}')) v(s)
-           RETURNING execution_revision_id)
-         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
-    )
-    .await
-    .unwrap();
+    pin_spec(&su, "{\"max_attempts\":2}").await;
     let d = db.client("qlsched_dispatcher").await;
     let first = take_leases(&d, "w1", 1, 30_000).await;
     end_leases(&db).await;
@@ -1021,16 +1009,7 @@ async fn a_requested_cancel_reaches_the_holders_heartbeat_and_stops_retries() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
     let runs = queued_runs(&db, 2).await;
-    su.batch_execute(
-        "WITH e AS (
-           INSERT INTO qlsched.execution_revisions (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
-           SELECT gen_random_uuid(), 'proj', 'remote_worker', s, encode(sha256(convert_to(s, 'UTF8')), 'hex'), 0
-             FROM (VALUES ('{\"max_attempts\":3}')) v(s)
-           RETURNING execution_revision_id)
-         UPDATE qlsched.runs SET execution_revision_id = (SELECT execution_revision_id FROM e)",
-    )
-    .await
-    .unwrap();
+    pin_spec(&su, "{\"max_attempts\":3}").await;
     let d = db.client("qlsched_dispatcher").await;
     let taken = take_leases(&d, "w", 2, 30_000).await;
     assert!(start(&d, &taken[0], 30_000).await);

@@ -234,18 +234,12 @@ pub async fn backfill_chunk(
         .await;
     if let Err(e) = locked {
         tx.rollback().await?;
-        if crate::store::locks::is_lock_timeout(&e) {
-            return Err(crate::store::locks::timed_out(
-                client,
-                "trigger backfill",
-                crate::store::runs::PRUNE_LOCK_NAME,
-                crate::store::runs::PRUNE_QUEUED_LOCK,
-                bound,
-            )
-            .await
-            .into());
-        }
-        return Err(e.into());
+        let lock = (
+            crate::store::runs::PRUNE_LOCK_NAME,
+            crate::store::runs::PRUNE_QUEUED_LOCK,
+        );
+        let why = crate::store::locks::wait_error(client, e, "trigger backfill", lock, bound);
+        return Err(why.await.into());
     }
     let pruned_through: Option<i64> = tx
         .query_opt(

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use qlsched::store::manage::{self, TriggerSpec};
 
 use super::check::Expect;
-use super::{Drill, Stage, EVERY_SECOND};
+use super::{db_now, scalar, Drill, Stage, EVERY_SECOND};
 use crate::helpers::delay::DelayProxy;
+use crate::helpers::wait_until;
 
 const TRIGGERS: usize = 100;
 const OPERATORS: usize = 4;
@@ -72,8 +73,25 @@ async fn republishing_over_a_slow_link_admits_every_instant_once() {
         publishes += p;
         changed += c;
     }
-    // The last revisions' first occurrences admitted.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Every trigger admitted past the last publish: its last revision's first occurrences
+    // are in before the replicas stop.
+    let ended = db_now(&stage.sql).await;
+    wait_until(
+        "every trigger admitted past the last publish",
+        Duration::from_secs(30),
+        || async {
+            scalar(
+                &stage.sql,
+                &format!(
+                    "SELECT count(DISTINCT trigger_id) FROM qlsched.runs
+                      WHERE scheduled_for_ms > {ended} + 1000"
+                ),
+            )
+            .await
+                == TRIGGERS as i64
+        },
+    )
+    .await;
     stage.fleet.stop_all().await;
     drill.report.note(format!(
         "publishes: {publishes}, of which {changed} made a new revision"
