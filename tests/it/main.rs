@@ -1,6 +1,6 @@
 //! The integration tests: one binary, one throwaway PostgreSQL.
 
-mod helpers;
+use qlsched_testkit as helpers;
 
 mod config_validation;
 mod connect;

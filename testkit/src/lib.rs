@@ -1,8 +1,6 @@
 //! Test harness: one throwaway PostgreSQL per test binary, a migrated template database,
 //! and a fresh database per test (`CREATE DATABASE … TEMPLATE`, tens of ms).
 
-#![allow(dead_code)]
-
 pub mod claimed;
 pub mod cli;
 pub mod deadhost;
@@ -25,7 +23,7 @@ use qlsched::store::migrate::{self, Roles};
 use qlsched::store::{self, Pool};
 
 pub const PREFIX: &str = "qlsched";
-pub(crate) const TEMPLATE: &str = "qlsched_template";
+pub const TEMPLATE: &str = "qlsched_template";
 
 pub struct Cluster {
     pub port: u16,
@@ -33,7 +31,7 @@ pub struct Cluster {
 }
 
 static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-pub(crate) static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+pub static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 static ROOTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
@@ -138,7 +136,7 @@ pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
         .unwrap()
 }
 
-pub(crate) async fn make_template(port: u16) {
+pub async fn make_template(port: u16) {
     let roles = Roles::with_prefix(PREFIX).unwrap();
     migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
         .await

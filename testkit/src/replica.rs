@@ -8,9 +8,25 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// The binary under test (built by cargo with the same features as the tests).
+/// The binary under test: `QLSCHED_BIN` when set, else the `qlsched` that cargo built beside
+/// the running test or example (`target/<profile>/deps/…` or `target/<profile>/examples/…`),
+/// with the same features.
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_qlsched"))
+    if let Some(bin) = std::env::var_os("QLSCHED_BIN") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().expect("the path of the running executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the running executable lies under target/<profile>/");
+    let bin = profile_dir.join("qlsched");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build` (or set QLSCHED_BIN)",
+        bin.display()
+    );
+    bin
 }
 
 pub struct ReplicaProc {

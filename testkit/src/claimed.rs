@@ -63,13 +63,13 @@ impl Claimed {
     /// Admits `a` alone, on a connection of the claim's pool.
     pub async fn admit(&self, a: &Admission) -> AdmitOutcome {
         let conn = self.conn().await;
-        crate::helpers::drive::admit_once(&conn, a).await.unwrap()
+        crate::drive::admit_once(&conn, a).await.unwrap()
     }
 }
 
 async fn claim_due(pool: &Pool, owner: &str, lease_ms: i64, limit: i64) -> Vec<ClaimedRow> {
     let conn = store::conn(pool).await.unwrap();
-    crate::helpers::drive::claim_due(&conn, owner, lease_ms, limit, uuid::Uuid::new_v4())
+    crate::drive::claim_due(&conn, owner, lease_ms, limit, uuid::Uuid::new_v4())
         .await
         .unwrap()
 }
