@@ -2,8 +2,9 @@
 //! it. Each setting is documented once, in the comments of `config/default.toml`, and
 //! docs/settings.md is rendered from them: these tests hold the comments to the keys the
 //! configuration accepts, to the bounds it enforces and to the values the file sets, and the
-//! page to the comments. Two facts still written twice are checked here too: the systemd
-//! unit's comment on the stop timings, and the metrics help on what sends notifications.
+//! page to the comments. Facts still written twice are checked here too: the commented-out
+//! defaults of the example replica files, the systemd unit's comment on the stop timings, and
+//! the metrics help on what sends notifications.
 
 use std::collections::BTreeSet;
 
@@ -12,6 +13,20 @@ use regex::Regex;
 
 const SETTINGS_PAGE: &str = include_str!("../../docs/settings.md");
 const UNIT: &str = include_str!("../../config/systemd/qlsched@.service");
+const REPLICA_FILES: [(&str, &str); 3] = [
+    (
+        "replica-a.toml",
+        include_str!("../../config/replica-a.toml"),
+    ),
+    (
+        "replica-b.toml",
+        include_str!("../../config/replica-b.toml"),
+    ),
+    (
+        "replica-c.toml",
+        include_str!("../../config/replica-c.toml"),
+    ),
+];
 
 #[test]
 fn the_settings_page_is_rendered_from_the_current_defaults() {
@@ -145,6 +160,32 @@ fn the_defaults_file_states_the_default_it_sets() {
             }
         }
     }
+}
+
+/// The example replica files show the keys they leave alone commented out (`# lease = "30s"`),
+/// with the value they then keep: the built-in default.
+#[test]
+fn the_replica_files_commented_out_keys_show_the_built_in_defaults() {
+    let commented = Regex::new(r"^# ([a-z_]+) = (.+)$").unwrap();
+    let mut checked = 0;
+    for (file, text) in REPLICA_FILES {
+        let mut section = String::new();
+        for line in text.lines() {
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.to_owned();
+            } else if let Some(c) = commented.captures(line) {
+                let key = format!("{section}.{}", &c[1]);
+                if key == "database.password_file" {
+                    continue; // an example path, not a default
+                }
+                let set = reference::default_of(&key)
+                    .unwrap_or_else(|| panic!("{file}: `{key}` has no built-in default"));
+                assert_eq!(&c[2], set, "{file}: `{key}`");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} commented-out keys");
 }
 
 #[test]
