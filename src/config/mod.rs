@@ -19,6 +19,7 @@ mod duration;
 mod error;
 mod layers;
 mod raw;
+pub mod reference;
 mod validate;
 
 use std::fmt;

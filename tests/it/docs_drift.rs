@@ -1,107 +1,202 @@
-//! Documentation that states a default or a behaviour agrees with the code that has it: the
-//! settings tables of docs/design.md and the README and the systemd unit's comment against
-//! the built-in `config/default.toml`, and the metrics help against what sends notifications.
+//! Documentation that states a default, a bound or a behaviour agrees with the code that has
+//! it. Each setting is documented once, in the comments of `config/default.toml`, and
+//! docs/settings.md is rendered from them: these tests hold the comments to the keys the
+//! configuration accepts, to the bounds it enforces and to the values the file sets, and the
+//! page to the comments. Facts still written twice are checked here too: the commented-out
+//! defaults of the example replica files, the systemd unit's comment on the stop timings, and
+//! the metrics help on what sends notifications.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
-const DESIGN: &str = include_str!("../../docs/design.md");
-const README: &str = include_str!("../../README.md");
+use qlsched::config::reference;
+use regex::Regex;
+
+const SETTINGS_PAGE: &str = include_str!("../../docs/settings.md");
 const UNIT: &str = include_str!("../../config/systemd/qlsched@.service");
+const REPLICA_FILES: [(&str, &str); 3] = [
+    (
+        "replica-a.toml",
+        include_str!("../../config/replica-a.toml"),
+    ),
+    (
+        "replica-b.toml",
+        include_str!("../../config/replica-b.toml"),
+    ),
+    (
+        "replica-c.toml",
+        include_str!("../../config/replica-c.toml"),
+    ),
+];
 
-/// `section.key` → value as written in `config/default.toml` (strings unquoted).
-fn defaults() -> BTreeMap<String, String> {
-    let t: toml::Table = qlsched::config::DEFAULT_TOML.parse().unwrap();
-    let mut out = BTreeMap::new();
-    for (section, keys) in t {
-        for (key, v) in keys.as_table().into_iter().flatten() {
-            let v = match v {
-                toml::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            out.insert(format!("{section}.{key}"), v);
-        }
-    }
-    out
+#[test]
+fn the_settings_page_is_rendered_from_the_current_defaults() {
+    assert!(
+        SETTINGS_PAGE == reference::markdown(),
+        "docs/settings.md is stale: run `cargo run --example settings-doc` and commit it"
+    );
 }
 
-/// The `| `key` | default | …` rows of the first table after `heading`: key → default, with
-/// backticks and spaces removed (`5 s` and `5s` compare equal).
-fn table(doc: &str, heading: &str) -> BTreeMap<String, String> {
-    let start = doc
-        .find(heading)
-        .unwrap_or_else(|| panic!("no `{heading}`"));
-    doc[start..]
-        .lines()
-        .skip_while(|l| !l.starts_with('|'))
-        .take_while(|l| l.starts_with('|'))
-        .filter_map(|l| {
-            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-            let key = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-            let default: String = cells
-                .get(2)?
-                .chars()
-                .filter(|c| *c != '`' && *c != ' ')
-                .collect();
-            Some((key.to_string(), default))
+#[test]
+fn every_accepted_setting_is_documented_in_the_defaults_file_and_nothing_else_is() {
+    let accepted: BTreeSet<String> = reference::accepted_keys().into_iter().collect();
+    assert!(accepted.len() >= 30, "{accepted:?}");
+    let documented: BTreeSet<String> = reference::sections()
+        .into_iter()
+        .flat_map(|s| s.settings)
+        .flat_map(|s| s.keys)
+        .collect();
+    let undocumented: Vec<_> = accepted.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "accepted by the configuration but without a `# key: …` comment in config/default.toml: \
+         {undocumented:?}"
+    );
+    let unknown: Vec<_> = documented.difference(&accepted).collect();
+    assert!(
+        unknown.is_empty(),
+        "documented in config/default.toml but refused by the configuration: {unknown:?}"
+    );
+}
+
+/// `5s`, `100ms`, `1d`, `64` → a comparable number (milliseconds for durations).
+fn magnitude(number: &str, unit: Option<&str>) -> u128 {
+    let n: u128 = number.parse().unwrap();
+    n * match unit {
+        None => 1,
+        Some("ms") => 1,
+        Some("s") => 1_000,
+        Some("m") => 60_000,
+        Some("h") => 3_600_000,
+        Some("d") => 86_400_000,
+        Some(other) => panic!("unit {other}"),
+    }
+}
+
+/// Every `lo..=hi` range written in `text`, as magnitudes.
+fn ranges(text: &str) -> Vec<(u128, u128)> {
+    let re = Regex::new(r"(\d+)(ms|s|m|h|d)?\.\.=(\d+)(ms|s|m|h|d)?").unwrap();
+    re.captures_iter(text)
+        .map(|c| {
+            let unit = |i: usize| c.get(i).map(|m| m.as_str());
+            (magnitude(&c[1], unit(2)), magnitude(&c[3], unit(4)))
         })
         .collect()
 }
 
-fn squeeze(s: &str) -> String {
-    s.chars().filter(|c| *c != ' ').collect()
-}
-
-#[test]
-fn design_md_settings_table_has_every_timing_setting_with_the_built_in_default() {
-    let defaults = defaults();
-    let rows = table(DESIGN, "## What each setting bounds");
-    let wanted = defaults.keys().filter(|k| {
-        k.starts_with("scheduler.")
-            || k.starts_with("metrics.")
-            || *k == "database.pool_size"
-            || *k == "database.connect_timeout"
-    });
-    for key in wanted {
-        let doc = rows
-            .get(key)
-            .unwrap_or_else(|| panic!("docs/design.md's settings table lacks `{key}`"));
-        assert_eq!(
-            *doc,
-            squeeze(&defaults[key]),
-            "docs/design.md says `{key}` defaults to {doc}; config/default.toml says {}",
-            defaults[key]
-        );
-    }
-}
-
-#[test]
-fn readme_settings_table_states_the_built_in_defaults() {
-    let defaults = defaults();
-    let rows = table(README, "| key | default | bound |");
-    assert!(rows.len() >= 15, "{rows:?}");
-    for (key, value) in &defaults {
-        let doc = rows
-            .get(key)
-            .unwrap_or_else(|| panic!("the README's settings table lacks `{key}`"));
-        let want = if value.is_empty() {
-            "none".to_string()
-        } else {
-            squeeze(value)
+/// The bound the configuration enforces on `key`, as the problem it reports for a value far
+/// out of range names it (`must be within 1s..=300s`); `None` for a key without a range.
+fn enforced_range(dir: &std::path::Path, key: &str) -> Option<(u128, u128)> {
+    let (section, name) = key.split_once('.').unwrap();
+    for value in ["99999999", "\"9999d\""] {
+        let path = dir.join("replica.toml");
+        std::fs::write(
+            &path,
+            format!("[replica]\nid = \"a\"\n[{section}]\n{name} = {value}\n"),
+        )
+        .unwrap();
+        let Err(err) = qlsched::config::Config::load_with_env(&path, []) else {
+            continue;
         };
-        assert_eq!(*doc, want, "README: `{key}`");
+        let bound = err
+            .problems()
+            .iter()
+            .filter(|p| p.key == key)
+            .find_map(|p| p.bound.strip_prefix("must be within "));
+        if let Some(bound) = bound {
+            return ranges(bound).first().copied();
+        }
     }
+    None
+}
+
+#[test]
+fn the_defaults_file_states_the_bound_the_configuration_enforces() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for section in reference::sections().iter().filter(|s| s.name != "replica") {
+        for setting in &section.settings {
+            for key in &setting.keys {
+                let Some(range) = enforced_range(dir.path(), key) else {
+                    continue;
+                };
+                checked += 1;
+                assert!(
+                    ranges(&setting.text).contains(&range),
+                    "config/default.toml on `{key}` does not state the bound the configuration \
+                     enforces ({range:?}): {}",
+                    setting.text
+                );
+            }
+        }
+    }
+    assert!(checked >= 15, "only {checked} ranges found");
+}
+
+#[test]
+fn the_defaults_file_states_the_default_it_sets() {
+    let said = Regex::new(r#"\bDefault:? ("[^"]*"|\[\]|\S+)"#).unwrap();
+    for setting in reference::sections().into_iter().flat_map(|s| s.settings) {
+        let stated = said.captures(&setting.text).map(|c| {
+            c[1].trim_end_matches(['.', ',', ':'])
+                .trim_matches('"')
+                .to_owned()
+        });
+        for key in &setting.keys {
+            let set = reference::default_of(key).map(|v| v.trim_matches('"').to_owned());
+            match (&stated, &set) {
+                (None, None) => {}
+                (Some(stated), None) => assert_eq!(stated, "none", "`{key}`: {}", setting.text),
+                (Some(stated), Some(set)) if stated.is_empty() => {
+                    assert!(set.is_empty(), "`{key}` is {set:?}: {}", setting.text)
+                }
+                (Some(stated), Some(set)) => assert!(
+                    set.starts_with(stated.as_str()),
+                    "`{key}` is {set:?} but its comment says {stated:?}: {}",
+                    setting.text
+                ),
+                (None, Some(set)) => {
+                    panic!("`{key}` is set to {set:?} but its comment states no default")
+                }
+            }
+        }
+    }
+}
+
+/// The example replica files show the keys they leave alone commented out (`# lease = "30s"`),
+/// with the value they then keep: the built-in default.
+#[test]
+fn the_replica_files_commented_out_keys_show_the_built_in_defaults() {
+    let commented = Regex::new(r"^# ([a-z_]+) = (.+)$").unwrap();
+    let mut checked = 0;
+    for (file, text) in REPLICA_FILES {
+        let mut section = String::new();
+        for line in text.lines() {
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.to_owned();
+            } else if let Some(c) = commented.captures(line) {
+                let key = format!("{section}.{}", &c[1]);
+                if key == "database.password_file" {
+                    continue; // an example path, not a default
+                }
+                let set = reference::default_of(&key)
+                    .unwrap_or_else(|| panic!("{file}: `{key}` has no built-in default"));
+                assert_eq!(&c[2], set, "{file}: `{key}`");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} commented-out keys");
 }
 
 #[test]
 fn the_unit_files_timing_comment_states_the_built_in_defaults() {
-    let defaults = defaults();
     for key in ["scheduler.cadence", "scheduler.drain"] {
-        let re =
-            regex::Regex::new(&format!(r"{} \(default (\S+?)[,)]", regex::escape(key))).unwrap();
+        let re = Regex::new(&format!(r"{} \(default (\S+?)[,)]", regex::escape(key))).unwrap();
         let said = re
             .captures(UNIT)
             .unwrap_or_else(|| panic!("the unit file's comment does not give {key}'s default"));
-        assert_eq!(&said[1], defaults[key], "qlsched@.service on {key}");
+        let set = reference::default_of(key).unwrap();
+        assert_eq!(&said[1], set.trim_matches('"'), "qlsched@.service on {key}");
     }
 }
 
