@@ -46,7 +46,17 @@ fn main() {
     }
     for a in upward {
         let file = a.file.strip_prefix(&src).unwrap_or(&a.file);
-        let how = if a.upward().is_some() { "upward" } else { "unranked" };
-        println!("{how}: {} -> {}  (src/{}:{})", a.from, a.to, file.display(), a.line);
+        let how = if a.upward().is_some() {
+            "upward"
+        } else {
+            "unranked"
+        };
+        println!(
+            "{how}: {} -> {}  (src/{}:{})",
+            a.from,
+            a.to,
+            file.display(),
+            a.line
+        );
     }
 }

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod console;
+pub mod db;
 pub mod engine;
 pub mod health;
 pub mod http;

@@ -19,10 +19,12 @@ use crate::actors::derived;
 use crate::actors::supervisor::{Drain, Heartbeat, Supervisor};
 use crate::actors::Settings;
 use crate::config::{Config, LogFormat};
+use crate::db;
+use crate::db::session::Connector;
+use crate::db::Pool;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::store::session::Connector;
-use crate::store::{self, migrate, recovery, release, replicas, Pool};
+use crate::store::{migrate, recovery, release, replicas};
 
 /// How long a replica id held by a process of this host name is asked for again before the
 /// start is refused (its holder may have just died).
@@ -64,7 +66,7 @@ pub enum StartupError {
     #[error("installing the signal handlers: {0}")]
     Signals(std::io::Error),
     #[error(transparent)]
-    Store(#[from] store::StoreError),
+    Store(#[from] db::StoreError),
 }
 
 impl From<replicas::GuardError> for StartupError {
@@ -136,7 +138,7 @@ impl ReplicaGuard {
             ttl: derived::guard_ttl(lease),
             lost: false,
         };
-        let conn = store::conn(pool).await?;
+        let conn = db::conn(pool).await?;
         let host = hostname();
         // A predecessor on this host killed a moment ago may still have its session in the
         // database (a backend ends its statement before it notices the closed socket): a
@@ -183,7 +185,7 @@ impl ReplicaGuard {
     async fn hand_over(
         &self,
         conn: &tokio_postgres::Client,
-    ) -> Result<Option<u64>, store::StoreError> {
+    ) -> Result<Option<u64>, db::StoreError> {
         if self.lost {
             return Ok(None);
         }
@@ -217,7 +219,7 @@ pub struct Replica {
     watchdog: Option<Heartbeat>,
     running: Option<Running>,
     /// Where the console's pool connects (the pool's target, keepalives included).
-    console_target: store::Target,
+    console_target: db::Target,
 }
 
 struct Running {
@@ -256,7 +258,7 @@ impl Replica {
             connect_timeout: cfg.database.connect_timeout,
         };
         let settings = Settings::from_config(&cfg, connector);
-        let pool = store::build_pool(
+        let pool = db::build_pool(
             pg.clone(),
             cfg.database.pool_size,
             cfg.database.connect_timeout,
@@ -270,7 +272,7 @@ impl Replica {
         let mut settings = settings;
         settings.guard = Some(guard.terms());
         {
-            let conn = store::conn(&pool).await?;
+            let conn = db::conn(&pool).await?;
             let released = release::release_all_owned(&conn, &settings.owner).await?;
             if released > 0 {
                 info!(log, "released leases left by a previous incarnation"; "count" => released);
@@ -425,7 +427,7 @@ impl Replica {
         if health.is_guard_lost() {
             end = End::GuardLost;
         }
-        match store::conn(&pool).await {
+        match db::conn(&pool).await {
             // With the guard lost, another process owns this replica id and every lease under
             // it: releasing "our" leases would release theirs. The hand-over itself is
             // conditioned on the guard row, so a loss no round has seen yet counts too.
@@ -463,16 +465,16 @@ impl Replica {
 
 /// Waits for the database and runs the readiness gate; retries connection failures (the
 /// database may come up after us) but fails at once on a schema that is not ready.
-async fn wait_ready(pool: &Pool, target: &store::Target, log: &Logger) -> Result<(), StartupError> {
+async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<(), StartupError> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match store::conn(pool).await {
+        match db::conn(pool).await {
             Ok(conn) => {
                 // The pooler probe first: it speaks only the simple-query protocol, and
                 // nothing prepared may go through a transaction pooler before it refused.
                 drop(conn);
-                store::pooler::require_session_pooling(pool, target).await?;
-                let conn = store::conn(pool).await?;
+                db::pooler::require_session_pooling(pool, target).await?;
+                let conn = db::conn(pool).await?;
                 let role = migrate::current_role(&conn).await?;
                 let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;
                 if problems.is_empty() {
@@ -521,15 +523,15 @@ impl Signals {
 /// against an attacker on the path: `disable`, `prefer` (a forged "no TLS" answer is
 /// accepted), or `require` without a root certificate (any certificate is accepted).
 /// Empty when the mode verifies the server or every host is loopback or a socket.
-pub fn unverified_tcp_hosts(target: &store::Target) -> Vec<String> {
-    use crate::store::tls::SslMode;
+pub fn unverified_tcp_hosts(target: &db::Target) -> Vec<String> {
+    use crate::db::tls::SslMode;
     use tokio_postgres::config::Host;
     let tls = target.tls().settings();
     let weak = match tls.mode {
         SslMode::Disable | SslMode::Prefer => true,
         SslMode::Require => {
             tls.root_cert.is_none()
-                && !crate::store::tls::default_root_cert().is_some_and(|p| p.exists())
+                && !crate::db::tls::default_root_cert().is_some_and(|p| p.exists())
         }
         SslMode::VerifyCa | SslMode::VerifyFull => false,
     };

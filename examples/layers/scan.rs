@@ -36,7 +36,6 @@ pub const LAYERS: &[&[&str]] = &[
     &["cli"],
 ];
 
-
 /// One reference from a file of one top-level module to another top-level module.
 #[derive(Clone, Debug)]
 pub struct Arrow {

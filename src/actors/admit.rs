@@ -8,9 +8,9 @@ use slog::{debug, o, warn, Logger};
 use tokio::sync::oneshot;
 
 use super::Settings;
+use crate::db::session::Session;
 use crate::engine::{AdmitError, Engine, Job, JobResult};
 use crate::metrics::Metrics;
-use crate::store::session::Session;
 
 pub struct AdmitActor {
     /// The engine, absent while a batch runs (it is moved into the batch's future).

@@ -184,9 +184,9 @@ async fn status(target: &Target, json: bool) -> Result<(), CliError> {
 }
 
 /// A connection that could not be made names the host; other errors stay as they are.
-fn unreachable_or(pg: &tokio_postgres::Config, e: crate::store::StoreError) -> CliError {
+fn unreachable_or(pg: &tokio_postgres::Config, e: crate::db::StoreError) -> CliError {
     match &e {
-        crate::store::StoreError::Db(db) if db.as_db_error().is_none() => CliError::Unreachable {
+        crate::db::StoreError::Db(db) if db.as_db_error().is_none() => CliError::Unreachable {
             host: connect::host_of(pg),
             source: e,
         },

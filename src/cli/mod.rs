@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub use connect::{passfile_lookup, Target};
+pub use connect::Target;
 pub use error::CliError;
 pub use triggers::{occurrences_in, BACKFILL_DEFAULT_MAX, BACKFILL_HARD_CAP};
 

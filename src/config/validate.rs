@@ -9,8 +9,6 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::check::Checker;
-use super::credfile::Rule;
-use super::dsn::{self, Secret};
 use super::error::ConfigProblem;
 use super::layers::Merged;
 use super::raw::{RawConfig, RawDatabase, RawHttp, RawRetention, RawScheduler};
@@ -18,6 +16,8 @@ use super::{
     Config, ConsoleAuth, ConsoleConfig, DatabaseConfig, HttpConfig, LogConfig, LogFormat,
     MetricsConfig, ReplicaId, RetentionConfig, SchedulerConfig, TlsFiles,
 };
+use crate::db::credfile::Rule;
+use crate::db::dsn::{self, Secret};
 
 const REPLICA_ID_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warning", "error", "critical"];

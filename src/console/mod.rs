@@ -26,11 +26,12 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
 use crate::config::{ConsoleAuth, ConsoleConfig};
+use crate::db;
+use crate::db::{Pool, StoreError};
 use crate::metrics::Metrics;
 use crate::store::manage::ManageError;
 use crate::store::triggers::StateFilter;
 use crate::store::views::{self, RunFilter, TriggerFilter, PAGE_MAX};
-use crate::store::{self, Pool, StoreError};
 
 /// The version this replica runs (shown on the overview).
 pub const VERSION: &str = concat!(
@@ -83,14 +84,14 @@ impl Console {
     /// The console with its own pool of `cfg.pool_size` connections to `target` (through
     /// the same connect path as every connection of the replica). Connects on demand.
     pub fn new(
-        target: crate::store::Target,
+        target: crate::db::Target,
         connect_timeout: Duration,
         cfg: ConsoleConfig,
         metrics: Metrics,
         replica_id: String,
         log: &slog::Logger,
     ) -> Console {
-        let pool = store::build_pool(target, cfg.pool_size, connect_timeout, log);
+        let pool = db::build_pool(target, cfg.pool_size, connect_timeout, log);
         Console {
             pool,
             throttle: std::sync::Arc::new(throttle::Throttle::new(cfg.login_failures_per_minute)),
@@ -215,7 +216,7 @@ impl Console {
     /// console's statement and lock timeouts ([`read_only`]).
     async fn begin<'c>(
         &self,
-        conn: &'c mut store::Conn<'_>,
+        conn: &'c mut db::Conn<'_>,
     ) -> Result<tokio_postgres::Transaction<'c>, StoreError> {
         read_only(conn, self.cfg.statement_timeout).await
     }
@@ -244,7 +245,7 @@ pub async fn read_only(
 macro_rules! read {
     ($c:expr, $tx:ident => $body:expr) => {
         async {
-            let mut conn = store::conn(&$c.pool).await?;
+            let mut conn = db::conn(&$c.pool).await?;
             let $tx = $c.begin(&mut conn).await?;
             let out = $body;
             $tx.commit().await.map_err(StoreError::from)?;

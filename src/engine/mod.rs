@@ -27,12 +27,13 @@ use std::time::{Duration, Instant};
 use actix::Message;
 use slog::{debug, warn, Logger};
 
+use crate::db::session::{bounded, Session};
+use crate::db::StoreError;
 use crate::metrics::Metrics;
 use crate::schedule::RejectReason;
 use crate::store::admit::{self, Admission, AdmitOutcome, Occurrence, Refusal, Resolution};
 use crate::store::claim::ClaimedRow;
-use crate::store::session::{bounded, Session};
-use crate::store::{release, StoreError};
+use crate::store::release;
 
 /// What to do with one leased row, as the claim actor decided. The row itself is the job's
 /// `claim` (it travels once).

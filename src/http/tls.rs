@@ -18,8 +18,8 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use slog::{info, warn};
 
-use crate::config::credfile::{self, Rule};
 use crate::config::TlsFiles;
+use crate::db::credfile::{self, Rule};
 
 /// How often a handshake looks whether the files changed.
 const RECHECK: Duration = Duration::from_secs(1);

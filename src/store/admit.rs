@@ -5,7 +5,7 @@ use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::claim::ClaimedRow;
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 
 /// The fixed idempotency key of an occurrence.
@@ -199,7 +199,7 @@ async fn admit_with(
     ]
     .into_iter()
     .flatten()
-    .any(super::connection_lost);
+    .any(crate::db::connection_lost);
     if lost {
         return Err(StoreError::OutcomeUnknown);
     }

@@ -2,7 +2,7 @@
 
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 
 /// The four-part lease fence, plus where the claimed row version lives.

@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::schedule::{MisfirePolicy, Schedule, ScheduleError, DEFAULT_MISFIRE_GRACE_MS};
 

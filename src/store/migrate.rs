@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::{StoreError, SCHEMA};
+use crate::db::{StoreError, SCHEMA};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -269,12 +269,12 @@ fn literal(s: &str) -> String {
 /// Creates the LOGIN roles (if missing), the database owned by the owner role (if missing),
 /// and the schema; runs as a superuser. Idempotent.
 pub async fn bootstrap(
-    superuser: impl Into<super::Target>,
+    superuser: impl Into<crate::db::Target>,
     roles: &Roles,
     database: &str,
 ) -> Result<(), StoreError> {
-    let superuser: super::Target = superuser.into();
-    let client = super::connect(&superuser).await?;
+    let superuser: crate::db::Target = superuser.into();
+    let client = crate::db::connect(&superuser).await?;
     for role in roles.all() {
         let exists = client
             .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
@@ -302,7 +302,7 @@ pub async fn bootstrap(
     drop(client);
     let mut in_db = superuser.clone();
     in_db.dbname(database);
-    let client = super::connect(&in_db).await?;
+    let client = crate::db::connect(&in_db).await?;
     let connect_roles = roles.all().map(ident).join(", ");
     // PUBLIC keeps nothing on the database: PostgreSQL gives it CONNECT and TEMPORARY on
     // every new one, and no qlsched role may create temporary tables (`db check` refuses
@@ -325,7 +325,7 @@ pub async fn bootstrap(
 /// grants, with the default lock time-out and bound ([`MigrateOptions`]); waits are not
 /// reported. Refuses a database whose applied stream diverges from the binary's.
 pub async fn migrate(
-    owner: impl Into<super::Target>,
+    owner: impl Into<crate::db::Target>,
     roles: &Roles,
 ) -> Result<Vec<String>, StoreError> {
     migrate_set(
@@ -348,6 +348,8 @@ pub enum Drift {
     /// Applied in the database, unknown to this binary (a newer or foreign migration).
     Extra { file: String, version: i32 },
 }
+
+impl std::error::Error for Drift {}
 
 impl fmt::Display for Drift {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

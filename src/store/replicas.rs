@@ -14,7 +14,7 @@
 use uuid::Uuid;
 
 use super::migrate::BINARY_VERSION;
-use super::StoreError;
+use crate::db::StoreError;
 
 /// Who holds a replica id now.
 #[derive(Clone, Debug, PartialEq, Eq)]

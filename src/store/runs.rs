@@ -6,7 +6,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::status::RUN_KIND_SQL;
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 
 /// Which runs a cancel is about.
@@ -263,7 +263,7 @@ pub async fn read_queued_backlog(
 ///
 /// Locking: the function takes [`PRUNE_QUEUED_LOCK`] exclusively, which any role may hold
 /// (advisory locks take no privilege), then locks runs `FOR UPDATE SKIP LOCKED` and the
-/// maintenance row. Its transaction's lock waits are bounded (store::locks), and a time-out
+/// maintenance row. Its transaction's lock waits are bounded (db::locks), and a time-out
 /// names the lock's holders.
 pub async fn prune_queued_chunk(
     client: &mut tokio_postgres::Client,
@@ -271,7 +271,7 @@ pub async fn prune_queued_chunk(
     ids: &[Uuid],
 ) -> Result<u64, StoreError> {
     let tx = client.transaction().await?;
-    let bound = super::locks::bound_waits(&tx).await?;
+    let bound = crate::db::locks::bound_waits(&tx).await?;
     let pruned = tx
         .query_one(
             "SELECT qlsched.prune_queued($1::bigint, $2::uuid[])",
@@ -286,7 +286,7 @@ pub async fn prune_queued_chunk(
         Err(e) => {
             tx.rollback().await?;
             let lock = (PRUNE_LOCK_NAME, PRUNE_QUEUED_LOCK);
-            Err(super::locks::wait_error(client, e, "runs prune", lock, bound).await)
+            Err(crate::db::locks::wait_error(client, e, "runs prune", lock, bound).await)
         }
     }
 }

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::StoreError;
+use crate::db::StoreError;
 
 #[derive(Debug, Serialize)]
 pub struct ReplicaStatus {

@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::manage::ManageError;
 use super::status::{RUN_KINDS, RUN_KIND_SQL};
 use super::triggers::{self, ListQuery, StateFilter, TriggerView};
-use super::StoreError;
 use crate::cli::render;
+use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::schedule::Schedule;
 

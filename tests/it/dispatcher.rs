@@ -331,7 +331,7 @@ async fn an_install_from_before_the_dispatcher_gets_its_role_from_a_second_boots
     let roles = Roles::with_prefix("up21").unwrap();
     migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
     // As an install bootstrapped before V10: no dispatcher role.
-    let c = qlsched::store::connect(&su).await.unwrap();
+    let c = qlsched::db::connect(&su).await.unwrap();
     c.batch_execute(
         "REVOKE CONNECT ON DATABASE up21db FROM up21_dispatcher; DROP ROLE up21_dispatcher",
     )
@@ -345,14 +345,14 @@ async fn an_install_from_before_the_dispatcher_gets_its_role_from_a_second_boots
         "{e}"
     );
     // Refused before anything was applied.
-    let c = qlsched::store::connect(&owner).await.unwrap();
+    let c = qlsched::db::connect(&owner).await.unwrap();
     assert_eq!(
         migrate::stream_drift(&c).await.unwrap().len(),
         migrate::embedded_count()
     );
     migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
     migrate::migrate(&owner, &roles).await.unwrap();
-    let check = qlsched::store::connect(&owner).await.unwrap();
+    let check = qlsched::db::connect(&owner).await.unwrap();
     assert_eq!(
         migrate::check(&check, &roles.checked()).await.unwrap(),
         Vec::<String>::new()

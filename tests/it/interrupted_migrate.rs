@@ -56,7 +56,7 @@ async fn empty_db() -> TestDb {
 /// `db bootstrap` leaves a database (`CREATE DATABASE` does not copy database grants).
 async fn copy(db: &TestDb) -> TestDb {
     let name = next_name("k");
-    let su = qlsched::store::connect(&pg_config(db.port, "postgres", "postgres"))
+    let su = qlsched::db::connect(&pg_config(db.port, "postgres", "postgres"))
         .await
         .unwrap();
     su.batch_execute(&format!(
@@ -76,7 +76,7 @@ async fn copy(db: &TestDb) -> TestDb {
 }
 
 async fn drop_db(db: TestDb) {
-    let su = qlsched::store::connect(&pg_config(db.port, "postgres", "postgres"))
+    let su = qlsched::db::connect(&pg_config(db.port, "postgres", "postgres"))
         .await
         .unwrap();
     su.batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", db.name))

@@ -7,8 +7,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use qlsched::db;
+use qlsched::db::StoreError;
 use qlsched::store::migrate::{self, ConcurrentIndex, MigrateOptions, MigrationSet, Roles};
-use qlsched::store::{self, StoreError};
 
 use crate::helpers::claimed::admission;
 use crate::helpers::cli::{command, ok, refused};
@@ -95,7 +96,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
     );
     // Admissions (the engine's claim and admission statements) while the migration waits.
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let (mut admitted, mut slowest) = (0, Duration::ZERO);
     let mut pace = tokio::time::interval(Duration::from_millis(30));
     while !migrating.is_finished() {

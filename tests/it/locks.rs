@@ -36,7 +36,7 @@ async fn session_of(
 ) -> (tokio_postgres::Client, i32) {
     let mut cfg = db.config(role);
     cfg.application_name(application);
-    let c = qlsched::store::connect(&cfg).await.unwrap();
+    let c = qlsched::db::connect(&cfg).await.unwrap();
     c.batch_execute(sql).await.unwrap();
     let pid: i32 = c
         .query_one("SELECT pg_backend_pid()", &[])

@@ -17,7 +17,7 @@ use tokio_postgres::error::SqlState;
 
 use super::compat::{file_name, MigrationSet};
 use super::{manifest, Drift, Roles, HISTORY_TABLE};
-use crate::store::{StoreError, SCHEMA};
+use crate::db::{StoreError, SCHEMA};
 
 /// How `db migrate` waits for locks.
 #[derive(Clone, Debug)]
@@ -93,6 +93,8 @@ pub struct GaveUp {
     /// A concurrent index build (left INVALID; the next `db migrate` rebuilds it).
     pub index: Option<String>,
 }
+
+impl std::error::Error for GaveUp {}
 
 impl fmt::Display for GaveUp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -172,7 +174,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// then builds its concurrent indexes. Returns the applied migrations (`V13__name`).
 /// `on_wait` hears of every lock time-out that will be retried.
 pub async fn migrate_set(
-    owner: impl Into<crate::store::Target>,
+    owner: impl Into<crate::db::Target>,
     roles: &Roles,
     set: &MigrationSet,
     opts: &MigrateOptions,
@@ -187,7 +189,7 @@ pub async fn migrate_set(
 /// before the concurrent index builds.
 #[cfg(feature = "fault-injection")]
 pub async fn migrate_set_killed_after(
-    owner: impl Into<crate::store::Target>,
+    owner: impl Into<crate::db::Target>,
     roles: &Roles,
     set: &MigrationSet,
     opts: &MigrateOptions,
@@ -197,14 +199,14 @@ pub async fn migrate_set_killed_after(
 }
 
 async fn run(
-    owner: crate::store::Target,
+    owner: crate::db::Target,
     roles: &Roles,
     set: &MigrationSet,
     opts: &MigrateOptions,
     on_wait: &mut (dyn FnMut(&Wait) + Send),
     killed_after: Option<i32>,
 ) -> Result<Vec<String>, StoreError> {
-    let mut client = crate::store::connect(&owner).await?;
+    let mut client = crate::db::connect(&owner).await?;
     let pending = pending(&client, roles, set).await?;
     client
         .batch_execute(&format!(
@@ -223,7 +225,7 @@ async fn run(
     } else {
         // A second session watches what a waiting migration waits on (the waiting one
         // cannot).
-        let monitor = crate::store::connect(&owner).await?;
+        let monitor = crate::db::connect(&owner).await?;
         for m in &pending {
             let step = Step {
                 set,
@@ -271,7 +273,7 @@ async fn pending<'s>(
         .get(0);
     if !got {
         // Any role may hold it (advisory locks take no privilege): name who does.
-        let holders = crate::store::locks::holders(client, MIGRATE_LOCK).await?;
+        let holders = crate::db::locks::holders(client, MIGRATE_LOCK).await?;
         return Err(StoreError::MigrateRunning(Box::new(holders)));
     }
     let drift = super::drift_of(client, set).await?;

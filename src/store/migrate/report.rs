@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::compat::{self, file_name, MigrationSet};
 use super::{BINARY_VERSION, HISTORY_TABLE};
-use crate::store::StoreError;
+use crate::db::StoreError;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct AppliedMigration {

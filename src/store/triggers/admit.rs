@@ -224,8 +224,8 @@ pub async fn backfill_chunk(
     // horizon, or keeps it waiting until the chunk commits. Without it, a chunk that passed
     // the command's horizon check could re-admit an occurrence whose run a prune had just
     // removed. Any role may take an advisory lock, so the wait (and every later one of the
-    // chunk) is bounded (store::locks), and a time-out names who holds it.
-    let bound = crate::store::locks::bound_waits(&tx).await?;
+    // chunk) is bounded (db::locks), and a time-out names who holds it.
+    let bound = crate::db::locks::bound_waits(&tx).await?;
     let locked = tx
         .execute(
             "SELECT pg_advisory_xact_lock_shared($1)",
@@ -238,7 +238,7 @@ pub async fn backfill_chunk(
             crate::store::runs::PRUNE_LOCK_NAME,
             crate::store::runs::PRUNE_QUEUED_LOCK,
         );
-        let why = crate::store::locks::wait_error(client, e, "trigger backfill", lock, bound);
+        let why = crate::db::locks::wait_error(client, e, "trigger backfill", lock, bound);
         return Err(why.await.into());
     }
     let pruned_through: Option<i64> = tx

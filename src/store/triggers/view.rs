@@ -2,9 +2,9 @@
 
 use serde::Serialize;
 
+use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::store::manage::ManageError;
-use crate::store::StoreError;
 
 /// One trigger as `trigger list` and `trigger show` print it. Times are Unix ms (database
 /// clock); `now_ms` is when the row was read.

@@ -2,9 +2,10 @@
 //! round leases them, with the pool they were claimed through and the admission a replica
 //! would build for each.
 
+use qlsched::db;
+use qlsched::db::{Conn, Pool};
 use qlsched::store::admit::{self, Admission, AdmitOutcome};
 use qlsched::store::claim::ClaimedRow;
-use qlsched::store::{self, Conn, Pool};
 
 use super::TestDb;
 
@@ -57,7 +58,7 @@ impl Claimed {
     }
 
     pub async fn conn(&self) -> Conn<'_> {
-        store::conn(&self.pool).await.unwrap()
+        db::conn(&self.pool).await.unwrap()
     }
 
     /// Admits `a` alone, on a connection of the claim's pool.
@@ -68,7 +69,7 @@ impl Claimed {
 }
 
 async fn claim_due(pool: &Pool, owner: &str, lease_ms: i64, limit: i64) -> Vec<ClaimedRow> {
-    let conn = store::conn(pool).await.unwrap();
+    let conn = db::conn(pool).await.unwrap();
     crate::helpers::drive::claim_due(&conn, owner, lease_ms, limit, uuid::Uuid::new_v4())
         .await
         .unwrap()

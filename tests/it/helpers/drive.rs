@@ -2,9 +2,9 @@
 //! a claim without a replica-id guard, an admission of one occurrence or of a batch on a
 //! fresh connection, one cursor move. Tests use them to stage and inspect single steps.
 
+use qlsched::db::StoreError;
 use qlsched::store::admit::{self, Admission, AdmitOutcome};
 use qlsched::store::claim::{self, ClaimedRow};
-use qlsched::store::StoreError;
 use uuid::Uuid;
 
 /// Leases up to `limit` due rows for `owner` for `lease_ms`, stamped with `round`, with no

@@ -20,9 +20,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use qlsched::db;
+use qlsched::db::Pool;
 use qlsched::store::manage::{self, TriggerSpec};
 use qlsched::store::migrate::{self, Roles};
-use qlsched::store::{self, Pool};
 
 pub const PREFIX: &str = "qlsched";
 pub(crate) const TEMPLATE: &str = "qlsched_template";
@@ -168,7 +169,7 @@ impl TestDb {
             std::process::id(),
             NEXT_DB.fetch_add(1, Ordering::SeqCst)
         );
-        let admin = store::connect(&pg_config(port, "postgres", "postgres"))
+        let admin = db::connect(&pg_config(port, "postgres", "postgres"))
             .await
             .unwrap();
         admin
@@ -199,7 +200,7 @@ impl TestDb {
     }
 
     pub async fn client(&self, user: &str) -> tokio_postgres::Client {
-        store::connect(&self.config(user)).await.unwrap()
+        db::connect(&self.config(user)).await.unwrap()
     }
     /// Statements the runtime role has run in this database, counted by the server
     /// (`pg_stat_statements`, read from the `postgres` database so that this database stays
@@ -314,8 +315,8 @@ impl TestDb {
         self.client("qlsched_admin").await
     }
     /// How a replica's claim round and admit engine connect to this database.
-    pub fn connector(&self) -> qlsched::store::session::Connector {
-        qlsched::store::session::Connector {
+    pub fn connector(&self) -> qlsched::db::session::Connector {
+        qlsched::db::session::Connector {
             pg: self.config("qlsched_runtime").into(),
             connect_timeout: Duration::from_secs(10),
         }
@@ -341,7 +342,7 @@ impl TestDb {
     }
 
     pub fn runtime_pool(&self, size: u32) -> Pool {
-        store::build_pool(
+        db::build_pool(
             self.config("qlsched_runtime"),
             size,
             Duration::from_secs(10),

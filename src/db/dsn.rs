@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use crate::store::tls::{SslMode, Tls, TlsError, TlsSettings};
-use crate::store::{SessionAttrs, Target};
+use super::tls::{SslMode, Tls, TlsError, TlsSettings};
+use super::{SessionAttrs, Target};
 
 /// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
 #[derive(Clone, PartialEq, Eq)]
@@ -77,7 +77,7 @@ fn driver_detail(e: &tokio_postgres::Error) -> String {
 /// Parses a libpq `key=value` string or a `postgres://` URL, with its TLS keywords, and
 /// reads the certificate files they name. Fails if it holds a password, or if a file is
 /// unreadable (the message names the keyword and the file).
-pub(super) fn parse(dsn: &str) -> Result<Target, String> {
+pub fn parse(dsn: &str) -> Result<Target, String> {
     let target = parse_with_password(dsn).map_err(|e| e.to_string())?;
     if target.get_password().is_some() {
         return Err(
@@ -348,7 +348,7 @@ fn percent_decode(s: &str) -> String {
 
 /// A `key=value` rendering of the parsed settings that identify the target, for logs.
 /// Built from the parsed config, so nothing secret can survive into it.
-pub(super) fn redacted(target: &Target) -> String {
+pub fn redacted(target: &Target) -> String {
     let pg: &tokio_postgres::Config = target;
     use tokio_postgres::config::Host;
     let mut parts = Vec::new();
@@ -400,7 +400,7 @@ pub(super) fn redacted(target: &Target) -> String {
 /// The DSN text with anything that looks like a password masked, for error messages about
 /// a DSN that may not even parse. The `key=value` pattern also covers a URL's
 /// `?password=` query parameter.
-pub(super) fn mask_text(dsn: &str) -> String {
+pub fn mask_text(dsn: &str) -> String {
     static KV: OnceLock<Regex> = OnceLock::new();
     static URL: OnceLock<Regex> = OnceLock::new();
     let kv = KV.get_or_init(|| {
@@ -414,10 +414,7 @@ pub(super) fn mask_text(dsn: &str) -> String {
 /// Reads a password file: it must exist, be readable, pass `rule` (libpq's passfile rule
 /// for `database.password_file`; its key rule for the console's credentials) on the open
 /// file, and hold a non-empty first line. One trailing newline (`\n` or `\r\n`) is trimmed.
-pub(super) fn read_password_file(
-    path: &str,
-    rule: super::credfile::Rule,
-) -> Result<Secret, String> {
+pub fn read_password_file(path: &str, rule: super::credfile::Rule) -> Result<Secret, String> {
     let text = super::credfile::read_text(std::path::Path::new(path), rule)
         .map_err(|e| format!("password file {e}"))?;
     let text = text
