@@ -16,6 +16,7 @@ pub mod http;
 pub mod metrics;
 pub mod retention;
 pub mod schedule;
+pub mod schema;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -24,7 +24,8 @@ use crate::db::session::Connector;
 use crate::db::Pool;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::store::{migrate, recovery, release, replicas};
+use crate::schema;
+use crate::store::{recovery, release, replicas};
 
 /// How long a replica id held by a process of this host name is asked for again before the
 /// start is refused (its holder may have just died).
@@ -475,8 +476,8 @@ async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<()
                 drop(conn);
                 db::pooler::require_session_pooling(pool, target).await?;
                 let conn = db::conn(pool).await?;
-                let role = migrate::current_role(&conn).await?;
-                let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;
+                let role = schema::current_role(&conn).await?;
+                let problems = schema::check(&conn, &[(&role, "runtime")]).await?;
                 if problems.is_empty() {
                     return Ok(());
                 }

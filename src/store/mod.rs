@@ -9,7 +9,7 @@ pub mod admit;
 pub mod claim;
 pub mod dispatch;
 pub mod manage;
-pub mod migrate;
+
 pub mod recovery;
 pub mod release;
 pub mod replicas;

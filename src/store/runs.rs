@@ -1,6 +1,6 @@
 //! `qlsched runs cancel`: an operator withdraws queued runs nobody has taken yet (a
 //! mistaken backfill, a fire by error). Admin role, column-level UPDATE on `runs(status,
-//! cancelled)` and `attempts(state, finished_at_ms)` (src/store/migrate.rs, COLUMN_GRANTS).
+//! cancelled)` and `attempts(state, finished_at_ms)` (src/schema/grants.rs, COLUMN_GRANTS).
 
 use serde::Serialize;
 use uuid::Uuid;

@@ -43,7 +43,7 @@ pub(super) async fn actor(
     given: Option<&str>,
 ) -> Result<String, CliError> {
     at_most("--actor", given, 100)?;
-    let role = crate::store::migrate::current_role(client).await?;
+    let role = crate::schema::current_role(client).await?;
     let person = given
         .map(str::to_string)
         .or_else(|| std::env::var("USER").ok())

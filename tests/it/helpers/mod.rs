@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use qlsched::db;
 use qlsched::db::Pool;
+use qlsched::schema::{self, Roles};
 use qlsched::store::manage::{self, TriggerSpec};
-use qlsched::store::migrate::{self, Roles};
 
 pub const PREFIX: &str = "qlsched";
 pub(crate) const TEMPLATE: &str = "qlsched_template";
@@ -141,10 +141,10 @@ pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
 
 pub(crate) async fn make_template(port: u16) {
     let roles = Roles::with_prefix(PREFIX).unwrap();
-    migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
+    schema::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
         .await
         .expect("bootstrap");
-    migrate::migrate(&pg_config(port, &roles.owner, TEMPLATE), &roles)
+    schema::migrate(&pg_config(port, &roles.owner, TEMPLATE), &roles)
         .await
         .expect("migrate");
 }

@@ -593,3 +593,20 @@ pub async fn build_indexes(
     }
     Ok(built)
 }
+
+/// Applies this binary's pending migrations (as the owner role) and installs the exact
+/// grants, with the default lock time-out and bound ([`MigrateOptions`]); waits are not
+/// reported. Refuses a database whose applied stream diverges from the binary's.
+pub async fn migrate(
+    owner: impl Into<crate::db::Target>,
+    roles: &Roles,
+) -> Result<Vec<String>, StoreError> {
+    migrate_set(
+        owner,
+        roles,
+        &MigrationSet::embedded(),
+        &MigrateOptions::default(),
+        &mut |_| {},
+    )
+    .await
+}

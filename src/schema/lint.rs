@@ -69,7 +69,7 @@ pub fn lint(version: i32, sql: &str) -> Vec<String> {
                 let t = bare(t.trim());
                 match LOCK_ORDER.iter().position(|o| *o == t) {
                     None => problems.push(format!(
-                        "`{short}`: qlsched.{t} is not in the lock order (store::migrate::lint::LOCK_ORDER)"
+                        "`{short}`: qlsched.{t} is not in the lock order (schema::lint::LOCK_ORDER)"
                     )),
                     Some(i) => {
                         if locked.last().is_some_and(|l| *l >= i) {
@@ -99,12 +99,12 @@ pub fn lint(version: i32, sql: &str) -> Vec<String> {
             if c.get(2).is_some() {
                 problems.push(format!(
                     "`{short}`: CREATE INDEX CONCURRENTLY cannot run in a migration's transaction; \
-                     declare it in store::migrate::CONCURRENT_INDEXES"
+                     declare it in schema::CONCURRENT_INDEXES"
                 ));
             } else if BUSY_TABLES.contains(&t.as_str()) {
                 problems.push(format!(
                     "`{short}`: plain CREATE INDEX on qlsched.{t} blocks its writers for the whole \
-                     build; declare a concurrent build in store::migrate::CONCURRENT_INDEXES"
+                     build; declare a concurrent build in schema::CONCURRENT_INDEXES"
                 ));
             }
         }
@@ -264,7 +264,7 @@ fn statements(sql: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::migrate::compat::{file_name, MigrationSet};
+    use crate::schema::compat::{file_name, MigrationSet};
 
     #[test]
     fn every_migration_from_v12_follows_the_live_database_rules() {
