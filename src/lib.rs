@@ -14,6 +14,7 @@ pub mod engine;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod present;
 pub mod retention;
 pub mod schedule;
 pub mod schema;

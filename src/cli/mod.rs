@@ -6,7 +6,7 @@ mod connect;
 mod db;
 mod define;
 pub mod error;
-pub(crate) mod render;
+
 mod runs;
 mod triggers;
 mod views;

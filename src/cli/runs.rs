@@ -7,8 +7,8 @@ use uuid::Uuid;
 
 use super::connect::{self, Target};
 use super::error::CliError;
-use super::render;
 use super::triggers::parse_time;
+use crate::present as render;
 use crate::store::runs::{self, Selection};
 
 /// Default `--max`: like `trigger backfill`.

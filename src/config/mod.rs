@@ -18,6 +18,7 @@ mod duration;
 mod error;
 mod layers;
 mod raw;
+pub mod tls;
 mod validate;
 
 use std::fmt;

@@ -460,13 +460,13 @@ fn http_tls(
                 cert: cert.clone().into(),
                 key: key.clone().into(),
             };
-            match crate::http::tls::load(&files) {
+            match super::tls::load(&files) {
                 Ok(_) => Some(Some(files)),
-                Err(crate::http::tls::LoadError::Cert(msg)) => {
+                Err(super::tls::LoadError::Cert(msg)) => {
                     c.problem("http.tls_cert_file", cert, msg);
                     None
                 }
-                Err(crate::http::tls::LoadError::Key(msg)) => {
+                Err(super::tls::LoadError::Key(msg)) => {
                     c.problem("http.tls_key_file", key, msg);
                     None
                 }

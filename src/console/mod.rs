@@ -486,7 +486,8 @@ async fn triggers(
             after: given(&q.after),
             limit: page_limit(q.limit)?,
         };
-        let page = read!(console, tx => views::trigger_page(&tx, &f, true).await?)?;
+        let page =
+            read!(console, tx => crate::present::triggers::trigger_page(&tx, &f, true).await?)?;
         Ok((pages::triggers(&q, f.limit, &page), to_json(&page)?))
     }
     .await;
@@ -495,7 +496,7 @@ async fn triggers(
 
 async fn trigger(console: web::Data<Console>, id: String, format: Format) -> HttpResponse {
     let r = async {
-        let d = read!(console, tx => views::trigger_detail(&tx, &id, 10, 50).await?)?;
+        let d = read!(console, tx => crate::present::triggers::trigger_detail(&tx, &id, 10, 50).await?)?;
         Ok((pages::trigger(&d), to_json(&d)?))
     }
     .await;

@@ -5,8 +5,9 @@ use maud::{html, Markup, DOCTYPE};
 
 use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
-use crate::cli::render;
-use crate::store::views::{self, RunsPage, TriggerDetail, TriggerItem, TriggerPage};
+use crate::present as render;
+use crate::present::triggers::{holder, state_text, TriggerDetail, TriggerItem, TriggerPage};
+use crate::store::views::{self, RunsPage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Nav {
@@ -254,12 +255,12 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (v.task_id) }
             td { code { (v.cron_expr) } }
             td { (v.timezone) }
-            td.wrap { (views::state_text(v)) }
+            td.wrap { (state_text(v)) }
             td { (t.next_fire_utc.as_deref().unwrap_or("-")) }
             td { (t.next_fire_local.as_deref().unwrap_or("-")) }
             td { (render::utc(v.last_scheduled_at_ms)) }
             td.num { (render::span(v.last_lag_ms)) }
-            td { (views::holder(v)) }
+            td { (holder(v)) }
         }
     }
 }
@@ -287,7 +288,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Task" } dd { (v.task_id) }
                 dt { "Cron" } dd { code { (v.cron_expr) } " in " (v.timezone) }
                 dt { "Misfire" } dd { (v.misfire_policy) " (grace " (v.misfire_grace_ms) " ms)" }
-                dt { "State" } dd id="state" { (views::state_text(v)) }
+                dt { "State" } dd id="state" { (state_text(v)) }
                 @if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
                     dt { "Last disable" } dd id="disable-note" {
                         (render::utc(Some(at))) " by " (by)
@@ -304,7 +305,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                     }
                 }
                 dt { "Last admitted" } dd { (render::utc(v.last_scheduled_at_ms)) " (lag " (render::span(v.last_lag_ms)) ")" }
-                dt { "Lease" } dd { (views::holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
+                dt { "Lease" } dd { (holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
             }
         }
         section aria-labelledby="next-h" {

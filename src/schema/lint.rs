@@ -282,46 +282,6 @@ mod tests {
         );
     }
 
-    /// The tables a statement opens, in the order it opens (and locks) them: the parser
-    /// takes each relation's lock as it meets it (a CTE before the next, an UPDATE's target
-    /// before its FROM list), i.e. in the order of first mention.
-    fn opened(sql: &str) -> Vec<String> {
-        let re = Regex::new(r"qlsched\.([a-z_]+)").unwrap();
-        let mut out: Vec<String> = Vec::new();
-        for c in re.captures_iter(sql) {
-            if !out.iter().any(|t| *t == c[1]) {
-                out.push(c[1].to_string());
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn the_lock_order_is_the_order_the_admission_statement_locks_in() {
-        let tables = opened(crate::store::admit::ADMIT_SQL);
-        let positions: Vec<usize> = tables
-            .iter()
-            .map(|t| {
-                LOCK_ORDER
-                    .iter()
-                    .position(|o| o == t)
-                    .unwrap_or_else(|| panic!("{t} is not in LOCK_ORDER"))
-            })
-            .collect();
-        assert!(
-            positions.windows(2).all(|w| w[0] < w[1]),
-            "the admission opens {tables:?}, against LOCK_ORDER {LOCK_ORDER:?}"
-        );
-        assert_eq!(tables.len(), 9, "{tables:?}");
-        // The claim opens replicas first, then trigger_schedules and triggers.
-        let claim = opened(crate::store::claim::CLAIM_DUE_SQL);
-        assert_eq!(
-            claim[..3],
-            ["replicas", "trigger_schedules", "triggers"],
-            "{claim:?}"
-        );
-    }
-
     fn one(sql: &str) -> Vec<String> {
         lint(20, &format!("-- qlsched: expand\n{sql}"))
     }

@@ -8,6 +8,8 @@
 pub mod admit;
 pub mod claim;
 pub mod dispatch;
+#[cfg(test)]
+mod lock_order;
 pub mod manage;
 
 pub mod recovery;

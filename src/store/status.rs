@@ -1,7 +1,5 @@
 //! Read-only views for `qlsched status`, `qlsched runs list` and the metrics gauges.
 
-use std::fmt::Write;
-
 use serde::Serialize;
 
 use crate::db::StoreError;
@@ -80,7 +78,8 @@ impl ByKind {
         }
     }
 
-    fn iter(&self) -> [(&'static str, &KindStatus); 3] {
+    /// The kinds in the order `qlsched status` lists them.
+    pub fn iter(&self) -> [(&'static str, &KindStatus); 3] {
         [
             ("cron", &self.cron),
             ("manual", &self.manual),
@@ -237,124 +236,4 @@ pub async fn read_bounded(
         by_kind,
         retention,
     })
-}
-
-impl Status {
-    pub fn render(&self) -> String {
-        let mut s = String::new();
-        let _ = writeln!(s, "replicas:");
-        for r in &self.replicas {
-            let _ = writeln!(
-                s,
-                "  {:<12} {:<5} heartbeat {:>6} ms ago  claims {:>4}  {}:{}",
-                r.replica_id,
-                if r.live { "live" } else { "gone" },
-                r.heartbeat_age_ms,
-                r.live_claims,
-                r.hostname,
-                r.pid
-            );
-        }
-        let ms = |v: Option<f64>| {
-            v.map(|x| format!("{x:.0} ms"))
-                .unwrap_or_else(|| "-".into())
-        };
-        let _ = writeln!(s, "live claims: {}", self.live_claims);
-        let _ = writeln!(
-            s,
-            "due backlog: {} (oldest {})",
-            self.due_backlog,
-            self.oldest_due_age_ms
-                .map(|x| format!("{x} ms"))
-                .unwrap_or_else(|| "-".into())
-        );
-        let _ = writeln!(
-            s,
-            "runs by kind:  admitted in the last minute  lag p50 / p99 over the kind's last runs"
-        );
-        for (kind, k) in self.by_kind.iter() {
-            let _ = writeln!(
-                s,
-                "  {:<9} {:>6}  p50 {:>10}  p99 {:>10}  over {} runs",
-                kind,
-                k.admitted_last_minute,
-                ms(k.lag_p50_ms),
-                ms(k.lag_p99_ms),
-                k.lag_sample
-            );
-        }
-        let _ = writeln!(s, "{}", self.retention.render());
-        s
-    }
-}
-
-impl RetentionStatus {
-    /// `retention: finished runs kept 30d (horizon pruned through T), oldest finished run
-    /// 2d 3h old; queued runs older than 1h: 0`.
-    pub fn render(&self) -> String {
-        let v = &self.view;
-        let kept = match v.finished_after_ms {
-            None => "not yet recorded by a replica".to_owned(),
-            Some(0) => "forever".to_owned(),
-            Some(ms) => span(ms),
-        };
-        let through = v
-            .pruned_through_ms
-            .and_then(chrono::DateTime::from_timestamp_millis)
-            .map(|d| d.format("%Y-%m-%dT%H:%M:%SZ").to_string())
-            .unwrap_or_else(|| "-".into());
-        let oldest = v
-            .oldest_finished_age_ms
-            .map(span)
-            .unwrap_or_else(|| "-".into());
-        format!(
-            "retention: finished runs kept {kept} (pruned through {through}); oldest finished run {oldest} old; queued runs older than {}: {}",
-            span(self.queued_alert_after_ms),
-            if v.old_queued >= super::retention::OLD_QUEUED_CAP {
-                format!("{} or more", super::retention::OLD_QUEUED_CAP)
-            } else {
-                v.old_queued.to_string()
-            }
-        )
-    }
-}
-
-/// `3d 4h`, `2h 5m`, `1m 30s`, `400ms`: the two largest units.
-fn span(ms: i64) -> String {
-    let units = [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ];
-    let mut parts = Vec::new();
-    let mut rest = ms.max(0);
-    for (name, size) in units {
-        if rest >= size || !parts.is_empty() {
-            parts.push(format!("{}{name}", rest / size));
-            rest %= size;
-        }
-        if parts.len() == 2 {
-            break;
-        }
-    }
-    if parts.is_empty() {
-        return format!("{}ms", ms.max(0));
-    }
-    parts.retain(|p| !p.starts_with('0'));
-    parts.join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::span;
-
-    #[test]
-    fn spans_show_the_two_largest_units() {
-        assert_eq!(span(3_600_000), "1h");
-        assert_eq!(span(2 * 86_400_000 + 3 * 3_600_000 + 5_000), "2d 3h");
-        assert_eq!(span(30 * 86_400_000), "30d");
-        assert_eq!(span(90_000), "1m 30s");
-        assert_eq!(span(400), "400ms");
-    }
 }

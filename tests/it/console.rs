@@ -403,19 +403,19 @@ async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it(
         limit: 5,
     };
     // No trigger is disabled: the first page looked at 10,000 ids and says where it stopped.
-    let p1 = qlsched::store::views::trigger_page(&client, &f(None), true)
+    let p1 = qlsched::present::triggers::trigger_page(&client, &f(None), true)
         .await
         .unwrap();
     assert!(p1.triggers.is_empty());
     assert_eq!(p1.next_after.as_deref(), Some("trg-09999"));
     // The rest (50 ids) ends the walk.
-    let p2 = qlsched::store::views::trigger_page(&client, &f(Some("trg-09999")), true)
+    let p2 = qlsched::present::triggers::trigger_page(&client, &f(Some("trg-09999")), true)
         .await
         .unwrap();
     assert!(p2.triggers.is_empty());
     assert_eq!(p2.next_after, None);
     // The CLI's walk is not bounded: it reads on until the page is full (here: to the end).
-    let cli = qlsched::store::views::trigger_page(&client, &f(None), false)
+    let cli = qlsched::present::triggers::trigger_page(&client, &f(None), false)
         .await
         .unwrap();
     assert!(cli.triggers.is_empty() && cli.next_after.is_none());
@@ -425,7 +425,7 @@ async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it(
         prefix: Some("trg-1004"),
         ..f(None)
     };
-    let p = qlsched::store::views::trigger_page(&client, &g, true)
+    let p = qlsched::present::triggers::trigger_page(&client, &g, true)
         .await
         .unwrap();
     let ids: Vec<&str> = p

@@ -11,20 +11,37 @@ use std::path::Path;
 fn no_module_imports_a_higher_layer() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let arrows = scan::arrows(&src);
-    assert!(!arrows.is_empty(), "no references found under {}", src.display());
+    assert!(
+        !arrows.is_empty(),
+        "no references found under {}",
+        src.display()
+    );
     let wrong: Vec<String> = arrows
         .iter()
         .filter(|a| a.upward() != Some(false))
         .map(|a| {
-            let file = a.file.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(&a.file);
+            let file = a
+                .file
+                .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                .unwrap_or(&a.file);
             let why = match a.upward() {
                 Some(_) => "upward",
                 None => "a module missing from scan::LAYERS",
             };
-            format!("{}:{}: {} -> {} ({why})", file.display(), a.line, a.from, a.to)
+            format!(
+                "{}:{}: {} -> {} ({why})",
+                file.display(),
+                a.line,
+                a.from,
+                a.to
+            )
         })
         .collect();
-    assert!(wrong.is_empty(), "arrows against the layer order:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "arrows against the layer order:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]
@@ -34,5 +51,8 @@ fn every_module_has_a_layer() {
         .into_iter()
         .filter(|m| scan::rank(m).is_none())
         .collect();
-    assert!(missing.is_empty(), "top-level modules without a layer in scan::LAYERS: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "top-level modules without a layer in scan::LAYERS: {missing:?}"
+    );
 }

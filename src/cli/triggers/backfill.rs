@@ -6,7 +6,7 @@ use serde_json::json;
 use super::{actor, parse_time};
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
-use crate::cli::render;
+use crate::present as render;
 use crate::schedule::Schedule;
 use crate::store::triggers;
 use crate::store::{manage, retention};

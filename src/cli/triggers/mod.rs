@@ -54,5 +54,3 @@ pub(super) async fn actor(
         None => role,
     })
 }
-
-pub(super) use crate::store::views::{holder, state_text};
