@@ -129,13 +129,13 @@ pub fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
         guard_held: None,
     };
     for r in rows {
-        match r.get::<_, Option<String>>(0) {
+        match r.get::<_, Option<String>>("trigger_id") {
             Some(_) => out.rows.push(claimed_row(r)),
             None => {
-                out.now_ms = r.get(8);
-                out.next_due_ms = r.get(20);
-                out.guard_extended = Some(r.get::<_, i64>(21) > 0);
-                out.guard_held = Some(r.get::<_, i64>(22) > 0);
+                out.now_ms = r.get("observed_at_ms");
+                out.next_due_ms = r.get("next_due_ms");
+                out.guard_extended = Some(r.get::<_, i64>("guard_extended") > 0);
+                out.guard_held = Some(r.get::<_, i64>("guard_held") > 0);
             }
         }
     }
@@ -236,13 +236,16 @@ UPDATE qlsched.trigger_schedules s
  WHERE s.trigger_id = ANY (ARRAY(SELECT trigger_id FROM picked UNION ALL SELECT trigger_id FROM fresh))
    AND t.trigger_id = s.trigger_id
    AND k.task_id = t.task_id
-RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
-          s.claim_owner, s.claim_token, s.claim_version, s.claim_expires_at_ms, obs.now_ms,
-          s.project_id, s.trigger_revision, t.content_digest, t.cron_expr, t.timezone,
-          t.misfire_policy, t.misfire_grace_ms, t.task_id, k.revision, k.content_digest,
-          k.execution_revision_id
+RETURNING s.trigger_id, s.ctid::text AS tid, s.next_fire_at_ms, s.state_version,
+          s.claim_owner, s.claim_token, s.claim_version, s.claim_expires_at_ms,
+          obs.now_ms AS observed_at_ms, s.project_id, s.trigger_revision,
+          t.content_digest AS trigger_digest, t.cron_expr, t.timezone, t.misfire_policy,
+          t.misfire_grace_ms, t.task_id, k.revision AS task_revision,
+          k.content_digest AS task_digest, k.execution_revision_id
 )
-SELECT claimed.*, NULL::bigint, NULL::bigint, NULL::bigint FROM claimed
+SELECT claimed.*, NULL::bigint AS next_due_ms, NULL::bigint AS guard_extended,
+       NULL::bigint AS guard_held
+  FROM claimed
 UNION ALL
 -- The probe row: the clock and the next instant a row becomes claimable (index head).
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint,
@@ -294,31 +297,32 @@ pub fn claim_variant(limit: u32) -> (&'static str, u32) {
     (sql, limit)
 }
 
+/// A leased row of [`CLAIM_DUE_SQL`] (or a variant), by column name.
 fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
     ClaimedRow {
-        trigger_id: r.get(0),
-        tid: r.get(1),
-        next_fire_at_ms: r.get(2),
-        state_version: r.get(3),
+        trigger_id: r.get("trigger_id"),
+        tid: r.get("tid"),
+        next_fire_at_ms: r.get("next_fire_at_ms"),
+        state_version: r.get("state_version"),
         fence: Fence {
-            owner: r.get(4),
-            token: r.get(5),
-            version: r.get(6),
-            expires_at_ms: r.get(7),
+            owner: r.get("claim_owner"),
+            token: r.get("claim_token"),
+            version: r.get("claim_version"),
+            expires_at_ms: r.get("claim_expires_at_ms"),
         },
-        observed_at_ms: r.get(8),
+        observed_at_ms: r.get("observed_at_ms"),
         def: TriggerDef {
-            project_id: r.get(9),
-            trigger_revision: r.get(10),
-            trigger_digest: r.get(11),
-            cron_expr: r.get(12),
-            timezone: r.get(13),
-            misfire_policy: r.get::<_, String>(14).parse(),
-            misfire_grace_ms: r.get(15),
-            task_id: r.get(16),
-            task_revision: r.get(17),
-            task_digest: r.get(18),
-            execution_revision_id: r.get(19),
+            project_id: r.get("project_id"),
+            trigger_revision: r.get("trigger_revision"),
+            trigger_digest: r.get("trigger_digest"),
+            cron_expr: r.get("cron_expr"),
+            timezone: r.get("timezone"),
+            misfire_policy: r.get::<_, String>("misfire_policy").parse(),
+            misfire_grace_ms: r.get("misfire_grace_ms"),
+            task_id: r.get("task_id"),
+            task_revision: r.get("task_revision"),
+            task_digest: r.get("task_digest"),
+            execution_revision_id: r.get("execution_revision_id"),
         },
     }
 }
