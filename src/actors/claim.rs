@@ -221,7 +221,7 @@ impl Actor for ClaimActor {
         let bound = self.args.lease + Duration::from_secs(5);
         ctx.wait(
             self.admit
-                .send(msg)
+                .send(super::admit::Admit(msg))
                 .timeout(bound)
                 .into_actor(self)
                 .map(move |res, act, ctx| {

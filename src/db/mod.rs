@@ -223,11 +223,16 @@ pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
     Err(StoreError::AllConnectionsClosed)
 }
 
-/// Connects a single client outside any pool (management commands, migrations).
+/// Connects a single client outside any pool (management commands, migrations). The
+/// connection's task logs how it ended when that was an error (through the global slog
+/// logger; the driver's errors never carry the password).
 pub async fn connect(target: impl Into<Target>) -> Result<tokio_postgres::Client, StoreError> {
     let (client, connection) = target.into().connect_raw().await?;
     tokio::spawn(async move {
-        let _ = connection.await;
+        if let Err(e) = connection.await {
+            slog::warn!(slog_scope::logger(), "database connection ended with an error";
+                "error" => describe(&e));
+        }
     });
     Ok(client)
 }

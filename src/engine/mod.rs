@@ -24,7 +24,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::Message;
 use slog::{debug, warn, Logger};
 
 use crate::db::session::{bounded, Session};
@@ -58,10 +57,9 @@ pub enum Kind {
     Reject(RejectReason),
 }
 
-/// One decided lease: the message a claim actor sends to the admit actor, and what the engine
-/// runs.
-#[derive(Clone, Debug, Message)]
-#[rtype(result = "JobResult")]
+/// One decided lease: what the engine runs (a claim actor hands it to the admit actor in
+/// `actors::admit::Admit`).
+#[derive(Clone, Debug)]
 pub struct Job {
     pub claim: ClaimedRow,
     pub action: Action,

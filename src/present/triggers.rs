@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::text::{local, utc};
 use crate::db::StoreError;
 use crate::schedule::Schedule;
-use crate::store::manage::ManageError;
+use crate::store::manage::{ManageError, ProjectStatus};
 use crate::store::triggers::{self, TriggerView};
 use crate::store::views::{next_fire, run_page, RunFilter, RunItem, TriggerFilter, TriggerRows};
 
@@ -60,7 +60,7 @@ pub fn state_text(v: &TriggerView) -> String {
             s.push_str(&format!(": {n}"));
         }
     }
-    if v.project_status != "active" {
+    if v.project_status != ProjectStatus::Active {
         s.push_str(&format!(" (project {})", v.project_status));
     }
     s

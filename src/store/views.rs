@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use super::manage::ProjectStatus;
 use super::status::{RUN_KINDS, RUN_KIND_SQL};
 use super::triggers::{self, ListQuery, StateFilter, TriggerView};
 use crate::db::StoreError;
@@ -17,7 +18,7 @@ pub const PAGE_MAX: i64 = 100;
 /// The next occurrence the cron will admit: the cursor, or (not yet decided) the first
 /// after now; none while the trigger cannot fire.
 pub fn next_fire(v: &TriggerView) -> Option<i64> {
-    if !v.enabled || v.project_status != "active" {
+    if !v.enabled || v.project_status != ProjectStatus::Active {
         return None;
     }
     v.next_fire_at_ms.or_else(|| {

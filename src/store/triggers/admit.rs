@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::{lock_trigger, LockedTrigger};
 use crate::db_now_ms;
 use crate::store::admit::{idempotency_key, mint_run_id};
-use crate::store::manage::{lock_project_status, ManageError};
+use crate::store::manage::{lock_project_status, ManageError, ProjectStatus};
 
 /// The key of a run fired by hand: one request id is one run of the trigger, whatever its
 /// revision (a fire retried after a republish finds the first one).
@@ -93,7 +93,7 @@ async fn lock_admittable(
         return Err(ManageError::Disabled { id: id.into() });
     }
     let status = lock_project_status(tx, &t.project).await?;
-    if status != "active" {
+    if status != ProjectStatus::Active {
         return Err(ManageError::ProjectInactive {
             id: id.into(),
             project: t.project,
@@ -314,8 +314,8 @@ pub async fn backfill_definition(
     if !row.get::<_, bool>(0) {
         return Err(ManageError::Disabled { id: id.into() });
     }
-    let status: String = row.get(6);
-    if status != "active" {
+    let status: ProjectStatus = row.get(6);
+    if status != ProjectStatus::Active {
         return Err(ManageError::ProjectInactive {
             id: id.into(),
             project: row.get(5),

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::db::StoreError;
 use crate::db_now_ms;
-use crate::store::manage::ManageError;
+use crate::store::manage::{ManageError, ProjectStatus};
 
 /// One trigger as `trigger list` and `trigger show` print it. Times are Unix ms (database
 /// clock); `now_ms` is when the row was read.
@@ -27,7 +27,7 @@ pub struct TriggerView {
     pub enabled_at_ms: Option<i64>,
     pub deleted_by: Option<String>,
     pub deleted_at_ms: Option<i64>,
-    pub project_status: String,
+    pub project_status: ProjectStatus,
     /// The schedule cursor: the next occurrence the cron will admit (None: not yet decided).
     pub next_fire_at_ms: Option<i64>,
     pub last_scheduled_at_ms: Option<i64>,
