@@ -8,8 +8,8 @@ mod define;
 pub mod error;
 
 mod runs;
+mod status;
 mod triggers;
-mod views;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -265,16 +265,16 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
             spec,
         }) => define::task_publish(&target, &project, &id, &spec).await,
         Command::Trigger(c) => trigger_command(c).await,
-        Command::Status { target, json, last } => views::status(&target, json, last).await,
+        Command::Status { target, json, last } => status::status(&target, json, last).await,
         Command::Runs(RunsCommand::List {
             target,
             trigger,
             status,
             limit,
             json,
-        }) => views::runs_list(&target, trigger.as_deref(), status.as_deref(), limit, json).await,
+        }) => runs::runs_list(&target, trigger.as_deref(), status.as_deref(), limit, json).await,
         Command::Runs(RunsCommand::Show { target, run, json }) => {
-            views::runs_show(&target, &run, json).await
+            runs::runs_show(&target, &run, json).await
         }
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,

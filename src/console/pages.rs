@@ -7,7 +7,7 @@ use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
 use crate::present::triggers::{holder, state_text, TriggerDetail, TriggerItem, TriggerPage};
-use crate::store::views::{self, RunsPage};
+use crate::store::browse::{self, RunsPage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Nav {
@@ -130,7 +130,7 @@ pub fn overview(o: &Overview) -> String {
         }
         section aria-labelledby="adm-h" {
             h2 id="adm-h" { "Admissions, last hour (cron)" }
-            @if h.capped { p.note { "Only the newest " (views::HISTORY_CAP) " admissions of the hour were read." } }
+            @if h.capped { p.note { "Only the newest " (browse::HISTORY_CAP) " admissions of the hour were read." } }
             figure {
                 (charts::bars("Cron admissions per minute", "", &admitted, x, 60_000.0, labels))
                 figcaption { "Admissions per minute" }
@@ -232,7 +232,7 @@ pub fn triggers(q: &TriggersQuery, limit: i64, page: &TriggerPage) -> String {
             }
         }
         @if page.next_after.is_some() && (page.triggers.len() as i64) < limit {
-            p.note { "A filtered page searches " (views::WALK_CAP) " triggers at a time; more may match further on." }
+            p.note { "A filtered page searches " (browse::WALK_CAP) " triggers at a time; more may match further on." }
         }
         nav.paging aria-label="Pages" {
             @if q.after.as_deref().is_some_and(|a| !a.is_empty()) {
@@ -338,7 +338,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
     layout(&format!("Trigger {}", v.trigger_id), Nav::Triggers, body)
 }
 
-fn runs_table(runs: &[views::RunItem], with_trigger: bool) -> Markup {
+fn runs_table(runs: &[browse::RunItem], with_trigger: bool) -> Markup {
     html! {
         @if runs.is_empty() {
             p.empty { "No runs match." }
@@ -389,7 +389,7 @@ pub fn runs(q: &RunsQuery, limit: i64, page: &RunsPage) -> String {
             label { "Status "
                 select name="status" {
                     option value="" selected[status.is_empty()] { "any" }
-                    @for s in views::RUN_STATUSES { option value=(s) selected[s == status] { (s) } }
+                    @for s in browse::RUN_STATUSES { option value=(s) selected[s == status] { (s) } }
                 }
             }
             input type="hidden" name="limit" value=(limit_s);

@@ -30,7 +30,7 @@ use crate::db::session::{bounded, Session};
 use crate::db::StoreError;
 use crate::metrics::Metrics;
 use crate::schedule::RejectReason;
-use crate::store::admit::{self, Admission, AdmitOutcome, Occurrence, Refusal, Resolution};
+use crate::store::admission::{self, Admission, AdmitOutcome, Occurrence, Refusal, Resolution};
 use crate::store::claim::ClaimedRow;
 use crate::store::release;
 
@@ -248,7 +248,7 @@ impl Engine {
         let bound = self.admit_timeout;
         let res = bounded("moving cursors", bound, async {
             let c = self.session.client().await?;
-            admit::advance_batch(c, &moves).await
+            admission::advance_batch(c, &moves).await
         })
         .await;
         match res {
@@ -334,7 +334,7 @@ impl Engine {
         // access (tests/it/plans.rs).
         let (c, stmt) = self
             .session
-            .prepared_within(admit::ADMIT_SQL, bound)
+            .prepared_within(admission::ADMIT_SQL, bound)
             .await?;
         let left = bound
             .saturating_sub(started.elapsed())
@@ -342,7 +342,7 @@ impl Engine {
         bounded(
             "the admission transaction",
             left,
-            admit::admit_batch_prepared(c, &stmt, &group),
+            admission::admit_batch_prepared(c, &stmt, &group),
         )
         .await
         .map_err(Arc::new)
@@ -611,7 +611,7 @@ impl Engine {
                 .max(Duration::from_millis(1));
             let res = bounded("resolving an unknown outcome", bound, async {
                 let c = self.session.client().await?;
-                admit::resolve_batch(c, &group).await
+                admission::resolve_batch(c, &group).await
             })
             .await;
             match res {

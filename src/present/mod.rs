@@ -9,4 +9,4 @@ pub mod status;
 pub mod text;
 pub mod triggers;
 
-pub use text::{local, span, table, two_units, utc};
+pub use text::{local, rfc3339, span, table, two_units, utc};

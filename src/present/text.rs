@@ -58,6 +58,14 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// RFC 3339 with the offset spelled `+00:00` (`runs show`), or the bare ms when out of
+/// range.
+pub fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|d| d.to_rfc3339())
+        .unwrap_or_else(|| ms.to_string())
+}
+
 /// `3d 4h`, `2h 5m`, `1m 30s`, `400ms`: the two largest units (retention's ages and
 /// horizons in `qlsched status`).
 pub fn two_units(ms: i64) -> String {

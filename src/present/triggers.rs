@@ -1,6 +1,6 @@
 //! The read-only views as the CLI's `--json`, its text and the console show them: a trigger
 //! with its next fire in UTC and its zone, its state and lease in words, its upcoming
-//! occurrences with DST marks, a run as one line. The rows are [`crate::store::views`]'s.
+//! occurrences with DST marks, a run as one line. The rows are [`crate::store::browse`]'s.
 
 use chrono::TimeZone;
 use chrono_tz::Tz;
@@ -9,9 +9,9 @@ use serde::Serialize;
 use super::text::{local, utc};
 use crate::db::StoreError;
 use crate::schedule::Schedule;
+use crate::store::browse::{next_fire, run_page, RunFilter, RunItem, TriggerFilter, TriggerRows};
 use crate::store::manage::{ManageError, ProjectStatus};
 use crate::store::triggers::{self, TriggerView};
-use crate::store::views::{next_fire, run_page, RunFilter, RunItem, TriggerFilter, TriggerRows};
 
 /// One trigger as `trigger list --json` prints it: the stored view plus the next fire (UTC
 /// and the trigger's zone) and whether a live lease holds it.
@@ -91,13 +91,13 @@ impl From<TriggerRows> for TriggerPage {
     }
 }
 
-/// One page of live triggers ([`crate::store::views::trigger_rows`]), as shown.
+/// One page of live triggers ([`crate::store::browse::trigger_rows`]), as shown.
 pub async fn trigger_page(
     client: &impl tokio_postgres::GenericClient,
     f: &TriggerFilter<'_>,
     walk: bool,
 ) -> Result<TriggerPage, StoreError> {
-    Ok(crate::store::views::trigger_rows(client, f, walk)
+    Ok(crate::store::browse::trigger_rows(client, f, walk)
         .await?
         .into())
 }

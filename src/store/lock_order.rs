@@ -21,7 +21,7 @@ fn opened(sql: &str) -> Vec<String> {
 
 #[test]
 fn the_lock_order_is_the_order_the_admission_statement_locks_in() {
-    let tables = opened(super::admit::ADMIT_SQL);
+    let tables = opened(super::admission::ADMIT_SQL);
     let positions: Vec<usize> = tables
         .iter()
         .map(|t| {

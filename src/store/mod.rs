@@ -5,13 +5,15 @@
 //! Time is always the database clock (`clock_timestamp()` in Unix ms, [`crate::db_now_ms`]),
 //! observed inside the same statement that acts on it. Connections come from [`crate::db`].
 
-pub mod admit;
+pub mod admission;
+pub mod browse;
 pub mod claim;
 pub mod dispatch;
 #[cfg(test)]
 mod lock_order;
 pub mod manage;
 
+pub mod queued_prune;
 pub mod recovery;
 pub mod release;
 pub mod replicas;
@@ -19,5 +21,4 @@ pub mod retention;
 pub mod runs;
 pub mod status;
 pub mod triggers;
-pub mod views;
 pub mod wake;

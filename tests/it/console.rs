@@ -395,7 +395,7 @@ async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it(
     let db = TestDb::new().await;
     db.seed_bulk(10_050, "0 0 1 1 *", 86_400_000).await;
     let client = db.client("qlsched_runtime").await;
-    let f = |after: Option<&'static str>| qlsched::store::views::TriggerFilter {
+    let f = |after: Option<&'static str>| qlsched::store::browse::TriggerFilter {
         project: None,
         state: qlsched::store::triggers::StateFilter::Disabled,
         prefix: None,
@@ -420,7 +420,7 @@ async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it(
         .unwrap();
     assert!(cli.triggers.is_empty() && cli.next_after.is_none());
     // A prefix is searched from the prefix on.
-    let g = qlsched::store::views::TriggerFilter {
+    let g = qlsched::store::browse::TriggerFilter {
         state: qlsched::store::triggers::StateFilter::All,
         prefix: Some("trg-1004"),
         ..f(None)
@@ -496,7 +496,7 @@ async fn the_overview_rereads_only_the_minutes_it_has_not_closed() {
         Some(3),
         "the closed minute was read again: {second}"
     );
-    let fresh = qlsched::store::views::admission_history(&su, "cron", None)
+    let fresh = qlsched::store::browse::admission_history(&su, "cron", None)
         .await
         .unwrap();
     let fresh = serde_json::to_string(&serde_json::json!({ "admissions": fresh })).unwrap();

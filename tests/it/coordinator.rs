@@ -423,7 +423,9 @@ async fn suspending_a_project_fences_out_its_live_claims() {
         .collect();
     let conn = held.conn().await;
     assert_eq!(
-        store::admit::advance_batch(&conn, &batch).await.unwrap(),
+        store::admission::advance_batch(&conn, &batch)
+            .await
+            .unwrap(),
         vec![false; 3]
     );
     store::manage::set_project(&mut admin, "proj", "active")

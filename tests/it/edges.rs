@@ -8,7 +8,7 @@ use qlsched::actors::supervisor::{Drain, Probe};
 use qlsched::actors::Settings;
 use qlsched::db;
 use qlsched::metrics::Metrics;
-use qlsched::store::admit::{self, Refusal};
+use qlsched::store::admission::{self, Refusal};
 use qlsched::store::{manage, recovery};
 
 use crate::helpers::claimed::{admission, Claimed};
@@ -377,7 +377,7 @@ async fn refusal_after(db: &TestDb, change: &str) -> Refusal {
         db.superuser().await.batch_execute(change).await.unwrap();
     }
     match c.admit(&c.admission()).await {
-        admit::AdmitOutcome::Refused { why } => why,
+        admission::AdmitOutcome::Refused { why } => why,
         other => panic!("expected a refusal, got {other:?}"),
     }
 }

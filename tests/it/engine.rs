@@ -13,7 +13,7 @@ use qlsched::db::session::{bounded, Connector, Session};
 use qlsched::db::StoreError;
 use qlsched::engine::{Action, AdmitError, Engine, Job, Kind, Outcome};
 use qlsched::metrics::Metrics;
-use qlsched::store::admit::Refusal;
+use qlsched::store::admission::Refusal;
 use qlsched::store::claim;
 use qlsched::store::claim::ClaimedRow;
 

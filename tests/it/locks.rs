@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use qlsched::schema::{self, Roles};
-use qlsched::store::runs::PRUNE_QUEUED_LOCK;
+use qlsched::store::queued_prune::PRUNE_QUEUED_LOCK;
 use qlsched::store::triggers::backfill_chunk;
 
 use crate::helpers::cli::{command, stderr, stdout};

@@ -9,7 +9,7 @@ use qlsched::config::RetentionConfig;
 use qlsched::metrics::Metrics;
 use qlsched::retention::Pruner;
 use qlsched::schema;
-use qlsched::store::admit::AdmitOutcome;
+use qlsched::store::admission::AdmitOutcome;
 use qlsched::store::retention;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
@@ -811,7 +811,7 @@ async fn a_prune_batch_waits_for_a_backfill_chunk_in_progress() {
         .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock_shared({});
              SELECT pruned_through_ms FROM qlsched.maintenance WHERE task = 'prune'",
-            qlsched::store::runs::PRUNE_QUEUED_LOCK
+            qlsched::store::queued_prune::PRUNE_QUEUED_LOCK
         ))
         .await
         .unwrap();

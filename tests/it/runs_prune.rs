@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use qlsched::schema;
-use qlsched::store::admit::AdmitOutcome;
+use qlsched::store::admission::AdmitOutcome;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
 use qlsched::store::triggers::backfill_chunk;
 use serde_json::Value;
@@ -474,7 +474,7 @@ async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrenc
 #[test]
 fn the_prune_lock_key_is_the_one_v12_takes() {
     let v12 = include_str!("../../migrations/V12__prune_queued.sql");
-    let key = qlsched::store::runs::PRUNE_QUEUED_LOCK.to_string();
+    let key = qlsched::store::queued_prune::PRUNE_QUEUED_LOCK.to_string();
     assert!(
         v12.contains(&format!("pg_advisory_xact_lock({key})")),
         "V12 does not lock {key}"

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use qlsched::store::admit::{self, Admission, AdmitOutcome, Refusal, Resolution};
+use qlsched::store::admission::{self, Admission, AdmitOutcome, Refusal, Resolution};
 use qlsched::store::{manage, release};
 use uuid::Uuid;
 
@@ -366,7 +366,7 @@ async fn an_unknown_outcome_is_resolved_by_key_and_fence() {
 
 async fn resolve(c: &Claimed, a: &Admission) -> Resolution {
     let conn = c.conn().await;
-    admit::resolve_batch(&conn, std::slice::from_ref(a))
+    admission::resolve_batch(&conn, std::slice::from_ref(a))
         .await
         .unwrap()
         .remove(0)
@@ -467,7 +467,7 @@ async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
         .collect();
     batch[0].0.fence.version += 1;
     assert_eq!(
-        admit::advance_batch(&conn, &batch).await.unwrap(),
+        admission::advance_batch(&conn, &batch).await.unwrap(),
         vec![false, true, true]
     );
     assert_eq!(db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NULL AND next_fire_at_ms IS NOT NULL").await, 2);
@@ -475,10 +475,10 @@ async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
 
 #[test]
 fn run_ids_of_one_replica_share_a_prefix_and_increase() {
-    let a1 = admit::mint_run_id("a");
+    let a1 = admission::mint_run_id("a");
     std::thread::sleep(Duration::from_millis(2));
-    let a2 = admit::mint_run_id("a");
-    let b = admit::mint_run_id("b");
+    let a2 = admission::mint_run_id("a");
+    let b = admission::mint_run_id("b");
     assert_eq!(a1.as_bytes()[..4], a2.as_bytes()[..4]);
     assert_ne!(a1.as_bytes()[..4], b.as_bytes()[..4]);
     assert!(a2 > a1, "time-ordered within a replica");

@@ -7,13 +7,13 @@
 
 mod backfill;
 mod ops;
-mod view;
+mod show;
 
 pub use backfill::{
     backfill, occurrences_in, BackfillArgs, BACKFILL_DEFAULT_MAX, BACKFILL_HARD_CAP,
 };
 pub use ops::{delete, disable, enable, fire, ChangeArgs};
-pub use view::{list, show};
+pub use show::{list, show};
 
 use super::error::CliError;
 

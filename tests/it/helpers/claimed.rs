@@ -4,7 +4,7 @@
 
 use qlsched::db;
 use qlsched::db::{Conn, Pool};
-use qlsched::store::admit::{self, Admission, AdmitOutcome};
+use qlsched::store::admission::{self, Admission, AdmitOutcome};
 use qlsched::store::claim::ClaimedRow;
 
 use super::TestDb;
@@ -83,7 +83,7 @@ pub fn admission(c: &ClaimedRow) -> Admission {
         claim: c.clone(),
         scheduled_for_ms: sf,
         next_fire_at_ms: sf + 1000,
-        run_id: admit::mint_run_id(&c.fence.owner),
+        run_id: admission::mint_run_id(&c.fence.owner),
         attempt_id: uuid::Uuid::new_v4(),
         admitted_by: c.fence.owner.clone(),
     }

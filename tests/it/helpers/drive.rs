@@ -3,7 +3,7 @@
 //! fresh connection, one cursor move. Tests use them to stage and inspect single steps.
 
 use qlsched::db::StoreError;
-use qlsched::store::admit::{self, Admission, AdmitOutcome};
+use qlsched::store::admission::{self, Admission, AdmitOutcome};
 use qlsched::store::claim::{self, ClaimedRow};
 use uuid::Uuid;
 
@@ -30,8 +30,8 @@ pub async fn admit_batch(
     conn: &tokio_postgres::Client,
     batch: &[Admission],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
-    let stmt = conn.prepare(admit::ADMIT_SQL).await?;
-    admit::admit_batch_prepared(conn, &stmt, batch).await
+    let stmt = conn.prepare(admission::ADMIT_SQL).await?;
+    admission::admit_batch_prepared(conn, &stmt, batch).await
 }
 
 /// One admission transaction for one occurrence.
@@ -49,5 +49,5 @@ pub async fn advance_cursor(
     c: &ClaimedRow,
     next_fire_at_ms: i64,
 ) -> Result<bool, StoreError> {
-    Ok(admit::advance_batch(conn, &[(c.clone(), next_fire_at_ms)]).await?[0])
+    Ok(admission::advance_batch(conn, &[(c.clone(), next_fire_at_ms)]).await?[0])
 }

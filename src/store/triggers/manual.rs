@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::{lock_trigger, LockedTrigger};
 use crate::db_now_ms;
-use crate::store::admit::{idempotency_key, mint_run_id};
+use crate::store::admission::{idempotency_key, mint_run_id};
 use crate::store::manage::{lock_project_status, ManageError, ProjectStatus};
 
 /// The key of a run fired by hand: one request id is one run of the trigger, whatever its
@@ -229,14 +229,14 @@ pub async fn backfill_chunk(
     let locked = tx
         .execute(
             "SELECT pg_advisory_xact_lock_shared($1)",
-            &[&crate::store::runs::PRUNE_QUEUED_LOCK],
+            &[&crate::store::queued_prune::PRUNE_QUEUED_LOCK],
         )
         .await;
     if let Err(e) = locked {
         tx.rollback().await?;
         let lock = (
-            crate::store::runs::PRUNE_LOCK_NAME,
-            crate::store::runs::PRUNE_QUEUED_LOCK,
+            crate::store::queued_prune::PRUNE_LOCK_NAME,
+            crate::store::queued_prune::PRUNE_QUEUED_LOCK,
         );
         let why = crate::db::locks::wait_error(client, e, "trigger backfill", lock, bound);
         return Err(why.await.into());

@@ -4,8 +4,8 @@ use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::present as render;
 use crate::present::triggers::{holder, state_text, trigger_detail, trigger_page};
+use crate::store::browse::TriggerFilter;
 use crate::store::triggers::StateFilter;
-use crate::store::views::TriggerFilter;
 
 /// `trigger list`.
 pub async fn list(
