@@ -130,8 +130,27 @@ pub async fn read_bounded(
     last: i64,
     scan: Option<i64>,
 ) -> Result<Status, StoreError> {
+    let replicas = replicas(client).await?;
+    let live_claims = live_claims(client).await?;
+    let (due_backlog, oldest_due_age_ms) = due_backlog(client).await?;
+    let by_kind = by_kind(client, last, scan).await?;
+    let retention = retention(client).await?;
+    Ok(Status {
+        replicas,
+        live_claims,
+        due_backlog,
+        oldest_due_age_ms,
+        by_kind,
+        retention,
+    })
+}
+
+/// Every replica row, with its liveness and live claims by the database clock.
+async fn replicas(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Vec<ReplicaStatus>, StoreError> {
     let now_sql = crate::db_now_ms!();
-    let replicas = client
+    Ok(client
         .query(
             &format!(
                 "SELECT r.replica_id, r.hostname, r.pid, r.expires_at_ms > {now_sql} AND r.stopped_at_ms IS NULL,
@@ -154,15 +173,29 @@ pub async fn read_bounded(
             live_claims: r.get(5),
             binary_version: r.get(6),
         })
-        .collect();
-    let live_claims: i64 = client
+        .collect())
+}
+
+/// Leases that have not expired, by the database clock.
+async fn live_claims(client: &impl tokio_postgres::GenericClient) -> Result<i64, StoreError> {
+    let now_sql = crate::db_now_ms!();
+    Ok(client
         .query_one(
             &format!("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL AND claim_expires_at_ms > {now_sql}"),
             &[],
         )
         .await?
-        .get(0);
-    let (due_backlog, oldest_due_age_ms) = due_backlog(client).await?;
+        .get(0))
+}
+
+/// Per run kind: admissions in the last minute and lag percentiles over its last `last` runs
+/// (among the newest `scan` admissions when bounded).
+async fn by_kind(
+    client: &impl tokio_postgres::GenericClient,
+    last: i64,
+    scan: Option<i64>,
+) -> Result<ByKind, StoreError> {
+    let now_sql = crate::db_now_ms!();
     let mut by_kind = ByKind::default();
     // Per kind: the last minute's admissions (a range of `runs_queued_at_idx`) and the lag
     // over that kind's last `$1` runs (the same index read backwards, filtered by kind).
@@ -223,17 +256,16 @@ pub async fn read_bounded(
             };
         }
     }
+    Ok(by_kind)
+}
+
+/// The retention line's facts: the view and the recorded queued-run alert age.
+async fn retention(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<RetentionStatus, StoreError> {
     let alert = super::retention::recorded_alert_age(client).await?;
-    let retention = RetentionStatus {
+    Ok(RetentionStatus {
         view: super::retention::view(client, alert).await?,
         queued_alert_after_ms: i64::try_from(alert.as_millis()).unwrap_or(i64::MAX),
-    };
-    Ok(Status {
-        replicas,
-        live_claims,
-        due_backlog,
-        oldest_due_age_ms,
-        by_kind,
-        retention,
     })
 }
