@@ -109,11 +109,28 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
     let (rest, mut own) = split_own(dsn)?;
     let mut pg = tokio_postgres::Config::from_str(&rest).map_err(DsnError::Driver)?;
     let var = |name: &'static str| env(name).filter(|v| !v.is_empty()).map(|v| (name, v));
-    let bad = |var: &'static str, value: &str, what: &'static str| DsnError::Environment {
+    driver_from_env(&mut pg, &var)?;
+    own_from_env(&mut own, &var)?;
+    default_host(&mut pg);
+    let tls = tls_settings(&pg, own.mode, own.tls)?;
+    Ok(Target::new(pg, Tls::new(tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
+}
+
+/// A libpq environment variable by name, with its value when set and not empty.
+type EnvVar<'a> = dyn Fn(&'static str) -> Option<(&'static str, String)> + 'a;
+
+/// An environment variable whose value is not a `what`.
+fn bad(var: &'static str, value: &str, what: &'static str) -> DsnError {
+    DsnError::Environment {
         var,
         value: value.to_owned(),
         what,
-    };
+    }
+}
+
+/// The driver's keywords the DSN leaves out, from `PGHOST`, `PGHOSTADDR`, `PGPORT`, `PGUSER`,
+/// `PGDATABASE`, `PGCONNECT_TIMEOUT` and `PGAPPNAME`.
+fn driver_from_env(pg: &mut tokio_postgres::Config, var: &EnvVar<'_>) -> Result<(), DsnError> {
     let no_host = pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty();
     if no_host {
         if let Some((_, v)) = var("PGHOST") {
@@ -165,6 +182,12 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
             pg.application_name(v);
         }
     }
+    Ok(())
+}
+
+/// qlsched's own keywords the DSN leaves out, from `PGSSLMODE`, `PGSSLROOTCERT`,
+/// `PGSSLCERT`, `PGSSLKEY` and `PGTARGETSESSIONATTRS`.
+fn own_from_env(own: &mut Own, var: &EnvVar<'_>) -> Result<(), DsnError> {
     if own.mode.is_none() {
         if let Some((n, v)) = var("PGSSLMODE") {
             own.mode = Some(SslMode::parse(&v).ok_or_else(|| bad(n, &v, "sslmode"))?);
@@ -185,6 +208,11 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
                 Some(SessionAttrs::parse(&v).ok_or_else(|| bad(n, &v, "target_session_attrs"))?);
         }
     }
+    Ok(())
+}
+
+/// With no host anywhere: the default socket directory, or `localhost`.
+fn default_host(pg: &mut tokio_postgres::Config) {
     if pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty() {
         if std::path::Path::new(DEFAULT_SOCKET_DIR).is_dir() {
             pg.host_path(DEFAULT_SOCKET_DIR);
@@ -192,13 +220,21 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
             pg.host("localhost");
         }
     }
+}
+
+/// The TLS settings of the target: `sslmode` as given (verify-full with the system trust
+/// store), and no TLS at all for a target of sockets only.
+fn tls_settings(
+    pg: &tokio_postgres::Config,
+    mode: Option<SslMode>,
+    mut tls: TlsSettings,
+) -> Result<TlsSettings, DsnError> {
     // libpq 16: the system trust store is for verify-full only, and implies it.
-    let system_roots = own
-        .tls
+    let system_roots = tls
         .root_cert
         .as_ref()
         .is_some_and(|p| p.as_os_str() == "system");
-    own.tls.mode = match (own.mode, system_roots) {
+    tls.mode = match (mode, system_roots) {
         (None, true) => SslMode::VerifyFull,
         (Some(m), true) if m != SslMode::VerifyFull => {
             return Err(TlsError::WeakModeWithSystemRoots(m.as_str()).into())
@@ -216,15 +252,14 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
         && pg.get_hostaddrs().is_empty();
     #[cfg(not(unix))]
     let sockets_only = false;
-    let tls = if sockets_only {
+    Ok(if sockets_only {
         TlsSettings {
             mode: SslMode::Disable,
             ..TlsSettings::default()
         }
     } else {
-        own.tls
-    };
-    Ok(Target::new(pg, Tls::new(tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
+        tls
+    })
 }
 
 /// Takes the keywords qlsched implements itself out of a DSN: the rest of the text, and

@@ -74,6 +74,43 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<SchemaStatus, Store
 
 async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatus, StoreError> {
     let set = MigrationSet::embedded();
+    let applied = applied_migrations(client, &set).await?;
+    let range = compat::range(client).await?;
+    let known = set.newest();
+    let binary_served = range.serves(known)
+        && set.migrations.iter().all(|m| {
+            applied
+                .iter()
+                .any(|a| a.version == m.version() && a.binary == "same")
+        })
+        && applied
+            .iter()
+            .all(|a| a.binary == "same" || (a.binary == "unknown" && a.version > known));
+    let replicas = live_replicas(client).await?;
+    let deprecations = DEPRECATIONS
+        .iter()
+        .filter(|(v, _)| applied.iter().any(|a| a.version == *v))
+        .map(|(_, what)| what.to_string())
+        .collect();
+    Ok(SchemaStatus {
+        applied,
+        floor: range.floor,
+        floor_migration: range.floor_file,
+        newest: range.newest,
+        binary_version: BINARY_VERSION.to_string(),
+        binary_newest_migration: known,
+        binary_served,
+        replicas,
+        deprecations,
+    })
+}
+
+/// The applied stream, each migration compared with `set`'s and with its recorded kind
+/// (this binary's idea of the kind before `schema_compat` existed).
+async fn applied_migrations(
+    client: &tokio_postgres::Client,
+    set: &MigrationSet,
+) -> Result<Vec<AppliedMigration>, StoreError> {
     let has_compat: bool = client
         .query_one(
             "SELECT to_regclass('qlsched.schema_compat') IS NOT NULL",
@@ -119,17 +156,11 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
             binary,
         });
     }
-    let range = compat::range(client).await?;
-    let known = set.newest();
-    let binary_served = range.serves(known)
-        && set.migrations.iter().all(|m| {
-            applied
-                .iter()
-                .any(|a| a.version == m.version() && a.binary == "same")
-        })
-        && applied
-            .iter()
-            .all(|a| a.binary == "same" || (a.binary == "unknown" && a.version > known));
+    Ok(applied)
+}
+
+/// The live replicas and the versions they recorded (none before V13).
+async fn live_replicas(client: &tokio_postgres::Client) -> Result<Vec<ReplicaVersion>, StoreError> {
     let has_versions: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'qlsched.replicas'::regclass
@@ -143,7 +174,7 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
     } else {
         "NULL::text, NULL::int4"
     };
-    let replicas = client
+    Ok(client
         .query(
             &format!(
                 "SELECT r.replica_id, r.hostname, {cols}, {now} - r.heartbeat_at_ms
@@ -163,21 +194,5 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
             newest_migration: r.get(3),
             heartbeat_age_ms: r.get(4),
         })
-        .collect();
-    let deprecations = DEPRECATIONS
-        .iter()
-        .filter(|(v, _)| applied.iter().any(|a| a.version == *v))
-        .map(|(_, what)| what.to_string())
-        .collect();
-    Ok(SchemaStatus {
-        applied,
-        floor: range.floor,
-        floor_migration: range.floor_file,
-        newest: range.newest,
-        binary_version: BINARY_VERSION.to_string(),
-        binary_newest_migration: known,
-        binary_served,
-        replicas,
-        deprecations,
-    })
+        .collect())
 }
