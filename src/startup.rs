@@ -314,45 +314,16 @@ impl Replica {
             self.health.clone(),
         )
         .start();
-        let http = match self.cfg.http.bind {
-            Some(addr) => {
-                // The console reads through its own small pool (never the claim or admission
-                // connections), built with the same target as the replica's pool.
-                let console = self.cfg.http.console.clone().map(|c| {
-                    crate::console::Console::new(
-                        self.console_target.clone(),
-                        self.cfg.database.connect_timeout,
-                        c,
-                        self.metrics.clone(),
-                        self.settings.owner.to_string(),
-                        &self.log,
-                    )
+        let http = match self.serve_http() {
+            Ok(h) => h,
+            Err((addr, source)) => {
+                self.running = Some(Running {
+                    supervisor,
+                    http: None,
+                    pruner: None,
                 });
-                let state = crate::http::State {
-                    health: self.health.clone(),
-                    metrics: self.metrics.clone(),
-                    console,
-                    public_names: self.cfg.http.public_names.clone(),
-                };
-                let served = match &self.cfg.http.tls {
-                    None => Ok(None),
-                    Some(files) => crate::http::tls::server_config(files, &self.log)
-                        .map(Some)
-                        .map_err(|e| std::io::Error::other(e.to_string())),
-                };
-                match served.and_then(|tls| crate::http::serve(addr, state, tls)) {
-                    Ok(h) => Some(h),
-                    Err(source) => {
-                        self.running = Some(Running {
-                            supervisor,
-                            http: None,
-                            pruner: None,
-                        });
-                        return End::Http { addr, source };
-                    }
-                }
+                return End::Http { addr, source };
             }
-            None => None,
         };
         // Retention runs beside the claim path, on its own pooled connection per pass.
         let pruner = crate::retention::Pruner {
@@ -372,10 +343,15 @@ impl Replica {
         notify(&[sd_notify::NotifyState::Ready]);
         info!(self.log, "ready"; "http" => self.cfg.http.bind.map(|a| a.to_string()).unwrap_or_else(|| "off".into()));
 
+        self.watch(&supervisor, signals).await
+    }
+
+    /// Until a stop signal, a dead supervisor or a lost guard.
+    async fn watch(&mut self, supervisor: &Addr<Supervisor>, signals: &mut Signals) -> End {
         // The supervisor is watched every cadence: a panicked actor is gone at once (systemd
         // restarts the process); a round that found the guard taken over ends the run.
         let mut watch = tokio::time::interval(self.settings.cadence.min(Duration::from_secs(1)));
-        let end = loop {
+        loop {
             tokio::select! {
                 _ = signals.next() => break End::Signal,
                 _ = watch.tick() => {
@@ -388,8 +364,43 @@ impl Replica {
                     }
                 }
             }
+        }
+    }
+
+    /// The HTTP endpoints (and the console, with its own small pool built with the same
+    /// target as the replica's pool), when `[http] bind` is set.
+    fn serve_http(
+        &self,
+    ) -> Result<Option<actix_web::dev::ServerHandle>, (std::net::SocketAddr, std::io::Error)> {
+        let Some(addr) = self.cfg.http.bind else {
+            return Ok(None);
         };
-        end
+        let console = self.cfg.http.console.clone().map(|c| {
+            crate::console::Console::new(
+                self.console_target.clone(),
+                self.cfg.database.connect_timeout,
+                c,
+                self.metrics.clone(),
+                self.settings.owner.to_string(),
+                &self.log,
+            )
+        });
+        let state = crate::http::State {
+            health: self.health.clone(),
+            metrics: self.metrics.clone(),
+            console,
+            public_names: self.cfg.http.public_names.clone(),
+        };
+        let served = match &self.cfg.http.tls {
+            None => Ok(None),
+            Some(files) => crate::http::tls::server_config(files, &self.log)
+                .map(Some)
+                .map_err(|e| std::io::Error::other(e.to_string())),
+        };
+        served
+            .and_then(|tls| crate::http::serve(addr, state, tls))
+            .map(Some)
+            .map_err(|source| (addr, source))
     }
 
     /// Withdraws readiness, drains, hands leases over (only while the guard is ours), retires

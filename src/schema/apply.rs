@@ -529,16 +529,7 @@ pub async fn build_indexes(
         .map(|r| r.get(0))
         .collect();
     for idx in set.indexes.iter().filter(|i| applied.contains(&i.version)) {
-        let valid: Option<bool> = client
-            .query_opt(
-                "SELECT i.indisvalid FROM pg_index i
-                   JOIN pg_class c ON c.oid = i.indexrelid
-                   JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
-                  WHERE c.relname = $2",
-                &[&SCHEMA, &idx.name],
-            )
-            .await?
-            .map(|r| r.get(0));
+        let valid = index_valid(client, idx.name).await?;
         if valid == Some(true) {
             continue;
         }
@@ -552,24 +543,7 @@ pub async fn build_indexes(
         client
             .batch_execute(&format!("SET lock_timeout = {}", left.as_millis()))
             .await?;
-        let mut sql = String::new();
-        if valid == Some(false) {
-            sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{};", idx.name);
-        }
-        let res = async {
-            if !sql.is_empty() {
-                client.batch_execute(&sql).await?;
-            }
-            client
-                .batch_execute(&format!(
-                    "CREATE {}INDEX CONCURRENTLY {} ON {}",
-                    if idx.unique { "UNIQUE " } else { "" },
-                    idx.name,
-                    idx.on
-                ))
-                .await
-        }
-        .await;
+        let res = build_one(client, idx, valid == Some(false)).await;
         client.batch_execute("RESET lock_timeout").await?;
         match res {
             Ok(()) => built.push(idx.name.to_string()),
@@ -592,6 +566,47 @@ pub async fn build_indexes(
         }
     }
     Ok(built)
+}
+
+/// Whether the index exists and is valid (`None`: it does not exist).
+async fn index_valid(
+    client: &tokio_postgres::Client,
+    name: &str,
+) -> Result<Option<bool>, StoreError> {
+    Ok(client
+        .query_opt(
+            "SELECT i.indisvalid FROM pg_index i
+               JOIN pg_class c ON c.oid = i.indexrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+              WHERE c.relname = $2",
+            &[&SCHEMA, &name],
+        )
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// One concurrent build, after dropping the INVALID index an interrupted build left.
+async fn build_one(
+    client: &tokio_postgres::Client,
+    idx: &ConcurrentIndex,
+    drop_invalid: bool,
+) -> Result<(), tokio_postgres::Error> {
+    if drop_invalid {
+        client
+            .batch_execute(&format!(
+                "DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{};",
+                idx.name
+            ))
+            .await?;
+    }
+    client
+        .batch_execute(&format!(
+            "CREATE {}INDEX CONCURRENTLY {} ON {}",
+            if idx.unique { "UNIQUE " } else { "" },
+            idx.name,
+            idx.on
+        ))
+        .await
 }
 
 /// Applies this binary's pending migrations (as the owner role) and installs the exact
