@@ -176,10 +176,10 @@ impl Batch<'_> {
     }
 
     /// The admission statement's input for member `m`: its claimed row and occurrence.
-    fn admission(&self, m: Member) -> Admission {
+    fn admission(&self, m: Member) -> Admission<'_> {
         let job = &self.jobs[m.at];
         match &job.action {
-            Action::Admit(o) => Admission::new(job.claim.clone(), *o),
+            Action::Admit(o) => Admission::new(&job.claim, *o),
             _ => unreachable!("only admissions are members"),
         }
     }

@@ -4,7 +4,7 @@
 
 use qlsched::db;
 use qlsched::db::{Conn, Pool};
-use qlsched::store::admission::{self, Admission, AdmitOutcome};
+use qlsched::store::admission::{self, Admission, AdmitOutcome, Occurrence};
 use qlsched::store::claim::ClaimedRow;
 
 use super::TestDb;
@@ -48,12 +48,12 @@ impl Claimed {
     }
 
     /// The admission of the claimed row's due occurrence.
-    pub fn admission(&self) -> Admission {
+    pub fn admission(&self) -> Admission<'_> {
         admission(self.row())
     }
 
     /// The admissions of every claimed row, in claim order.
-    pub fn admissions(&self) -> Vec<Admission> {
+    pub fn admissions(&self) -> Vec<Admission<'_>> {
         self.rows.iter().map(admission).collect()
     }
 
@@ -62,7 +62,7 @@ impl Claimed {
     }
 
     /// Admits `a` alone, on a connection of the claim's pool.
-    pub async fn admit(&self, a: &Admission) -> AdmitOutcome {
+    pub async fn admit(&self, a: &Admission<'_>) -> AdmitOutcome {
         let conn = self.conn().await;
         crate::helpers::drive::admit_once(&conn, a).await.unwrap()
     }
@@ -77,14 +77,15 @@ async fn claim_due(pool: &Pool, owner: &str, lease_ms: i64, limit: i64) -> Vec<C
 
 /// The admission a replica builds for a claimed row: its due occurrence, the cursor moved
 /// one second on, admitted by the claim's owner.
-pub fn admission(c: &ClaimedRow) -> Admission {
+pub fn admission(c: &ClaimedRow) -> Admission<'_> {
     let sf = c.next_fire_at_ms.expect("initialised row");
-    Admission {
-        claim: c.clone(),
-        scheduled_for_ms: sf,
-        next_fire_at_ms: sf + 1000,
-        run_id: admission::mint_run_id(&c.fence.owner),
-        attempt_id: uuid::Uuid::new_v4(),
-        admitted_by: c.fence.owner.clone(),
-    }
+    Admission::new(
+        c,
+        Occurrence {
+            scheduled_for_ms: sf,
+            next_fire_at_ms: sf + 1000,
+            run_id: admission::mint_run_id(&c.fence.owner),
+            attempt_id: uuid::Uuid::new_v4(),
+        },
+    )
 }

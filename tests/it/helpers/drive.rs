@@ -28,7 +28,7 @@ pub async fn claim_due(
 /// One admission transaction for a batch (the statement prepared on `conn` first).
 pub async fn admit_batch(
     conn: &tokio_postgres::Client,
-    batch: &[Admission],
+    batch: &[Admission<'_>],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
     let stmt = conn.prepare(admission::ADMIT_SQL).await?;
     admission::admit_batch_prepared(conn, &stmt, batch).await
@@ -37,7 +37,7 @@ pub async fn admit_batch(
 /// One admission transaction for one occurrence.
 pub async fn admit_once(
     conn: &tokio_postgres::Client,
-    a: &Admission,
+    a: &Admission<'_>,
 ) -> Result<AdmitOutcome, StoreError> {
     let mut out = admit_batch(conn, std::slice::from_ref(a)).await?;
     Ok(out.remove(0))
