@@ -96,8 +96,8 @@ pub struct ClaimRound {
     pub guard_held: Option<bool>,
 }
 
-/// One claim round: [`CLAIM_DUE_SQL`] as a [`claim_variant`] prepared on this connection, returning the
-/// round's observation and next due instant too.
+/// One claim round: one of [`CLAIM_VARIANTS`] ([`claim_variant`]) prepared on this connection,
+/// returning the round's observation and next due instant too.
 pub async fn claim_round(
     conn: &tokio_postgres::Client,
     variant: &tokio_postgres::Statement,
