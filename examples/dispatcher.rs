@@ -78,7 +78,7 @@ type Outcome = (&'static str, Option<i32>, Option<String>);
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let pg: tokio_postgres::Config = args.dsn.parse()?;
-    let client = Arc::new(qlsched::store::connect(&pg).await?);
+    let client = Arc::new(qlsched::db::connect(&pg).await?);
     let worker = args
         .worker_id
         .clone()

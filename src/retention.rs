@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use slog::{debug, info, warn, Logger};
 
 use crate::config::RetentionConfig;
+use crate::db;
+use crate::db::{Pool, StoreError};
 use crate::metrics::Metrics;
-use crate::store::{self, retention, Pool, StoreError};
+use crate::store::retention;
 
 /// How long one claim of the 'prune' lease lasts (database clock). A holder that dies mid-pass
 /// leaves it to the next replica after this.
@@ -42,7 +44,7 @@ impl Pruner {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let conn = match store::conn(&pool).await {
+            let conn = match db::conn(&pool).await {
                 Ok(c) => c,
                 Err(e) => {
                     self.metrics.errors.inc();

@@ -19,10 +19,13 @@ use crate::actors::derived;
 use crate::actors::supervisor::{Drain, Heartbeat, Supervisor};
 use crate::actors::Settings;
 use crate::config::{Config, LogFormat};
+use crate::db;
+use crate::db::session::Connector;
+use crate::db::Pool;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::store::session::Connector;
-use crate::store::{self, migrate, recovery, release, replicas, Pool};
+use crate::schema;
+use crate::store::{recovery, release, replicas};
 
 /// How long a replica id held by a process of this host name is asked for again before the
 /// start is refused (its holder may have just died).
@@ -64,7 +67,7 @@ pub enum StartupError {
     #[error("installing the signal handlers: {0}")]
     Signals(std::io::Error),
     #[error(transparent)]
-    Store(#[from] store::StoreError),
+    Store(#[from] db::StoreError),
 }
 
 impl From<replicas::GuardError> for StartupError {
@@ -136,7 +139,7 @@ impl ReplicaGuard {
             ttl: derived::guard_ttl(lease),
             lost: false,
         };
-        let conn = store::conn(pool).await?;
+        let conn = db::conn(pool).await?;
         let host = hostname();
         // A predecessor on this host killed a moment ago may still have its session in the
         // database (a backend ends its statement before it notices the closed socket): a
@@ -183,7 +186,7 @@ impl ReplicaGuard {
     async fn hand_over(
         &self,
         conn: &tokio_postgres::Client,
-    ) -> Result<Option<u64>, store::StoreError> {
+    ) -> Result<Option<u64>, db::StoreError> {
         if self.lost {
             return Ok(None);
         }
@@ -217,7 +220,7 @@ pub struct Replica {
     watchdog: Option<Heartbeat>,
     running: Option<Running>,
     /// Where the console's pool connects (the pool's target, keepalives included).
-    console_target: store::Target,
+    console_target: db::Target,
 }
 
 struct Running {
@@ -256,7 +259,7 @@ impl Replica {
             connect_timeout: cfg.database.connect_timeout,
         };
         let settings = Settings::from_config(&cfg, connector);
-        let pool = store::build_pool(
+        let pool = db::build_pool(
             pg.clone(),
             cfg.database.pool_size,
             cfg.database.connect_timeout,
@@ -270,7 +273,7 @@ impl Replica {
         let mut settings = settings;
         settings.guard = Some(guard.terms());
         {
-            let conn = store::conn(&pool).await?;
+            let conn = db::conn(&pool).await?;
             let released = release::release_all_owned(&conn, &settings.owner).await?;
             if released > 0 {
                 info!(log, "released leases left by a previous incarnation"; "count" => released);
@@ -311,45 +314,16 @@ impl Replica {
             self.health.clone(),
         )
         .start();
-        let http = match self.cfg.http.bind {
-            Some(addr) => {
-                // The console reads through its own small pool (never the claim or admission
-                // connections), built with the same target as the replica's pool.
-                let console = self.cfg.http.console.clone().map(|c| {
-                    crate::console::Console::new(
-                        self.console_target.clone(),
-                        self.cfg.database.connect_timeout,
-                        c,
-                        self.metrics.clone(),
-                        self.settings.owner.to_string(),
-                        &self.log,
-                    )
+        let http = match self.serve_http() {
+            Ok(h) => h,
+            Err((addr, source)) => {
+                self.running = Some(Running {
+                    supervisor,
+                    http: None,
+                    pruner: None,
                 });
-                let state = crate::http::State {
-                    health: self.health.clone(),
-                    metrics: self.metrics.clone(),
-                    console,
-                    public_names: self.cfg.http.public_names.clone(),
-                };
-                let served = match &self.cfg.http.tls {
-                    None => Ok(None),
-                    Some(files) => crate::http::tls::server_config(files, &self.log)
-                        .map(Some)
-                        .map_err(|e| std::io::Error::other(e.to_string())),
-                };
-                match served.and_then(|tls| crate::http::serve(addr, state, tls)) {
-                    Ok(h) => Some(h),
-                    Err(source) => {
-                        self.running = Some(Running {
-                            supervisor,
-                            http: None,
-                            pruner: None,
-                        });
-                        return End::Http { addr, source };
-                    }
-                }
+                return End::Http { addr, source };
             }
-            None => None,
         };
         // Retention runs beside the claim path, on its own pooled connection per pass.
         let pruner = crate::retention::Pruner {
@@ -369,10 +343,15 @@ impl Replica {
         notify(&[sd_notify::NotifyState::Ready]);
         info!(self.log, "ready"; "http" => self.cfg.http.bind.map(|a| a.to_string()).unwrap_or_else(|| "off".into()));
 
+        self.watch(&supervisor, signals).await
+    }
+
+    /// Until a stop signal, a dead supervisor or a lost guard.
+    async fn watch(&mut self, supervisor: &Addr<Supervisor>, signals: &mut Signals) -> End {
         // The supervisor is watched every cadence: a panicked actor is gone at once (systemd
         // restarts the process); a round that found the guard taken over ends the run.
         let mut watch = tokio::time::interval(self.settings.cadence.min(Duration::from_secs(1)));
-        let end = loop {
+        loop {
             tokio::select! {
                 _ = signals.next() => break End::Signal,
                 _ = watch.tick() => {
@@ -385,8 +364,43 @@ impl Replica {
                     }
                 }
             }
+        }
+    }
+
+    /// The HTTP endpoints (and the console, with its own small pool built with the same
+    /// target as the replica's pool), when `[http] bind` is set.
+    fn serve_http(
+        &self,
+    ) -> Result<Option<actix_web::dev::ServerHandle>, (std::net::SocketAddr, std::io::Error)> {
+        let Some(addr) = self.cfg.http.bind else {
+            return Ok(None);
         };
-        end
+        let console = self.cfg.http.console.clone().map(|c| {
+            crate::console::Console::new(
+                self.console_target.clone(),
+                self.cfg.database.connect_timeout,
+                c,
+                self.metrics.clone(),
+                self.settings.owner.to_string(),
+                &self.log,
+            )
+        });
+        let state = crate::http::State {
+            health: self.health.clone(),
+            metrics: self.metrics.clone(),
+            console,
+            public_names: self.cfg.http.public_names.clone(),
+        };
+        let served = match &self.cfg.http.tls {
+            None => Ok(None),
+            Some(files) => crate::http::tls::server_config(files, &self.log)
+                .map(Some)
+                .map_err(|e| std::io::Error::other(e.to_string())),
+        };
+        served
+            .and_then(|tls| crate::http::serve(addr, state, tls))
+            .map(Some)
+            .map_err(|source| (addr, source))
     }
 
     /// Withdraws readiness, drains, hands leases over (only while the guard is ours), retires
@@ -425,7 +439,7 @@ impl Replica {
         if health.is_guard_lost() {
             end = End::GuardLost;
         }
-        match store::conn(&pool).await {
+        match db::conn(&pool).await {
             // With the guard lost, another process owns this replica id and every lease under
             // it: releasing "our" leases would release theirs. The hand-over itself is
             // conditioned on the guard row, so a loss no round has seen yet counts too.
@@ -463,18 +477,18 @@ impl Replica {
 
 /// Waits for the database and runs the readiness gate; retries connection failures (the
 /// database may come up after us) but fails at once on a schema that is not ready.
-async fn wait_ready(pool: &Pool, target: &store::Target, log: &Logger) -> Result<(), StartupError> {
+async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<(), StartupError> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match store::conn(pool).await {
+        match db::conn(pool).await {
             Ok(conn) => {
                 // The pooler probe first: it speaks only the simple-query protocol, and
                 // nothing prepared may go through a transaction pooler before it refused.
                 drop(conn);
-                store::pooler::require_session_pooling(pool, target).await?;
-                let conn = store::conn(pool).await?;
-                let role = migrate::current_role(&conn).await?;
-                let problems = migrate::check(&conn, &[(&role, "runtime")]).await?;
+                db::pooler::require_session_pooling(pool, target).await?;
+                let conn = db::conn(pool).await?;
+                let role = schema::current_role(&conn).await?;
+                let problems = schema::check(&conn, &[(&role, "runtime")]).await?;
                 if problems.is_empty() {
                     return Ok(());
                 }
@@ -521,15 +535,15 @@ impl Signals {
 /// against an attacker on the path: `disable`, `prefer` (a forged "no TLS" answer is
 /// accepted), or `require` without a root certificate (any certificate is accepted).
 /// Empty when the mode verifies the server or every host is loopback or a socket.
-pub fn unverified_tcp_hosts(target: &store::Target) -> Vec<String> {
-    use crate::store::tls::SslMode;
+pub fn unverified_tcp_hosts(target: &db::Target) -> Vec<String> {
+    use crate::db::tls::SslMode;
     use tokio_postgres::config::Host;
     let tls = target.tls().settings();
     let weak = match tls.mode {
         SslMode::Disable | SslMode::Prefer => true,
         SslMode::Require => {
             tls.root_cert.is_none()
-                && !crate::store::tls::default_root_cert().is_some_and(|p| p.exists())
+                && !crate::db::tls::default_root_cert().is_some_and(|p| p.exists())
         }
         SslMode::VerifyCa | SslMode::VerifyFull => false,
     };

@@ -8,9 +8,9 @@ use slog::{debug, o, warn, Logger};
 use tokio::sync::oneshot;
 
 use super::Settings;
+use crate::db::session::Session;
 use crate::engine::{AdmitError, Engine, Job, JobResult};
 use crate::metrics::Metrics;
-use crate::store::session::Session;
 
 pub struct AdmitActor {
     /// The engine, absent while a batch runs (it is moved into the batch's future).
@@ -88,10 +88,16 @@ impl Actor for AdmitActor {
 /// Mailbox bound: at most one message per live claim actor, which the hard cap bounds.
 pub const HARD_MAILBOX: usize = super::HARD_CLAIM_CAP as usize * 2;
 
-impl Handler<Job> for AdmitActor {
+/// One decided lease, sent by a claim actor: queued for the next batch, answered with how
+/// the lease ended.
+#[derive(Debug, Message)]
+#[rtype(result = "JobResult")]
+pub struct Admit(pub Job);
+
+impl Handler<Admit> for AdmitActor {
     type Result = ResponseFuture<JobResult>;
 
-    fn handle(&mut self, job: Job, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, Admit(job): Admit, ctx: &mut Self::Context) -> Self::Result {
         let (reply, rx) = oneshot::channel();
         self.queue.push((job, reply));
         if !self.busy {

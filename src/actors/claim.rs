@@ -13,7 +13,7 @@ use super::admit::AdmitActor;
 pub use crate::engine::Kind;
 use crate::engine::{Action, AdmitError, Job, Outcome};
 use crate::schedule::{self, Decision};
-use crate::store::admit::Occurrence;
+use crate::store::admission::Occurrence;
 use crate::store::claim::ClaimedRow;
 
 /// The decision for one claimed row, as an action for the admit actor and the kind it is
@@ -39,7 +39,7 @@ pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
         Action::Admit(Occurrence {
             scheduled_for_ms,
             next_fire_at_ms,
-            run_id: crate::store::admit::mint_run_id(&claim.fence.owner),
+            run_id: crate::store::admission::mint_run_id(&claim.fence.owner),
             attempt_id: Uuid::new_v4(),
         })
     };
@@ -177,8 +177,8 @@ impl ClaimActor {
 }
 
 /// Refusals released at once so the row is decided again in the next round.
-fn redecide(why: crate::store::admit::Refusal) -> bool {
-    use crate::store::admit::Refusal::*;
+fn redecide(why: crate::store::admission::Refusal) -> bool {
+    use crate::store::admission::Refusal::*;
     matches!(
         why,
         DefinitionChanged | ProjectInactive | CursorMoved | RowMoved
@@ -221,7 +221,7 @@ impl Actor for ClaimActor {
         let bound = self.args.lease + Duration::from_secs(5);
         ctx.wait(
             self.admit
-                .send(msg)
+                .send(super::admit::Admit(msg))
                 .timeout(bound)
                 .into_actor(self)
                 .map(move |res, act, ctx| {

@@ -18,7 +18,7 @@ pub mod supervisor;
 
 use std::time::Duration;
 
-use crate::store::session::Connector;
+use crate::db::session::Connector;
 
 /// Settings the actors need, parsed once from the config. Every timer not set directly is
 /// derived here, in one place (docs/design.md, "What each setting bounds").

@@ -7,7 +7,7 @@ use clap::Subcommand;
 
 use super::connect::{self, Target};
 use super::error::CliError;
-use crate::store::migrate;
+use crate::schema;
 
 #[derive(Subcommand, Debug)]
 pub enum DbCommand {
@@ -96,7 +96,7 @@ pub async fn run(cmd: DbCommand) -> Result<(), CliError> {
             lock_timeout,
             max_wait,
         } => {
-            let opts = migrate::MigrateOptions {
+            let opts = schema::MigrateOptions {
                 lock_timeout,
                 max_wait,
             };
@@ -113,9 +113,9 @@ async fn bootstrap(
     database: &str,
     password_file: Option<PathBuf>,
 ) -> Result<(), CliError> {
-    let roles = migrate::Roles::with_prefix(prefix)?;
+    let roles = schema::Roles::with_prefix(prefix)?;
     let pg = connect::with_password(dsn, password_file.as_deref())?;
-    migrate::bootstrap(&pg, &roles, database)
+    schema::bootstrap(&pg, &roles, database)
         .await
         .map_err(|source| unreachable_or(&pg, source))?;
     println!(
@@ -129,12 +129,12 @@ async fn migrate(
     dsn: &str,
     prefix: &str,
     password_file: Option<PathBuf>,
-    opts: &migrate::MigrateOptions,
+    opts: &schema::MigrateOptions,
 ) -> Result<(), CliError> {
-    let roles = migrate::Roles::with_prefix(prefix)?;
+    let roles = schema::Roles::with_prefix(prefix)?;
     let pg = connect::with_password(dsn, password_file.as_deref())?;
-    let set = migrate::MigrationSet::embedded();
-    let applied = migrate::migrate_set(&pg, &roles, &set, opts, &mut |w| {
+    let set = schema::MigrationSet::embedded();
+    let applied = schema::migrate_set(&pg, &roles, &set, opts, &mut |w| {
         eprintln!("qlsched: waiting: {w}")
     })
     .await
@@ -149,8 +149,8 @@ async fn migrate(
 
 async fn check(target: &Target, prefix: &str) -> Result<(), CliError> {
     let client = connect::connect_target(target).await?;
-    let roles = migrate::Roles::with_prefix(prefix)?;
-    let problems = migrate::check(&client, &roles.checked()).await?;
+    let roles = schema::Roles::with_prefix(prefix)?;
+    let problems = schema::check(&client, &roles.checked()).await?;
     if !problems.is_empty() {
         for p in &problems {
             eprintln!("{p}");
@@ -159,22 +159,22 @@ async fn check(target: &Target, prefix: &str) -> Result<(), CliError> {
             problems: problems.len(),
         });
     }
-    let range = migrate::compat::range(&client).await?;
+    let range = schema::compat::range(&client).await?;
     println!(
         "database ready: migrations (the database at V{}, serving binaries that know V{} or \
          later; this binary knows up to V{}), capability {} v{} and grants as expected",
         range.newest,
         range.floor,
-        migrate::newest_known(),
-        migrate::CAPABILITY.0,
-        migrate::CAPABILITY.1
+        schema::newest_known(),
+        schema::CAPABILITY.0,
+        schema::CAPABILITY.1
     );
     Ok(())
 }
 
 async fn status(target: &Target, json: bool) -> Result<(), CliError> {
     let client = connect::connect_target(target).await?;
-    let s = migrate::report::read(&client).await?;
+    let s = schema::report::read(&client).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
@@ -184,9 +184,9 @@ async fn status(target: &Target, json: bool) -> Result<(), CliError> {
 }
 
 /// A connection that could not be made names the host; other errors stay as they are.
-fn unreachable_or(pg: &tokio_postgres::Config, e: crate::store::StoreError) -> CliError {
+fn unreachable_or(pg: &tokio_postgres::Config, e: crate::db::StoreError) -> CliError {
     match &e {
-        crate::store::StoreError::Db(db) if db.as_db_error().is_none() => CliError::Unreachable {
+        crate::db::StoreError::Db(db) if db.as_db_error().is_none() => CliError::Unreachable {
             host: connect::host_of(pg),
             source: e,
         },

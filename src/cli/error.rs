@@ -11,20 +11,20 @@
 use std::path::PathBuf;
 
 use crate::config::ConfigError;
+use crate::db::StoreError;
 use crate::schedule::ScheduleError;
 use crate::store::manage::ManageError;
-use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("give --config FILE, --dsn DSN, or set QLSCHED_DSN (or libpq's PGHOST, PGHOSTADDR or PGDATABASE)")]
     NoTarget,
     #[error("invalid DSN ({source})")]
-    Dsn { source: crate::config::DsnError },
+    Dsn { source: crate::db::dsn::DsnError },
     #[error("--password-file {}: {source}", path.display())]
     PasswordFile {
         path: PathBuf,
-        source: crate::config::credfile::CredFileError,
+        source: crate::db::credfile::CredFileError,
     },
     #[error("--password-file {}: the file is empty", path.display())]
     EmptyPasswordFile { path: PathBuf },

@@ -6,17 +6,17 @@ mod connect;
 mod db;
 mod define;
 pub mod error;
-pub(crate) mod render;
+
 mod runs;
+mod status;
 mod triggers;
-mod views;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub use connect::{passfile_lookup, Target};
+pub use connect::Target;
 pub use error::CliError;
 pub use triggers::{occurrences_in, BACKFILL_DEFAULT_MAX, BACKFILL_HARD_CAP};
 
@@ -265,16 +265,16 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
             spec,
         }) => define::task_publish(&target, &project, &id, &spec).await,
         Command::Trigger(c) => trigger_command(c).await,
-        Command::Status { target, json, last } => views::status(&target, json, last).await,
+        Command::Status { target, json, last } => status::status(&target, json, last).await,
         Command::Runs(RunsCommand::List {
             target,
             trigger,
             status,
             limit,
             json,
-        }) => views::runs_list(&target, trigger.as_deref(), status.as_deref(), limit, json).await,
+        }) => runs::runs_list(&target, trigger.as_deref(), status.as_deref(), limit, json).await,
         Command::Runs(RunsCommand::Show { target, run, json }) => {
-            views::runs_show(&target, &run, json).await
+            runs::runs_show(&target, &run, json).await
         }
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,

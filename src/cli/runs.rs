@@ -1,5 +1,6 @@
-//! `runs cancel`: withdraw queued runs nobody took yet; `runs prune`: remove a queued
-//! backlog nobody will dispatch (both as the admin role).
+//! `runs list` and `runs show`: admitted runs, read-only; `runs cancel`: withdraw queued runs
+//! nobody took yet; `runs prune`: remove a queued backlog nobody will dispatch (both as the
+//! admin role).
 
 use clap::Args;
 use serde_json::json;
@@ -7,9 +8,10 @@ use uuid::Uuid;
 
 use super::connect::{self, Target};
 use super::error::CliError;
-use super::render;
 use super::triggers::parse_time;
+use crate::present as render;
 use crate::store::runs::{self, Selection};
+use crate::store::{browse, queued_prune};
 
 /// Default `--max`: like `trigger backfill`.
 pub const CANCEL_DEFAULT_MAX: usize = 1_000;
@@ -188,7 +190,8 @@ pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
         });
     }
     // Counts and ids from one snapshot: a run taken after it is left alone by its chunk.
-    let (backlog, ids) = runs::read_queued_backlog(&mut client, before, a.max as i64 + 1).await?;
+    let (backlog, ids) =
+        queued_prune::read_queued_backlog(&mut client, before, a.max as i64 + 1).await?;
     if ids.len() > a.max {
         return Err(CliError::PruneOverCap {
             max: a.max,
@@ -197,7 +200,7 @@ pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
     }
     let mut removed = 0u64;
     for chunk in ids.chunks(PRUNE_CHUNK) {
-        removed += runs::prune_queued_chunk(&mut client, before, chunk).await?;
+        removed += queued_prune::prune_queued_chunk(&mut client, before, chunk).await?;
     }
     let left_alone = backlog.matched as u64 - removed;
     if a.json {
@@ -221,6 +224,82 @@ pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
                 render::utc(Some(before))
             );
         }
+    }
+    Ok(())
+}
+
+pub async fn runs_list(
+    target: &Target,
+    trigger: Option<&str>,
+    status: Option<&str>,
+    limit: i64,
+    json: bool,
+) -> Result<(), CliError> {
+    let client = connect::connect_target(target).await?;
+    let f = browse::RunFilter {
+        trigger,
+        status,
+        limit,
+        ..browse::RunFilter::default()
+    };
+    let page = browse::run_page(&client, &f).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    for r in &page.runs {
+        println!("{}", r.line());
+    }
+    Ok(())
+}
+
+pub async fn runs_show(target: &Target, run: &str, json: bool) -> Result<(), CliError> {
+    let id = uuid::Uuid::parse_str(run).map_err(|_| CliError::BadRunId {
+        value: run.to_string(),
+    })?;
+    let mut client = connect::connect_target(target).await?;
+    let Some(d) = browse::run_detail(&mut client, id).await? else {
+        return Err(CliError::UnknownRun {
+            id: run.to_string(),
+        });
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+        return Ok(());
+    }
+    println!("{}", d.run.line());
+    println!(
+        "run {}  trigger {}  execution revision {}{}",
+        d.run.run_id,
+        d.run.trigger_id,
+        d.execution_revision_id,
+        if d.cancelled { "  cancelled" } else { "" }
+    );
+    for a in &d.attempts {
+        let mut line = format!("attempt {}  {}", a.attempt_no, a.state);
+        if let Some(w) = &a.worker_id {
+            line += &format!("  worker {w}");
+        }
+        for (name, v) in [
+            ("started", a.started_at_ms),
+            ("finished", a.finished_at_ms),
+            ("lease until", a.lease_expires_at_ms),
+            ("not before", a.not_before_ms),
+        ] {
+            if let Some(ms) = v {
+                line += &format!("  {name} {}", render::rfc3339(ms));
+            }
+        }
+        if let Some(x) = a.exit_status {
+            line += &format!("  exit {x}");
+        }
+        if let Some(e) = &a.error {
+            line += &format!("  error: {e}");
+        }
+        println!("{line}");
+    }
+    for e in &d.events {
+        println!("event {}  {}  {}", e.seq, e.kind, render::rfc3339(e.at_ms));
     }
     Ok(())
 }

@@ -13,13 +13,13 @@
 //! problem message, a log line or `Debug`.
 
 mod check;
-pub mod credfile;
-mod dsn;
+
 mod duration;
 mod error;
 mod layers;
 mod raw;
 pub mod reference;
+pub mod tls;
 mod validate;
 
 use std::fmt;
@@ -27,10 +27,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use dsn::{
-    parse_with_env as parse_dsn_with_env, parse_with_password as parse_dsn_with_password, DsnError,
-    Secret,
-};
+use crate::db::dsn::Secret;
 pub use error::{ConfigError, ConfigProblem};
 pub use layers::ENV_PREFIX;
 
@@ -92,7 +89,7 @@ pub struct DatabaseConfig {
     /// Parsed DSN with `connect_timeout`, `application_name` and the password (if any)
     /// applied.
     /// TLS settings come from the DSN's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
-    pub pg: crate::store::Target,
+    pub pg: crate::db::Target,
     /// 2..=64 connections: at least the claim connection and the admit connection.
     pub pool_size: u32,
     /// The bound on one connection attempt over all the DSN's hosts: each host's

@@ -9,8 +9,6 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::check::Checker;
-use super::credfile::Rule;
-use super::dsn::{self, Secret};
 use super::error::ConfigProblem;
 use super::layers::Merged;
 use super::raw::{RawConfig, RawDatabase, RawHttp, RawRetention, RawScheduler};
@@ -18,6 +16,8 @@ use super::{
     Config, ConsoleAuth, ConsoleConfig, DatabaseConfig, HttpConfig, LogConfig, LogFormat,
     MetricsConfig, ReplicaId, RetentionConfig, SchedulerConfig, TlsFiles,
 };
+use crate::db::credfile::Rule;
+use crate::db::dsn::{self, Secret};
 
 const REPLICA_ID_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warning", "error", "critical"];
@@ -33,32 +33,7 @@ pub(super) fn validate(
     let replica_id = replica_id(&mut c, raw.replica.id);
     let database = database(&mut c, raw.database);
     let scheduler = scheduler(&mut c, raw.scheduler);
-    let mut raw_http = raw.http;
-    let bind = http_bind(&mut c, raw_http.bind.clone());
-    let tls = http_tls(
-        &mut c,
-        raw_http.tls_cert_file.take(),
-        raw_http.tls_key_file.take(),
-    );
-    let public_names = public_names(&mut c, raw_http.public_names.take());
-    let allow_plain = raw_http.allow_plain_http.unwrap_or(false);
-    let console = console(&mut c, bind.flatten(), raw_http);
-    if let (Some(Some(addr)), Some(Some(_)), Some(None)) = (bind, &console, &tls) {
-        if !addr.ip().is_loopback() && !allow_plain {
-            c.problem_blaming(
-                "http.bind",
-                "http.allow_plain_http",
-                "false",
-                format!(
-                    "the console on http.bind {addr} (not a loopback address) would send its \
-                     credentials and pages in plain text: set http.tls_cert_file and \
-                     http.tls_key_file (HTTPS on the port), or allow_plain_http = true where a \
-                     TLS proxy on the same host terminates it, or console = \"off\""
-                ),
-            );
-        }
-    }
-    let http = (bind.zip(console), tls, public_names);
+    let http = http(&mut c, raw.http);
     let backlog_interval = c.duration(
         "metrics.backlog_interval",
         raw.metrics.backlog_interval,
@@ -115,6 +90,44 @@ pub(super) fn validate(
         _ => Err(c.problems),
     }
 }
+
+/// The `[http]` table: bind, console, TLS files, public names, and the refusal of a console
+/// served in plain text on a non-loopback address.
+fn http(c: &mut Checker<'_>, mut raw_http: RawHttp) -> CheckedHttp {
+    let bind = http_bind(c, raw_http.bind.clone());
+    let tls = http_tls(
+        c,
+        raw_http.tls_cert_file.take(),
+        raw_http.tls_key_file.take(),
+    );
+    let public_names = public_names(c, raw_http.public_names.take());
+    let allow_plain = raw_http.allow_plain_http.unwrap_or(false);
+    let console = console(c, bind.flatten(), raw_http);
+    if let (Some(Some(addr)), Some(Some(_)), Some(None)) = (bind, &console, &tls) {
+        if !addr.ip().is_loopback() && !allow_plain {
+            c.problem_blaming(
+                "http.bind",
+                "http.allow_plain_http",
+                "false",
+                format!(
+                    "the console on http.bind {addr} (not a loopback address) would send its \
+                     credentials and pages in plain text: set http.tls_cert_file and \
+                     http.tls_key_file (HTTPS on the port), or allow_plain_http = true where a \
+                     TLS proxy on the same host terminates it, or console = \"off\""
+                ),
+            );
+        }
+    }
+    (bind.zip(console), tls, public_names)
+}
+
+/// What [`http`] checked: `(bind, console)`, the TLS files and the public names, each `None`
+/// when it had a problem.
+type CheckedHttp = (
+    Option<(Option<SocketAddr>, Option<ConsoleConfig>)>,
+    Option<Option<TlsFiles>>,
+    Option<Vec<String>>,
+);
 
 fn replica_id(c: &mut Checker<'_>, id: Option<String>) -> Option<ReplicaId> {
     let Some(id) = id else {
@@ -460,13 +473,13 @@ fn http_tls(
                 cert: cert.clone().into(),
                 key: key.clone().into(),
             };
-            match crate::http::tls::load(&files) {
+            match super::tls::load(&files) {
                 Ok(_) => Some(Some(files)),
-                Err(crate::http::tls::LoadError::Cert(msg)) => {
+                Err(super::tls::LoadError::Cert(msg)) => {
                     c.problem("http.tls_cert_file", cert, msg);
                     None
                 }
-                Err(crate::http::tls::LoadError::Key(msg)) => {
+                Err(super::tls::LoadError::Key(msg)) => {
                     c.problem("http.tls_key_file", key, msg);
                     None
                 }

@@ -6,7 +6,7 @@
 //!   adds auto-refresh and sorting of the rows shown.
 //! - The same data as JSON: `/api/v1/overview`, `/api/v1/triggers`, `/api/v1/triggers/{id}`,
 //!   `/api/v1/runs`, with the fields `qlsched status|trigger list|trigger show|runs list
-//!   --json` print (src/store/views.rs is the one query layer of both).
+//!   --json` print (src/store/browse.rs is the one query layer of both).
 //! - Cheap and safe: the console's own small pool (never the claim or admission
 //!   connections), each request one READ ONLY transaction with a short `statement_timeout`,
 //!   keyset pages of at most 100 rows; credentials from `[http] console_auth_file` when set
@@ -26,11 +26,12 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
 use crate::config::{ConsoleAuth, ConsoleConfig};
+use crate::db;
+use crate::db::{Pool, StoreError};
 use crate::metrics::Metrics;
+use crate::store::browse::{self, RunFilter, TriggerFilter, PAGE_MAX};
 use crate::store::manage::ManageError;
 use crate::store::triggers::StateFilter;
-use crate::store::views::{self, RunFilter, TriggerFilter, PAGE_MAX};
-use crate::store::{self, Pool, StoreError};
 
 /// The version this replica runs (shown on the overview).
 pub const VERSION: &str = concat!(
@@ -72,7 +73,7 @@ pub struct Console {
 /// when its admission statement starts and it is visible at commit, milliseconds later; a
 /// minute is closed a full minute after its end.)
 struct ClosedMinutes {
-    minutes: Vec<views::MinuteBucket>,
+    minutes: Vec<browse::MinuteBucket>,
     until_ms: i64,
 }
 
@@ -83,14 +84,14 @@ impl Console {
     /// The console with its own pool of `cfg.pool_size` connections to `target` (through
     /// the same connect path as every connection of the replica). Connects on demand.
     pub fn new(
-        target: crate::store::Target,
+        target: crate::db::Target,
         connect_timeout: Duration,
         cfg: ConsoleConfig,
         metrics: Metrics,
         replica_id: String,
         log: &slog::Logger,
     ) -> Console {
-        let pool = store::build_pool(target, cfg.pool_size, connect_timeout, log);
+        let pool = db::build_pool(target, cfg.pool_size, connect_timeout, log);
         Console {
             pool,
             throttle: std::sync::Arc::new(throttle::Throttle::new(cfg.login_failures_per_minute)),
@@ -107,12 +108,12 @@ impl Console {
     async fn cron_history(
         &self,
         client: &impl tokio_postgres::GenericClient,
-    ) -> Result<views::AdmissionHistory, StoreError> {
+    ) -> Result<browse::AdmissionHistory, StoreError> {
         let since = self.closed().as_ref().map(|c| c.until_ms);
-        let mut h = views::admission_history(client, "cron", since).await?;
+        let mut h = browse::admission_history(client, "cron", since).await?;
         let mut closed = self.closed();
         let (start, from) = (h.window_start_ms, h.read_from_ms);
-        let mut minutes: Vec<views::MinuteBucket> = closed
+        let mut minutes: Vec<browse::MinuteBucket> = closed
             .iter()
             .flat_map(|c| &c.minutes)
             .filter(|m| m.minute_start_ms >= start && m.minute_start_ms < from)
@@ -215,7 +216,7 @@ impl Console {
     /// console's statement and lock timeouts ([`read_only`]).
     async fn begin<'c>(
         &self,
-        conn: &'c mut store::Conn<'_>,
+        conn: &'c mut db::Conn<'_>,
     ) -> Result<tokio_postgres::Transaction<'c>, StoreError> {
         read_only(conn, self.cfg.statement_timeout).await
     }
@@ -244,7 +245,7 @@ pub async fn read_only(
 macro_rules! read {
     ($c:expr, $tx:ident => $body:expr) => {
         async {
-            let mut conn = store::conn(&$c.pool).await?;
+            let mut conn = db::conn(&$c.pool).await?;
             let $tx = $c.begin(&mut conn).await?;
             let out = $body;
             $tx.commit().await.map_err(StoreError::from)?;
@@ -397,7 +398,7 @@ pub(crate) struct Overview {
     #[serde(flatten)]
     pub status: crate::store::status::Status,
     pub served_by: ServedBy,
-    pub admissions: views::AdmissionHistory,
+    pub admissions: browse::AdmissionHistory,
     pub refusals: Vec<Refusal>,
 }
 
@@ -485,7 +486,8 @@ async fn triggers(
             after: given(&q.after),
             limit: page_limit(q.limit)?,
         };
-        let page = read!(console, tx => views::trigger_page(&tx, &f, true).await?)?;
+        let page =
+            read!(console, tx => crate::present::triggers::trigger_page(&tx, &f, true).await?)?;
         Ok((pages::triggers(&q, f.limit, &page), to_json(&page)?))
     }
     .await;
@@ -494,7 +496,7 @@ async fn triggers(
 
 async fn trigger(console: web::Data<Console>, id: String, format: Format) -> HttpResponse {
     let r = async {
-        let d = read!(console, tx => views::trigger_detail(&tx, &id, 10, 50).await?)?;
+        let d = read!(console, tx => crate::present::triggers::trigger_detail(&tx, &id, 10, 50).await?)?;
         Ok((pages::trigger(&d), to_json(&d)?))
     }
     .await;
@@ -518,21 +520,21 @@ async fn runs(
     let q = query.into_inner();
     let r = async {
         let kind = given(&q.kind);
-        if let Some(k) = kind.filter(|k| !views::is_run_kind(k)) {
+        if let Some(k) = kind.filter(|k| !browse::is_run_kind(k)) {
             return Err(Failure::BadRequest(format!(
                 "kind `{k}`: must be one of cron, manual, backfill"
             )));
         }
         let status = given(&q.status);
-        if let Some(s) = status.filter(|s| !views::RUN_STATUSES.contains(s)) {
+        if let Some(s) = status.filter(|s| !browse::RUN_STATUSES.contains(s)) {
             return Err(Failure::BadRequest(format!(
                 "status `{s}`: must be one of {}",
-                views::RUN_STATUSES.join(", ")
+                browse::RUN_STATUSES.join(", ")
             )));
         }
         let before = match given(&q.before) {
             None => None,
-            Some(b) => Some(views::parse_run_cursor(b).ok_or_else(|| {
+            Some(b) => Some(browse::parse_run_cursor(b).ok_or_else(|| {
                 Failure::BadRequest(format!("before `{b}`: not a cursor QUEUED_AT_MS:RUN_ID"))
             })?),
         };
@@ -543,7 +545,7 @@ async fn runs(
             before,
             limit: page_limit(q.limit)?,
         };
-        let page = read!(console, tx => views::run_page(&tx, &f).await?)?;
+        let page = read!(console, tx => browse::run_page(&tx, &f).await?)?;
         Ok((pages::runs(&q, f.limit, &page), to_json(&page)?))
     }
     .await;

@@ -5,8 +5,9 @@ use maud::{html, Markup, DOCTYPE};
 
 use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
-use crate::cli::render;
-use crate::store::views::{self, RunsPage, TriggerDetail, TriggerItem, TriggerPage};
+use crate::present as render;
+use crate::present::triggers::{holder, state_text, TriggerDetail, TriggerItem, TriggerPage};
+use crate::store::browse::{self, RunsPage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Nav {
@@ -129,7 +130,7 @@ pub fn overview(o: &Overview) -> String {
         }
         section aria-labelledby="adm-h" {
             h2 id="adm-h" { "Admissions, last hour (cron)" }
-            @if h.capped { p.note { "Only the newest " (views::HISTORY_CAP) " admissions of the hour were read." } }
+            @if h.capped { p.note { "Only the newest " (browse::HISTORY_CAP) " admissions of the hour were read." } }
             figure {
                 (charts::bars("Cron admissions per minute", "", &admitted, x, 60_000.0, labels))
                 figcaption { "Admissions per minute" }
@@ -231,7 +232,7 @@ pub fn triggers(q: &TriggersQuery, limit: i64, page: &TriggerPage) -> String {
             }
         }
         @if page.next_after.is_some() && (page.triggers.len() as i64) < limit {
-            p.note { "A filtered page searches " (views::WALK_CAP) " triggers at a time; more may match further on." }
+            p.note { "A filtered page searches " (browse::WALK_CAP) " triggers at a time; more may match further on." }
         }
         nav.paging aria-label="Pages" {
             @if q.after.as_deref().is_some_and(|a| !a.is_empty()) {
@@ -254,12 +255,12 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (v.task_id) }
             td { code { (v.cron_expr) } }
             td { (v.timezone) }
-            td.wrap { (views::state_text(v)) }
+            td.wrap { (state_text(v)) }
             td { (t.next_fire_utc.as_deref().unwrap_or("-")) }
             td { (t.next_fire_local.as_deref().unwrap_or("-")) }
             td { (render::utc(v.last_scheduled_at_ms)) }
             td.num { (render::span(v.last_lag_ms)) }
-            td { (views::holder(v)) }
+            td { (holder(v)) }
         }
     }
 }
@@ -287,7 +288,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Task" } dd { (v.task_id) }
                 dt { "Cron" } dd { code { (v.cron_expr) } " in " (v.timezone) }
                 dt { "Misfire" } dd { (v.misfire_policy) " (grace " (v.misfire_grace_ms) " ms)" }
-                dt { "State" } dd id="state" { (views::state_text(v)) }
+                dt { "State" } dd id="state" { (state_text(v)) }
                 @if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
                     dt { "Last disable" } dd id="disable-note" {
                         (render::utc(Some(at))) " by " (by)
@@ -304,7 +305,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                     }
                 }
                 dt { "Last admitted" } dd { (render::utc(v.last_scheduled_at_ms)) " (lag " (render::span(v.last_lag_ms)) ")" }
-                dt { "Lease" } dd { (views::holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
+                dt { "Lease" } dd { (holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
             }
         }
         section aria-labelledby="next-h" {
@@ -337,7 +338,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
     layout(&format!("Trigger {}", v.trigger_id), Nav::Triggers, body)
 }
 
-fn runs_table(runs: &[views::RunItem], with_trigger: bool) -> Markup {
+fn runs_table(runs: &[browse::RunItem], with_trigger: bool) -> Markup {
     html! {
         @if runs.is_empty() {
             p.empty { "No runs match." }
@@ -388,7 +389,7 @@ pub fn runs(q: &RunsQuery, limit: i64, page: &RunsPage) -> String {
             label { "Status "
                 select name="status" {
                     option value="" selected[status.is_empty()] { "any" }
-                    @for s in views::RUN_STATUSES { option value=(s) selected[s == status] { (s) } }
+                    @for s in browse::RUN_STATUSES { option value=(s) selected[s == status] { (s) } }
                 }
             }
             input type="hidden" name="limit" value=(limit_s);

@@ -24,15 +24,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::Message;
 use slog::{debug, warn, Logger};
 
+use crate::db::session::{bounded, Session};
+use crate::db::StoreError;
 use crate::metrics::Metrics;
 use crate::schedule::RejectReason;
-use crate::store::admit::{self, Admission, AdmitOutcome, Occurrence, Refusal, Resolution};
+use crate::store::admission::{self, Admission, AdmitOutcome, Occurrence, Refusal, Resolution};
 use crate::store::claim::ClaimedRow;
-use crate::store::session::{bounded, Session};
-use crate::store::{release, StoreError};
+use crate::store::release;
 
 /// What to do with one leased row, as the claim actor decided. The row itself is the job's
 /// `claim` (it travels once).
@@ -57,10 +57,9 @@ pub enum Kind {
     Reject(RejectReason),
 }
 
-/// One decided lease: the message a claim actor sends to the admit actor, and what the engine
-/// runs.
-#[derive(Clone, Debug, Message)]
-#[rtype(result = "JobResult")]
+/// One decided lease: what the engine runs (a claim actor hands it to the admit actor in
+/// `actors::admit::Admit`).
+#[derive(Clone, Debug)]
 pub struct Job {
     pub claim: ClaimedRow,
     pub action: Action,
@@ -177,10 +176,10 @@ impl Batch<'_> {
     }
 
     /// The admission statement's input for member `m`: its claimed row and occurrence.
-    fn admission(&self, m: Member) -> Admission {
+    fn admission(&self, m: Member) -> Admission<'_> {
         let job = &self.jobs[m.at];
         match &job.action {
-            Action::Admit(o) => Admission::new(job.claim.clone(), *o),
+            Action::Admit(o) => Admission::new(&job.claim, *o),
             _ => unreachable!("only admissions are members"),
         }
     }
@@ -249,7 +248,7 @@ impl Engine {
         let bound = self.admit_timeout;
         let res = bounded("moving cursors", bound, async {
             let c = self.session.client().await?;
-            admit::advance_batch(c, &moves).await
+            admission::advance_batch(c, &moves).await
         })
         .await;
         match res {
@@ -335,7 +334,7 @@ impl Engine {
         // access (tests/it/plans.rs).
         let (c, stmt) = self
             .session
-            .prepared_within(admit::ADMIT_SQL, bound)
+            .prepared_within(admission::ADMIT_SQL, bound)
             .await?;
         let left = bound
             .saturating_sub(started.elapsed())
@@ -343,7 +342,7 @@ impl Engine {
         bounded(
             "the admission transaction",
             left,
-            admit::admit_batch_prepared(c, &stmt, &group),
+            admission::admit_batch_prepared(c, &stmt, &group),
         )
         .await
         .map_err(Arc::new)
@@ -612,7 +611,7 @@ impl Engine {
                 .max(Duration::from_millis(1));
             let res = bounded("resolving an unknown outcome", bound, async {
                 let c = self.session.client().await?;
-                admit::resolve_batch(c, &group).await
+                admission::resolve_batch(c, &group).await
             })
             .await;
             match res {

@@ -2,7 +2,7 @@
 
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 
 /// The four-part lease fence, plus where the claimed row version lives.
@@ -64,46 +64,21 @@ pub struct Extras {
 /// project, while the replica-id guard is held. Both lanes of [`CLAIM_DUE_SQL`] read these
 /// rows, in opposite orders.
 macro_rules! due_rows {
-    () => {
-        "    SELECT s.trigger_id
+    ($incarnation:literal) => {
+        concat!(
+            "    SELECT s.trigger_id
       FROM qlsched.trigger_schedules s
      WHERE s.claimable_at_ms <= (SELECT now_ms FROM obs)
        AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms <= (SELECT now_ms FROM obs))
        AND (SELECT t.enabled AND t.kind = 'cron' AND t.revision = s.trigger_revision AND p.status = 'active'
               FROM qlsched.triggers t, qlsched.projects p
              WHERE t.trigger_id = s.trigger_id AND p.project_id = s.project_id)
-       AND ($5::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
+       AND (",
+            $incarnation,
+            "::uuid = '00000000-0000-0000-0000-000000000000' OR EXISTS (SELECT 1 FROM held))
 "
+        )
     };
-}
-
-/// The claim statement with its limit as a constant, for `limit` rounded down to a power of
-/// two (1 ..= 256): the text to prepare and the limit it carries. A constant limit keeps the
-/// generic plan (used once a prepared statement has run a few times) on the claim index and
-/// on primary-key probes; with the limit as a parameter the generic plan hash-joins a
-/// sequential scan of the whole table (`tests/it/plans.rs`).
-pub fn claim_variant(limit: u32) -> (&'static str, u32) {
-    use std::sync::OnceLock;
-    static VARIANTS: OnceLock<Vec<&'static str>> = OnceLock::new();
-    let variants = VARIANTS.get_or_init(|| {
-        (0..=8)
-            .map(|e| {
-                let limit = 1u32 << e;
-                let sql = CLAIM_DUE_SQL
-                    .replace(
-                        "LIMIT $3::bigint - $3::bigint / 4",
-                        &format!("LIMIT {}", limit - limit / 4),
-                    )
-                    .replace("LIMIT $3::bigint / 4", &format!("LIMIT {}", limit / 4))
-                    .replace("$4", "$3")
-                    .replace("$5", "$4")
-                    .replace("$6", "$5");
-                &*Box::leak(sql.into_boxed_str())
-            })
-            .collect()
-    });
-    let e = limit.clamp(1, 256).ilog2() as usize;
-    (variants[e], 1 << e)
 }
 
 /// What one claim round found: the rows it leased, the database clock it observed, and
@@ -121,8 +96,8 @@ pub struct ClaimRound {
     pub guard_held: Option<bool>,
 }
 
-/// One claim round: [`CLAIM_DUE_SQL`] as a [`claim_variant`] prepared on this connection, returning the
-/// round's observation and next due instant too.
+/// One claim round: one of [`CLAIM_VARIANTS`] ([`claim_variant`]) prepared on this connection,
+/// returning the round's observation and next due instant too.
 pub async fn claim_round(
     conn: &tokio_postgres::Client,
     variant: &tokio_postgres::Statement,
@@ -154,20 +129,24 @@ pub fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
         guard_held: None,
     };
     for r in rows {
-        match r.get::<_, Option<String>>(0) {
+        match r.get::<_, Option<String>>("trigger_id") {
             Some(_) => out.rows.push(claimed_row(r)),
             None => {
-                out.now_ms = r.get(8);
-                out.next_due_ms = r.get(20);
-                out.guard_extended = Some(r.get::<_, i64>(21) > 0);
-                out.guard_held = Some(r.get::<_, i64>(22) > 0);
+                out.now_ms = r.get("observed_at_ms");
+                out.next_due_ms = r.get("next_due_ms");
+                out.guard_extended = Some(r.get::<_, i64>("guard_extended") > 0);
+                out.guard_held = Some(r.get::<_, i64>("guard_held") > 0);
             }
         }
     }
     out
 }
 
-/// The claim statement: leases up to `$3` due rows for `$1` for `$2` ms.
+/// The claim statement: leases up to a limit of due rows for `$1` for `$2` ms, stamped with
+/// a round id, under the replica-id guard of an incarnation, whose TTL it extends. The text
+/// is a macro of the two lanes' limits and the round, incarnation and guard TTL
+/// placeholders, filled in once for each of [`CLAIM_VARIANTS`] (what the daemon prepares)
+/// and once for [`CLAIM_DUE_SQL`] (the limit as a parameter, for tools).
 ///
 /// Locking: one statement, autocommit READ COMMITTED. `FOR UPDATE OF s SKIP LOCKED` makes
 /// concurrent claimers take disjoint rows without waiting; a row another claimer updated
@@ -185,38 +164,40 @@ pub fn parse_round(rows: &[tokio_postgres::Row]) -> ClaimRound {
 ///
 /// Every row leased is stamped with `round`, so that a round whose reply never arrived can
 /// be found and released by [`super::release::release_rounds`].
-pub const CLAIM_DUE_SQL: &str = concat!(
+macro_rules! claim_due_sql {
+    ($oldest:literal, $newest:literal, $round:literal, $incarnation:literal, $guard_ttl:literal) => {
+        concat!(
     "
 WITH obs AS MATERIALIZED (
     SELECT ",
     db_now_ms!(),
     " AS now_ms
 ), held AS (
-    -- The replica-id guard, locked for the statement ($5 = the nil uuid: no guard, tests
+    -- The replica-id guard, locked for the statement (the nil incarnation: no guard, tests
     -- only). A takeover committed before this statement, or while it waits for the lock,
     -- leaves it empty, and then nothing is leased under the shared owner name; a takeover
     -- after it waits for this statement (and then releases what it leased).
     SELECT 1 FROM qlsched.replicas r
-     WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
+     WHERE r.replica_id = $1 AND r.incarnation = ", $incarnation, "::uuid AND r.stopped_at_ms IS NULL
        FOR SHARE
 ), guard AS (
-    -- The replica-id guard's heartbeat ($6 = 0: not this round), and the database session
+    -- The replica-id guard's heartbeat (a TTL of 0: not this round), and the database session
     -- the holder works on, recorded whenever it differs from this one by backend pid or
     -- start (a new claim connection; after a server restart, possibly the old pid with a
     -- new start); a recorded start that is NULL is unknown and never this session's. A
     -- successor judges the holder alive by that session (store::replicas).
     UPDATE qlsched.replicas r
-       SET heartbeat_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms ELSE r.heartbeat_at_ms END,
-           expires_at_ms = CASE WHEN $6::bigint > 0 THEN obs.now_ms + $6::bigint ELSE r.expires_at_ms END,
+       SET heartbeat_at_ms = CASE WHEN ", $guard_ttl, "::bigint > 0 THEN obs.now_ms ELSE r.heartbeat_at_ms END,
+           expires_at_ms = CASE WHEN ", $guard_ttl, "::bigint > 0 THEN obs.now_ms + ", $guard_ttl, "::bigint ELSE r.expires_at_ms END,
            session_pid = me.pid,
            session_started_at = me.started
       FROM obs, held,
            (SELECT pg_backend_pid() AS pid,
                    (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a) AS started) me
-     WHERE r.replica_id = $1 AND r.incarnation = $5::uuid AND r.stopped_at_ms IS NULL
-       AND ($6::bigint > 0
+     WHERE r.replica_id = $1 AND r.incarnation = ", $incarnation, "::uuid AND r.stopped_at_ms IS NULL
+       AND (", $guard_ttl, "::bigint > 0
             OR (r.session_pid = me.pid AND r.session_started_at = me.started) IS NOT TRUE)
-    RETURNING $6::bigint > 0 AS extended
+    RETURNING ", $guard_ttl, "::bigint > 0 AS extended
 ), picked AS (
     -- The schedule table is the only relation of this scan, so its plan is always the claim
     -- index's range in order, stopped by the LIMIT: the trigger and project re-checks are a
@@ -225,9 +206,9 @@ WITH obs AS MATERIALIZED (
     -- never analyses; unanalysed, it made the generic plan a sequential scan of every due row,
     -- a hash join and a sort per round (tests/it/plans.rs).
 ",
-    due_rows!(),
+    due_rows!($incarnation),
     "     ORDER BY s.claimable_at_ms, s.project_id, s.trigger_id
-     LIMIT $3::bigint - $3::bigint / 4
+     LIMIT ", $oldest, "
        FOR UPDATE OF s SKIP LOCKED
 ), fresh AS (
     -- The fresh lane: a quarter of the limit read from the other end of the same range,
@@ -237,9 +218,9 @@ WITH obs AS MATERIALIZED (
     -- the whole backlog. A row both lanes reach is leased once (locked by this statement,
     -- it is not skipped; the update takes the union). Limits below 4 have no fresh lane.
 ",
-    due_rows!(),
+    due_rows!($incarnation),
     "     ORDER BY s.claimable_at_ms DESC, s.project_id DESC, s.trigger_id DESC
-     LIMIT $3::bigint / 4
+     LIMIT ", $newest, "
        FOR UPDATE OF s SKIP LOCKED
 ), claimed AS (
 UPDATE qlsched.trigger_schedules s
@@ -247,7 +228,7 @@ UPDATE qlsched.trigger_schedules s
        claim_token = gen_random_uuid(),
        claim_version = s.claim_version + 1,
        claim_expires_at_ms = obs.now_ms + $2,
-       claim_round = $4,
+       claim_round = ", $round, ",
        claimable_at_ms = obs.now_ms + $2,
        state_version = s.state_version + 1,
        updated_at_ms = obs.now_ms
@@ -255,13 +236,16 @@ UPDATE qlsched.trigger_schedules s
  WHERE s.trigger_id = ANY (ARRAY(SELECT trigger_id FROM picked UNION ALL SELECT trigger_id FROM fresh))
    AND t.trigger_id = s.trigger_id
    AND k.task_id = t.task_id
-RETURNING s.trigger_id, s.ctid::text, s.next_fire_at_ms, s.state_version,
-          s.claim_owner, s.claim_token, s.claim_version, s.claim_expires_at_ms, obs.now_ms,
-          s.project_id, s.trigger_revision, t.content_digest, t.cron_expr, t.timezone,
-          t.misfire_policy, t.misfire_grace_ms, t.task_id, k.revision, k.content_digest,
-          k.execution_revision_id
+RETURNING s.trigger_id, s.ctid::text AS tid, s.next_fire_at_ms, s.state_version,
+          s.claim_owner, s.claim_token, s.claim_version, s.claim_expires_at_ms,
+          obs.now_ms AS observed_at_ms, s.project_id, s.trigger_revision,
+          t.content_digest AS trigger_digest, t.cron_expr, t.timezone, t.misfire_policy,
+          t.misfire_grace_ms, t.task_id, k.revision AS task_revision,
+          k.content_digest AS task_digest, k.execution_revision_id
 )
-SELECT claimed.*, NULL::bigint, NULL::bigint, NULL::bigint FROM claimed
+SELECT claimed.*, NULL::bigint AS next_due_ms, NULL::bigint AS guard_extended,
+       NULL::bigint AS guard_held
+  FROM claimed
 UNION ALL
 -- The probe row: the clock and the next instant a row becomes claimable (index head).
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint,
@@ -271,40 +255,81 @@ SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uui
          WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1),
        (SELECT count(*) FROM guard WHERE extended), (SELECT count(*) FROM held)
   FROM obs"
+        )
+    };
+}
+
+/// [`claim_due_sql!`] with the limit as parameter `$3` (three quarters, rounded up, oldest
+/// first; a quarter newest first) and then `$4` round id, `$5` guard incarnation, `$6` guard
+/// TTL ms: one text for every limit, for tools that pass the limit (the benchmark's pgbench
+/// scripts, EXPLAIN runs). The daemon prepares [`CLAIM_VARIANTS`] instead.
+pub const CLAIM_DUE_SQL: &str = claim_due_sql!(
+    "$3::bigint - $3::bigint / 4",
+    "$3::bigint / 4",
+    "$4",
+    "$5",
+    "$6"
 );
 
+/// The claim statement as the daemon prepares it, one text per limit rounded down to a power
+/// of two (1 ..= 256): the limits of both lanes written in as constants, and the parameters
+/// `$1` owner, `$2` lease ms, `$3` round id, `$4` guard incarnation, `$5` guard TTL ms. A
+/// constant limit keeps the generic plan (used once a prepared statement has run a few times)
+/// on the claim index and on primary-key probes; with the limit as a parameter the generic
+/// plan hash-joins a sequential scan of the whole table (`tests/it/plans.rs`). Each text is
+/// [`claim_due_sql!`] filled in at compile time: what is prepared is what is written here.
+pub const CLAIM_VARIANTS: [(u32, &str); 9] = [
+    (1, claim_due_sql!("1", "0", "$3", "$4", "$5")),
+    (2, claim_due_sql!("2", "0", "$3", "$4", "$5")),
+    (4, claim_due_sql!("3", "1", "$3", "$4", "$5")),
+    (8, claim_due_sql!("6", "2", "$3", "$4", "$5")),
+    (16, claim_due_sql!("12", "4", "$3", "$4", "$5")),
+    (32, claim_due_sql!("24", "8", "$3", "$4", "$5")),
+    (64, claim_due_sql!("48", "16", "$3", "$4", "$5")),
+    (128, claim_due_sql!("96", "32", "$3", "$4", "$5")),
+    (256, claim_due_sql!("192", "64", "$3", "$4", "$5")),
+];
+
+/// The [`CLAIM_VARIANTS`] text for `limit` rounded down to a power of two (1 ..= 256), and
+/// the limit it carries.
+pub fn claim_variant(limit: u32) -> (&'static str, u32) {
+    let (limit, sql) = CLAIM_VARIANTS[limit.clamp(1, 256).ilog2() as usize];
+    (sql, limit)
+}
+
+/// A leased row of [`CLAIM_DUE_SQL`] (or a variant), by column name.
 fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
     ClaimedRow {
-        trigger_id: r.get(0),
-        tid: r.get(1),
-        next_fire_at_ms: r.get(2),
-        state_version: r.get(3),
+        trigger_id: r.get("trigger_id"),
+        tid: r.get("tid"),
+        next_fire_at_ms: r.get("next_fire_at_ms"),
+        state_version: r.get("state_version"),
         fence: Fence {
-            owner: r.get(4),
-            token: r.get(5),
-            version: r.get(6),
-            expires_at_ms: r.get(7),
+            owner: r.get("claim_owner"),
+            token: r.get("claim_token"),
+            version: r.get("claim_version"),
+            expires_at_ms: r.get("claim_expires_at_ms"),
         },
-        observed_at_ms: r.get(8),
+        observed_at_ms: r.get("observed_at_ms"),
         def: TriggerDef {
-            project_id: r.get(9),
-            trigger_revision: r.get(10),
-            trigger_digest: r.get(11),
-            cron_expr: r.get(12),
-            timezone: r.get(13),
-            misfire_policy: r.get::<_, String>(14).parse(),
-            misfire_grace_ms: r.get(15),
-            task_id: r.get(16),
-            task_revision: r.get(17),
-            task_digest: r.get(18),
-            execution_revision_id: r.get(19),
+            project_id: r.get("project_id"),
+            trigger_revision: r.get("trigger_revision"),
+            trigger_digest: r.get("trigger_digest"),
+            cron_expr: r.get("cron_expr"),
+            timezone: r.get("timezone"),
+            misfire_policy: r.get::<_, String>("misfire_policy").parse(),
+            misfire_grace_ms: r.get("misfire_grace_ms"),
+            task_id: r.get("task_id"),
+            task_revision: r.get("task_revision"),
+            task_digest: r.get("task_digest"),
+            execution_revision_id: r.get("execution_revision_id"),
         },
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::claim_variant;
+    use super::{claim_variant, CLAIM_DUE_SQL, CLAIM_VARIANTS};
 
     #[test]
     fn each_variant_splits_its_constant_limit_between_the_two_lanes() {
@@ -320,6 +345,24 @@ mod tests {
             assert!(!sql.contains("$6") && !sql.contains("$3::bigint"), "{sql}");
             assert!(sql.contains(&format!("LIMIT {oldest}\n")), "{sql}");
             assert!(sql.contains(&format!("LIMIT {newest}\n")), "{sql}");
+        }
+    }
+
+    /// Each variant is the tools' statement with the limit written in and the later
+    /// parameters moved down by one: the same statement.
+    #[test]
+    fn each_variant_is_the_tools_statement_with_its_limit_written_in() {
+        for (limit, sql) in CLAIM_VARIANTS {
+            let from_tools = CLAIM_DUE_SQL
+                .replace(
+                    "LIMIT $3::bigint - $3::bigint / 4",
+                    &format!("LIMIT {}", limit - limit / 4),
+                )
+                .replace("LIMIT $3::bigint / 4", &format!("LIMIT {}", limit / 4))
+                .replace("$4", "$3")
+                .replace("$5", "$4")
+                .replace("$6", "$5");
+            assert_eq!(sql, from_tools, "LIMIT {limit}");
         }
     }
 }

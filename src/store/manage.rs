@@ -4,12 +4,62 @@
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::schedule::{MisfirePolicy, Schedule, ScheduleError, DEFAULT_MISFIRE_GRACE_MS};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// A project's status (`qlsched.projects.status`, V1's CHECK): only an active project's
+/// triggers are claimed, admitted, run by hand or backfilled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProjectStatus {
+    Active,
+    Suspended,
+    Archived,
+}
+
+impl ProjectStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProjectStatus::Active => "active",
+            ProjectStatus::Suspended => "suspended",
+            ProjectStatus::Archived => "archived",
+        }
+    }
+}
+
+impl std::fmt::Display for ProjectStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ProjectStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ProjectStatus, String> {
+        match s {
+            "active" => Ok(ProjectStatus::Active),
+            "suspended" => Ok(ProjectStatus::Suspended),
+            "archived" => Ok(ProjectStatus::Archived),
+            other => Err(format!("unknown project status `{other}`")),
+        }
+    }
+}
+
+impl<'a> tokio_postgres::types::FromSql<'a> for ProjectStatus {
+    fn from_sql(
+        ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<ProjectStatus, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(<&str as tokio_postgres::types::FromSql>::from_sql(ty, raw)?.parse()?)
+    }
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        <&str as tokio_postgres::types::FromSql>::accepts(ty)
+    }
 }
 
 /// Creates the project or changes its status. Schedules of a project that is not active
@@ -80,7 +130,7 @@ pub async fn set_project(
         &[&project_id, &status],
     )
     .await?;
-    if status == "active" {
+    if status.parse() == Ok(ProjectStatus::Active) {
         // Resumed rows are claimable at their cursors (or pending): wake the replicas.
         super::wake::notify(&tx, None).await?;
     }
@@ -247,7 +297,7 @@ pub enum ManageError {
     ProjectInactive {
         id: String,
         project: String,
-        status: String,
+        status: ProjectStatus,
     },
     /// The trigger was republished while a multi-transaction command was running.
     #[error("trigger {id} changed to revision {now} while the command ran (started at revision {was}); nothing more was written")]
@@ -324,7 +374,7 @@ pub async fn publish_trigger(
             return Err(ManageError::Deleted { id: id.clone() });
         }
     }
-    let project_active = lock_project_status(&tx, &spec.project_id).await? == "active";
+    let project_active = lock_project_status(&tx, &spec.project_id).await? == ProjectStatus::Active;
     lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
     let floor = lock_cursor_floor(&tx, id).await?;
     let now = db_now(&tx).await?;
@@ -545,7 +595,7 @@ pub(crate) async fn lock_cursor_floor(
 pub(crate) async fn lock_project_status(
     tx: &tokio_postgres::Transaction<'_>,
     project_id: &str,
-) -> Result<String, ManageError> {
+) -> Result<ProjectStatus, ManageError> {
     match tx
         .query_opt(
             "SELECT status FROM qlsched.projects WHERE project_id = $1 FOR SHARE",

@@ -1,7 +1,7 @@
 //! Start-up recovery (docs/design.md, "Start-up recovery"): classify admitted work before the
 //! lifecycle starts.
 
-use super::StoreError;
+use crate::db::StoreError;
 
 /// A run whose admission no longer has the exact pristine shape.
 #[derive(Clone, Debug, PartialEq, Eq)]

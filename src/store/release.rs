@@ -2,7 +2,7 @@
 //! claims a previous incarnation of this replica id left behind.
 
 use super::claim::Fence;
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 
 /// Where a released row goes in the claim index: at `now + backoff_ms` (0 = at once, or at

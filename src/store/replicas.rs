@@ -13,8 +13,8 @@
 
 use uuid::Uuid;
 
-use super::migrate::BINARY_VERSION;
-use super::StoreError;
+use crate::db::StoreError;
+use crate::schema::BINARY_VERSION;
 
 /// Who holds a replica id now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,7 +72,7 @@ pub async fn acquire(
     ttl_ms: i64,
 ) -> Result<(), GuardError> {
     // What this process runs, for `qlsched db status` (V13).
-    let newest = super::migrate::newest_known();
+    let newest = crate::schema::newest_known();
     let taken = conn
         .query_opt(
             &format!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::db::StoreError;
 
 /// The database clock in epoch milliseconds, as SQL.
 const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";

@@ -1,10 +1,8 @@
 //! Read-only views for `qlsched status`, `qlsched runs list` and the metrics gauges.
 
-use std::fmt::Write;
-
 use serde::Serialize;
 
-use super::StoreError;
+use crate::db::StoreError;
 
 #[derive(Debug, Serialize)]
 pub struct ReplicaStatus {
@@ -80,7 +78,8 @@ impl ByKind {
         }
     }
 
-    fn iter(&self) -> [(&'static str, &KindStatus); 3] {
+    /// The kinds in the order `qlsched status` lists them.
+    pub fn iter(&self) -> [(&'static str, &KindStatus); 3] {
         [
             ("cron", &self.cron),
             ("manual", &self.manual),
@@ -131,8 +130,27 @@ pub async fn read_bounded(
     last: i64,
     scan: Option<i64>,
 ) -> Result<Status, StoreError> {
+    let replicas = replicas(client).await?;
+    let live_claims = live_claims(client).await?;
+    let (due_backlog, oldest_due_age_ms) = due_backlog(client).await?;
+    let by_kind = by_kind(client, last, scan).await?;
+    let retention = retention(client).await?;
+    Ok(Status {
+        replicas,
+        live_claims,
+        due_backlog,
+        oldest_due_age_ms,
+        by_kind,
+        retention,
+    })
+}
+
+/// Every replica row, with its liveness and live claims by the database clock.
+async fn replicas(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Vec<ReplicaStatus>, StoreError> {
     let now_sql = crate::db_now_ms!();
-    let replicas = client
+    Ok(client
         .query(
             &format!(
                 "SELECT r.replica_id, r.hostname, r.pid, r.expires_at_ms > {now_sql} AND r.stopped_at_ms IS NULL,
@@ -155,15 +173,29 @@ pub async fn read_bounded(
             live_claims: r.get(5),
             binary_version: r.get(6),
         })
-        .collect();
-    let live_claims: i64 = client
+        .collect())
+}
+
+/// Leases that have not expired, by the database clock.
+async fn live_claims(client: &impl tokio_postgres::GenericClient) -> Result<i64, StoreError> {
+    let now_sql = crate::db_now_ms!();
+    Ok(client
         .query_one(
             &format!("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NOT NULL AND claim_expires_at_ms > {now_sql}"),
             &[],
         )
         .await?
-        .get(0);
-    let (due_backlog, oldest_due_age_ms) = due_backlog(client).await?;
+        .get(0))
+}
+
+/// Per run kind: admissions in the last minute and lag percentiles over its last `last` runs
+/// (among the newest `scan` admissions when bounded).
+async fn by_kind(
+    client: &impl tokio_postgres::GenericClient,
+    last: i64,
+    scan: Option<i64>,
+) -> Result<ByKind, StoreError> {
+    let now_sql = crate::db_now_ms!();
     let mut by_kind = ByKind::default();
     // Per kind: the last minute's admissions (a range of `runs_queued_at_idx`) and the lag
     // over that kind's last `$1` runs (the same index read backwards, filtered by kind).
@@ -224,137 +256,16 @@ pub async fn read_bounded(
             };
         }
     }
+    Ok(by_kind)
+}
+
+/// The retention line's facts: the view and the recorded queued-run alert age.
+async fn retention(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<RetentionStatus, StoreError> {
     let alert = super::retention::recorded_alert_age(client).await?;
-    let retention = RetentionStatus {
+    Ok(RetentionStatus {
         view: super::retention::view(client, alert).await?,
         queued_alert_after_ms: i64::try_from(alert.as_millis()).unwrap_or(i64::MAX),
-    };
-    Ok(Status {
-        replicas,
-        live_claims,
-        due_backlog,
-        oldest_due_age_ms,
-        by_kind,
-        retention,
     })
-}
-
-impl Status {
-    pub fn render(&self) -> String {
-        let mut s = String::new();
-        let _ = writeln!(s, "replicas:");
-        for r in &self.replicas {
-            let _ = writeln!(
-                s,
-                "  {:<12} {:<5} heartbeat {:>6} ms ago  claims {:>4}  {}:{}",
-                r.replica_id,
-                if r.live { "live" } else { "gone" },
-                r.heartbeat_age_ms,
-                r.live_claims,
-                r.hostname,
-                r.pid
-            );
-        }
-        let ms = |v: Option<f64>| {
-            v.map(|x| format!("{x:.0} ms"))
-                .unwrap_or_else(|| "-".into())
-        };
-        let _ = writeln!(s, "live claims: {}", self.live_claims);
-        let _ = writeln!(
-            s,
-            "due backlog: {} (oldest {})",
-            self.due_backlog,
-            self.oldest_due_age_ms
-                .map(|x| format!("{x} ms"))
-                .unwrap_or_else(|| "-".into())
-        );
-        let _ = writeln!(
-            s,
-            "runs by kind:  admitted in the last minute  lag p50 / p99 over the kind's last runs"
-        );
-        for (kind, k) in self.by_kind.iter() {
-            let _ = writeln!(
-                s,
-                "  {:<9} {:>6}  p50 {:>10}  p99 {:>10}  over {} runs",
-                kind,
-                k.admitted_last_minute,
-                ms(k.lag_p50_ms),
-                ms(k.lag_p99_ms),
-                k.lag_sample
-            );
-        }
-        let _ = writeln!(s, "{}", self.retention.render());
-        s
-    }
-}
-
-impl RetentionStatus {
-    /// `retention: finished runs kept 30d (horizon pruned through T), oldest finished run
-    /// 2d 3h old; queued runs older than 1h: 0`.
-    pub fn render(&self) -> String {
-        let v = &self.view;
-        let kept = match v.finished_after_ms {
-            None => "not yet recorded by a replica".to_owned(),
-            Some(0) => "forever".to_owned(),
-            Some(ms) => span(ms),
-        };
-        let through = v
-            .pruned_through_ms
-            .and_then(chrono::DateTime::from_timestamp_millis)
-            .map(|d| d.format("%Y-%m-%dT%H:%M:%SZ").to_string())
-            .unwrap_or_else(|| "-".into());
-        let oldest = v
-            .oldest_finished_age_ms
-            .map(span)
-            .unwrap_or_else(|| "-".into());
-        format!(
-            "retention: finished runs kept {kept} (pruned through {through}); oldest finished run {oldest} old; queued runs older than {}: {}",
-            span(self.queued_alert_after_ms),
-            if v.old_queued >= super::retention::OLD_QUEUED_CAP {
-                format!("{} or more", super::retention::OLD_QUEUED_CAP)
-            } else {
-                v.old_queued.to_string()
-            }
-        )
-    }
-}
-
-/// `3d 4h`, `2h 5m`, `1m 30s`, `400ms`: the two largest units.
-fn span(ms: i64) -> String {
-    let units = [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ];
-    let mut parts = Vec::new();
-    let mut rest = ms.max(0);
-    for (name, size) in units {
-        if rest >= size || !parts.is_empty() {
-            parts.push(format!("{}{name}", rest / size));
-            rest %= size;
-        }
-        if parts.len() == 2 {
-            break;
-        }
-    }
-    if parts.is_empty() {
-        return format!("{}ms", ms.max(0));
-    }
-    parts.retain(|p| !p.starts_with('0'));
-    parts.join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::span;
-
-    #[test]
-    fn spans_show_the_two_largest_units() {
-        assert_eq!(span(3_600_000), "1h");
-        assert_eq!(span(2 * 86_400_000 + 3 * 3_600_000 + 5_000), "2d 3h");
-        assert_eq!(span(30 * 86_400_000), "30d");
-        assert_eq!(span(90_000), "1m 30s");
-        assert_eq!(span(400), "400ms");
-    }
 }

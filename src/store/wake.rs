@@ -11,8 +11,8 @@
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::session::Connector;
-use super::StoreError;
+use crate::db::session::Connector;
+use crate::db::StoreError;
 
 /// The channel every replica listens on.
 pub const CHANNEL: &str = "qlsched_wake";
@@ -74,7 +74,7 @@ const BATCH: usize = 256;
 /// sender's role may not change schedules (any role that can connect may `NOTIFY`). The
 /// receiver ends when the connection does; dropping it closes the connection.
 pub async fn listen(connector: &Connector) -> Result<mpsc::UnboundedReceiver<Heard>, StoreError> {
-    let (client, mut connection) = super::session::bounded(
+    let (client, mut connection) = crate::db::session::bounded(
         "connecting the listener",
         connector.connect_timeout,
         async { Ok(connector.pg.connect_raw().await?) },

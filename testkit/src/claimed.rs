@@ -2,9 +2,10 @@
 //! round leases them, with the pool they were claimed through and the admission a replica
 //! would build for each.
 
-use qlsched::store::admit::{self, Admission, AdmitOutcome};
+use qlsched::db;
+use qlsched::db::{Conn, Pool};
+use qlsched::store::admission::{self, Admission, AdmitOutcome, Occurrence};
 use qlsched::store::claim::ClaimedRow;
-use qlsched::store::{self, Conn, Pool};
 
 use super::TestDb;
 
@@ -47,28 +48,28 @@ impl Claimed {
     }
 
     /// The admission of the claimed row's due occurrence.
-    pub fn admission(&self) -> Admission {
+    pub fn admission(&self) -> Admission<'_> {
         admission(self.row())
     }
 
     /// The admissions of every claimed row, in claim order.
-    pub fn admissions(&self) -> Vec<Admission> {
+    pub fn admissions(&self) -> Vec<Admission<'_>> {
         self.rows.iter().map(admission).collect()
     }
 
     pub async fn conn(&self) -> Conn<'_> {
-        store::conn(&self.pool).await.unwrap()
+        db::conn(&self.pool).await.unwrap()
     }
 
     /// Admits `a` alone, on a connection of the claim's pool.
-    pub async fn admit(&self, a: &Admission) -> AdmitOutcome {
+    pub async fn admit(&self, a: &Admission<'_>) -> AdmitOutcome {
         let conn = self.conn().await;
         crate::drive::admit_once(&conn, a).await.unwrap()
     }
 }
 
 async fn claim_due(pool: &Pool, owner: &str, lease_ms: i64, limit: i64) -> Vec<ClaimedRow> {
-    let conn = store::conn(pool).await.unwrap();
+    let conn = db::conn(pool).await.unwrap();
     crate::drive::claim_due(&conn, owner, lease_ms, limit, uuid::Uuid::new_v4())
         .await
         .unwrap()
@@ -76,14 +77,15 @@ async fn claim_due(pool: &Pool, owner: &str, lease_ms: i64, limit: i64) -> Vec<C
 
 /// The admission a replica builds for a claimed row: its due occurrence, the cursor moved
 /// one second on, admitted by the claim's owner.
-pub fn admission(c: &ClaimedRow) -> Admission {
+pub fn admission(c: &ClaimedRow) -> Admission<'_> {
     let sf = c.next_fire_at_ms.expect("initialised row");
-    Admission {
-        claim: c.clone(),
-        scheduled_for_ms: sf,
-        next_fire_at_ms: sf + 1000,
-        run_id: admit::mint_run_id(&c.fence.owner),
-        attempt_id: uuid::Uuid::new_v4(),
-        admitted_by: c.fence.owner.clone(),
-    }
+    Admission::new(
+        c,
+        Occurrence {
+            scheduled_for_ms: sf,
+            next_fire_at_ms: sf + 1000,
+            run_id: admission::mint_run_id(&c.fence.owner),
+            attempt_id: uuid::Uuid::new_v4(),
+        },
+    )
 }

@@ -2,9 +2,9 @@
 //! a claim without a replica-id guard, an admission of one occurrence or of a batch on a
 //! fresh connection, one cursor move. Tests use them to stage and inspect single steps.
 
-use qlsched::store::admit::{self, Admission, AdmitOutcome};
+use qlsched::db::StoreError;
+use qlsched::store::admission::{self, Admission, AdmitOutcome};
 use qlsched::store::claim::{self, ClaimedRow};
-use qlsched::store::StoreError;
 use uuid::Uuid;
 
 /// Leases up to `limit` due rows for `owner` for `lease_ms`, stamped with `round`, with no
@@ -28,16 +28,16 @@ pub async fn claim_due(
 /// One admission transaction for a batch (the statement prepared on `conn` first).
 pub async fn admit_batch(
     conn: &tokio_postgres::Client,
-    batch: &[Admission],
+    batch: &[Admission<'_>],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
-    let stmt = conn.prepare(admit::ADMIT_SQL).await?;
-    admit::admit_batch_prepared(conn, &stmt, batch).await
+    let stmt = conn.prepare(admission::ADMIT_SQL).await?;
+    admission::admit_batch_prepared(conn, &stmt, batch).await
 }
 
 /// One admission transaction for one occurrence.
 pub async fn admit_once(
     conn: &tokio_postgres::Client,
-    a: &Admission,
+    a: &Admission<'_>,
 ) -> Result<AdmitOutcome, StoreError> {
     let mut out = admit_batch(conn, std::slice::from_ref(a)).await?;
     Ok(out.remove(0))
@@ -49,5 +49,5 @@ pub async fn advance_cursor(
     c: &ClaimedRow,
     next_fire_at_ms: i64,
 ) -> Result<bool, StoreError> {
-    Ok(admit::advance_batch(conn, &[(c.clone(), next_fire_at_ms)]).await?[0])
+    Ok(admission::advance_batch(conn, &[(c.clone(), next_fire_at_ms)]).await?[0])
 }

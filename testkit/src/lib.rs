@@ -18,9 +18,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use qlsched::db;
+use qlsched::db::Pool;
+use qlsched::schema::{self, Roles};
 use qlsched::store::manage::{self, TriggerSpec};
-use qlsched::store::migrate::{self, Roles};
-use qlsched::store::{self, Pool};
 
 pub const PREFIX: &str = "qlsched";
 pub const TEMPLATE: &str = "qlsched_template";
@@ -138,10 +139,10 @@ pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
 
 pub async fn make_template(port: u16) {
     let roles = Roles::with_prefix(PREFIX).unwrap();
-    migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
+    schema::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
         .await
         .expect("bootstrap");
-    migrate::migrate(&pg_config(port, &roles.owner, TEMPLATE), &roles)
+    schema::migrate(&pg_config(port, &roles.owner, TEMPLATE), &roles)
         .await
         .expect("migrate");
 }
@@ -166,7 +167,7 @@ impl TestDb {
             std::process::id(),
             NEXT_DB.fetch_add(1, Ordering::SeqCst)
         );
-        let admin = store::connect(&pg_config(port, "postgres", "postgres"))
+        let admin = db::connect(&pg_config(port, "postgres", "postgres"))
             .await
             .unwrap();
         admin
@@ -197,7 +198,7 @@ impl TestDb {
     }
 
     pub async fn client(&self, user: &str) -> tokio_postgres::Client {
-        store::connect(&self.config(user)).await.unwrap()
+        db::connect(&self.config(user)).await.unwrap()
     }
     /// Statements the runtime role has run in this database, counted by the server
     /// (`pg_stat_statements`, read from the `postgres` database so that this database stays
@@ -312,8 +313,8 @@ impl TestDb {
         self.client("qlsched_admin").await
     }
     /// How a replica's claim round and admit engine connect to this database.
-    pub fn connector(&self) -> qlsched::store::session::Connector {
-        qlsched::store::session::Connector {
+    pub fn connector(&self) -> qlsched::db::session::Connector {
+        qlsched::db::session::Connector {
             pg: self.config("qlsched_runtime").into(),
             connect_timeout: Duration::from_secs(10),
         }
@@ -339,7 +340,7 @@ impl TestDb {
     }
 
     pub fn runtime_pool(&self, size: u32) -> Pool {
-        store::build_pool(
+        db::build_pool(
             self.config("qlsched_runtime"),
             size,
             Duration::from_secs(10),

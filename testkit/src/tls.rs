@@ -121,7 +121,7 @@ pub fn tls_cluster() -> &'static TlsCluster {
         });
         super::on_own_runtime("template database on the TLS cluster", async move {
             super::make_template(port).await;
-            let su = qlsched::store::connect(&super::pg_config(port, "postgres", "postgres"))
+            let su = qlsched::db::connect(&super::pg_config(port, "postgres", "postgres"))
                 .await
                 .unwrap();
             su.batch_execute(&format!("CREATE ROLE {CERT_USER} LOGIN"))

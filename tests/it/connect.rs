@@ -305,7 +305,7 @@ async fn db_bootstrap_works_over_the_socket_with_peer_authentication() {
         .output()
         .unwrap();
     ok(out);
-    let c = qlsched::store::connect(&crate::helpers::pg_config(
+    let c = qlsched::db::connect(&crate::helpers::pg_config(
         server.port,
         "postgres",
         "postgres",

@@ -395,7 +395,7 @@ async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it(
     let db = TestDb::new().await;
     db.seed_bulk(10_050, "0 0 1 1 *", 86_400_000).await;
     let client = db.client("qlsched_runtime").await;
-    let f = |after: Option<&'static str>| qlsched::store::views::TriggerFilter {
+    let f = |after: Option<&'static str>| qlsched::store::browse::TriggerFilter {
         project: None,
         state: qlsched::store::triggers::StateFilter::Disabled,
         prefix: None,
@@ -403,29 +403,29 @@ async fn a_filtered_trigger_page_walks_a_bounded_stretch_and_continues_after_it(
         limit: 5,
     };
     // No trigger is disabled: the first page looked at 10,000 ids and says where it stopped.
-    let p1 = qlsched::store::views::trigger_page(&client, &f(None), true)
+    let p1 = qlsched::present::triggers::trigger_page(&client, &f(None), true)
         .await
         .unwrap();
     assert!(p1.triggers.is_empty());
     assert_eq!(p1.next_after.as_deref(), Some("trg-09999"));
     // The rest (50 ids) ends the walk.
-    let p2 = qlsched::store::views::trigger_page(&client, &f(Some("trg-09999")), true)
+    let p2 = qlsched::present::triggers::trigger_page(&client, &f(Some("trg-09999")), true)
         .await
         .unwrap();
     assert!(p2.triggers.is_empty());
     assert_eq!(p2.next_after, None);
     // The CLI's walk is not bounded: it reads on until the page is full (here: to the end).
-    let cli = qlsched::store::views::trigger_page(&client, &f(None), false)
+    let cli = qlsched::present::triggers::trigger_page(&client, &f(None), false)
         .await
         .unwrap();
     assert!(cli.triggers.is_empty() && cli.next_after.is_none());
     // A prefix is searched from the prefix on.
-    let g = qlsched::store::views::TriggerFilter {
+    let g = qlsched::store::browse::TriggerFilter {
         state: qlsched::store::triggers::StateFilter::All,
         prefix: Some("trg-1004"),
         ..f(None)
     };
-    let p = qlsched::store::views::trigger_page(&client, &g, true)
+    let p = qlsched::present::triggers::trigger_page(&client, &g, true)
         .await
         .unwrap();
     let ids: Vec<&str> = p
@@ -496,7 +496,7 @@ async fn the_overview_rereads_only_the_minutes_it_has_not_closed() {
         Some(3),
         "the closed minute was read again: {second}"
     );
-    let fresh = qlsched::store::views::admission_history(&su, "cron", None)
+    let fresh = qlsched::store::browse::admission_history(&su, "cron", None)
         .await
         .unwrap();
     let fresh = serde_json::to_string(&serde_json::json!({ "admissions": fresh })).unwrap();

@@ -7,6 +7,7 @@ use actix::prelude::*;
 use qlsched::actors::admit::Stop;
 use qlsched::actors::supervisor::{Drain, Probe, Supervisor};
 use qlsched::actors::Settings;
+use qlsched::db;
 use qlsched::health::Health;
 use qlsched::metrics::Metrics;
 use qlsched::store::{self, release};
@@ -165,7 +166,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
     );
     let pool = db.runtime_pool(2);
     let release = tokio::spawn(async move {
-        let conn = store::conn(&pool).await.unwrap();
+        let conn = db::conn(&pool).await.unwrap();
         release::release_all_owned(&conn, "a").await.unwrap()
     });
     tx.rollback().await.unwrap();
@@ -259,7 +260,7 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
     let db = TestDb::new().await;
     db.seed_bulk(10, ONCE, -1000).await;
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let held = crate::helpers::drive::claim_due(&conn, "dead", 1500, 10, uuid::Uuid::new_v4())
         .await
         .unwrap();
@@ -422,7 +423,9 @@ async fn suspending_a_project_fences_out_its_live_claims() {
         .collect();
     let conn = held.conn().await;
     assert_eq!(
-        store::admit::advance_batch(&conn, &batch).await.unwrap(),
+        store::admission::advance_batch(&conn, &batch)
+            .await
+            .unwrap(),
         vec![false; 3]
     );
     store::manage::set_project(&mut admin, "proj", "active")

@@ -774,7 +774,7 @@ async fn a_call_that_waited_for_the_run_lock_rechecks_the_lease_after_it() {
 /// One dispatcher pass over `ids` until the connection fails: take, start, finish each run
 /// (autocommit calls). Returns the runs whose finish answered `true` (acknowledged).
 async fn dispatch_until_error(db: &TestDb, acked: &std::sync::Mutex<Vec<Uuid>>) {
-    let Ok(c) = qlsched::store::connect(&db.config("qlsched_dispatcher")).await else {
+    let Ok(c) = qlsched::db::connect(&db.config("qlsched_dispatcher")).await else {
         return;
     };
     loop {

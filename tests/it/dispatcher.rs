@@ -7,8 +7,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use qlsched::schema;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
-use qlsched::store::migrate;
 use qlsched::store::recovery::recover_on_startup;
 use qlsched::store::triggers::backfill_chunk;
 use tokio_postgres::error::SqlState;
@@ -52,7 +52,7 @@ async fn the_dispatcher_role_cannot_insert_runs_touch_schedules_or_delete() {
     queued_runs(&db, 1).await;
     let su = db.superuser().await;
     assert_eq!(
-        migrate::check(&su, &[("qlsched_dispatcher", "dispatcher")])
+        schema::check(&su, &[("qlsched_dispatcher", "dispatcher")])
             .await
             .unwrap(),
         Vec::<String>::new()
@@ -325,36 +325,36 @@ async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_si
 
 #[tokio::test]
 async fn an_install_from_before_the_dispatcher_gets_its_role_from_a_second_bootstrap() {
-    use qlsched::store::migrate::Roles;
+    use qlsched::schema::Roles;
     let port = crate::helpers::cluster().port;
     let su = crate::helpers::pg_config(port, "postgres", "postgres");
     let roles = Roles::with_prefix("up21").unwrap();
-    migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
+    schema::bootstrap(&su, &roles, "up21db").await.unwrap();
     // As an install bootstrapped before V10: no dispatcher role.
-    let c = qlsched::store::connect(&su).await.unwrap();
+    let c = qlsched::db::connect(&su).await.unwrap();
     c.batch_execute(
         "REVOKE CONNECT ON DATABASE up21db FROM up21_dispatcher; DROP ROLE up21_dispatcher",
     )
     .await
     .unwrap();
     let owner = crate::helpers::pg_config(port, "up21_owner", "up21db");
-    let e = migrate::migrate(&owner, &roles).await.unwrap_err();
+    let e = schema::migrate(&owner, &roles).await.unwrap_err();
     assert!(
         e.to_string()
             .contains("role up21_dispatcher does not exist; run `qlsched db bootstrap`"),
         "{e}"
     );
     // Refused before anything was applied.
-    let c = qlsched::store::connect(&owner).await.unwrap();
+    let c = qlsched::db::connect(&owner).await.unwrap();
     assert_eq!(
-        migrate::stream_drift(&c).await.unwrap().len(),
-        migrate::embedded_count()
+        schema::stream_drift(&c).await.unwrap().len(),
+        schema::embedded_count()
     );
-    migrate::bootstrap(&su, &roles, "up21db").await.unwrap();
-    migrate::migrate(&owner, &roles).await.unwrap();
-    let check = qlsched::store::connect(&owner).await.unwrap();
+    schema::bootstrap(&su, &roles, "up21db").await.unwrap();
+    schema::migrate(&owner, &roles).await.unwrap();
+    let check = qlsched::db::connect(&owner).await.unwrap();
     assert_eq!(
-        migrate::check(&check, &roles.checked()).await.unwrap(),
+        schema::check(&check, &roles.checked()).await.unwrap(),
         Vec::<String>::new()
     );
 }

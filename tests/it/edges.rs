@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use qlsched::actors::supervisor::{Drain, Probe};
 use qlsched::actors::Settings;
+use qlsched::db;
 use qlsched::metrics::Metrics;
-use qlsched::store::admit::{self, Refusal};
-use qlsched::store::{self, manage, recovery};
+use qlsched::store::admission::{self, Refusal};
+use qlsched::store::{manage, recovery};
 
 use crate::helpers::claimed::{admission, Claimed};
 use crate::helpers::{discard_log, start_supervisor as start, wait_until, TestDb};
@@ -376,7 +377,7 @@ async fn refusal_after(db: &TestDb, change: &str) -> Refusal {
         db.superuser().await.batch_execute(change).await.unwrap();
     }
     match c.admit(&c.admission()).await {
-        admit::AdmitOutcome::Refused { why } => why,
+        admission::AdmitOutcome::Refused { why } => why,
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
@@ -427,7 +428,7 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
     .await
     .unwrap();
     let pool = db.runtime_pool(1);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let report = recovery::recover_on_startup(&conn, 10).await.unwrap();
     assert_eq!(report.candidate_count, 150);
     assert_eq!(report.candidates.len(), 10);
@@ -476,8 +477,8 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
 /// a corrupt definition gets the reject back-off.
 #[tokio::test]
 async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_off() {
+    use qlsched::db::session::Session;
     use qlsched::engine::{Action, Engine, Job, Kind, Outcome};
-    use qlsched::store::session::Session;
     let cases = [
         ("SELECT 1", None),
         (
@@ -550,8 +551,8 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
 /// be decided again in another round.
 #[tokio::test]
 async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_batch() {
+    use qlsched::db::session::Session;
     use qlsched::engine::{Action, Engine, Job, Kind};
-    use qlsched::store::session::Session;
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     db.make_due(-100).await;
@@ -609,8 +610,8 @@ async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_bat
 #[tokio::test]
 async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     use crate::helpers::proxy::{Fault, Proxy};
+    use qlsched::db::session::{Connector, Session};
     use qlsched::engine::{Action, AdmitError, Engine, Job, Kind};
-    use qlsched::store::session::{Connector, Session};
     let db = TestDb::new().await;
     db.seed_bulk(50, "* * * * * *", -100).await;
     let claims = Claimed::up_to(&db, "a", 30_000, 50).await;

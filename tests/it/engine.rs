@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use qlsched::actors::admit::AdmitActor;
 use qlsched::actors::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
+use qlsched::db::session::{bounded, Connector, Session};
+use qlsched::db::StoreError;
 use qlsched::engine::{Action, AdmitError, Engine, Job, Kind, Outcome};
 use qlsched::metrics::Metrics;
-use qlsched::store::admit::Refusal;
+use qlsched::store::admission::Refusal;
+use qlsched::store::claim;
 use qlsched::store::claim::ClaimedRow;
-use qlsched::store::session::{bounded, Connector, Session};
-use qlsched::store::{claim, StoreError};
 
 use crate::helpers::claimed::{admission, Claimed};
 use crate::helpers::proxy::{Fault, Proxy};

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use qlsched::store::{self, claim, replicas};
+use qlsched::db;
+use qlsched::store::{claim, replicas};
 use uuid::Uuid;
 
 use crate::helpers::replica::ReplicaProc;
@@ -37,7 +38,7 @@ async fn round(conn: &tokio_postgres::Client, incarnation: Uuid, ttl_ms: i64) ->
 async fn a_claim_round_leases_nothing_once_its_guard_was_taken_over() {
     let db = TestDb::with_due(3).await;
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
     replicas::acquire(&conn, "twin", old, "host", 4242, 600_000)
         .await

@@ -8,7 +8,7 @@
 //! below by the superuser with every trigger switched off) makes the admission, or a manual
 //! fire, write nothing.
 
-use qlsched::store::admit::{AdmitOutcome, Refusal};
+use qlsched::store::admission::{AdmitOutcome, Refusal};
 use qlsched::store::manage::ManageError;
 use qlsched::store::triggers;
 use tokio_postgres::error::SqlState;

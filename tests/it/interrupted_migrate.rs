@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use qlsched::store::migrate::{
+use qlsched::schema::{
     self, compat::BASELINE, Grant, Kind, MigrateOptions, MigrationSet, Object, Roles,
 };
 use tokio_postgres::Client;
@@ -46,7 +46,7 @@ fn next_name(letter: &str) -> String {
 async fn empty_db() -> TestDb {
     let port = cluster().port;
     let name = next_name("k");
-    migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles(), &name)
+    schema::bootstrap(&pg_config(port, "postgres", "postgres"), &roles(), &name)
         .await
         .expect("bootstrap");
     TestDb { name, port }
@@ -56,7 +56,7 @@ async fn empty_db() -> TestDb {
 /// `db bootstrap` leaves a database (`CREATE DATABASE` does not copy database grants).
 async fn copy(db: &TestDb) -> TestDb {
     let name = next_name("k");
-    let su = qlsched::store::connect(&pg_config(db.port, "postgres", "postgres"))
+    let su = qlsched::db::connect(&pg_config(db.port, "postgres", "postgres"))
         .await
         .unwrap();
     su.batch_execute(&format!(
@@ -76,7 +76,7 @@ async fn copy(db: &TestDb) -> TestDb {
 }
 
 async fn drop_db(db: TestDb) {
-    let su = qlsched::store::connect(&pg_config(db.port, "postgres", "postgres"))
+    let su = qlsched::db::connect(&pg_config(db.port, "postgres", "postgres"))
         .await
         .unwrap();
     su.batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", db.name))
@@ -176,10 +176,10 @@ async fn walk(
     let prev = start;
     for m in set.migrations.iter().filter(|m| m.version() > from) {
         let n = m.version();
-        let file = migrate::file_name(n, m.name());
+        let file = schema::file_name(n, m.name());
         let work = copy(&prev).await;
         let applied =
-            migrate::migrate_set_killed_after(&work.config(&owner()), &roles(), set, &opts, n)
+            schema::migrate_set_killed_after(&work.config(&owner()), &roles(), set, &opts, n)
                 .await
                 .unwrap_or_else(|e| panic!("db migrate killed after {file}: {e}"));
         assert_eq!(applied.last(), Some(&m.to_string()), "killed after {file}");
@@ -187,7 +187,7 @@ async fn walk(
         let at_n = binary_of(set, n, &su).await;
         // The next step starts from the database as the binary of Vn's own `db migrate`
         // leaves it.
-        migrate::migrate_set(&prev.config(&owner()), &roles(), &at_n, &opts, &mut |w| {
+        schema::migrate_set(&prev.config(&owner()), &roles(), &at_n, &opts, &mut |w| {
             panic!("unexpected wait: {w}")
         })
         .await
@@ -206,7 +206,7 @@ async fn walk(
 
         // The binary of Vn accepts the database (binaries before the baseline predate
         // schema ranges: a database at the baseline or later serves none of them).
-        let problems = migrate::check_with(&su, &ALL_ROLES, &at_n).await.unwrap();
+        let problems = schema::check_with(&su, &ALL_ROLES, &at_n).await.unwrap();
         if n >= BASELINE && !problems.is_empty() {
             failures.push(format!(
                 "killed after {file}: the binary of V{n} refuses it: {problems:?}"
@@ -217,7 +217,7 @@ async fn walk(
         // refuses it naming the migration that made the difference (binaries up to the
         // baseline predate schema ranges and are not judged).
         if let Some(b) = before.as_ref().filter(|_| n > BASELINE) {
-            let problems = migrate::check_with(&su, &ALL_ROLES, b).await.unwrap();
+            let problems = schema::check_with(&su, &ALL_ROLES, b).await.unwrap();
             let served = kind.as_deref() == Some(Kind::Expand.as_str());
             let named = problems.len() == 1
                 && problems[0].contains(&format!("by the contract migration {file}"));
@@ -243,7 +243,7 @@ async fn walk(
             .map(|l| {
                 format!(
                     "migration {} is not applied (run `qlsched db migrate`)",
-                    migrate::file_name(l.version(), l.name())
+                    schema::file_name(l.version(), l.name())
                 )
             })
             .collect();
@@ -252,7 +252,7 @@ async fn walk(
                 "this binary knows migrations up to V{newest}; the database's newest is {file}"
             ));
         }
-        let problems = migrate::check_with(&su, &ALL_ROLES, set).await.unwrap();
+        let problems = schema::check_with(&su, &ALL_ROLES, set).await.unwrap();
         if problems != expected {
             failures.push(format!(
                 "killed after {file}: the binary of V{newest} should see an older schema to \
@@ -262,7 +262,7 @@ async fn walk(
 
         // The next `db migrate` completes, and the newest binary accepts the result.
         drop(su);
-        let rest = migrate::migrate_set(&work.config(&owner()), &roles(), set, &opts, &mut |w| {
+        let rest = schema::migrate_set(&work.config(&owner()), &roles(), set, &opts, &mut |w| {
             panic!("unexpected wait: {w}")
         })
         .await
@@ -275,7 +275,7 @@ async fn walk(
             .collect();
         assert_eq!(rest, want, "resumed after {file}");
         let su = work.superuser().await;
-        let problems = migrate::check_with(&su, &ALL_ROLES, set).await.unwrap();
+        let problems = schema::check_with(&su, &ALL_ROLES, set).await.unwrap();
         if !problems.is_empty() {
             failures.push(format!(
                 "resumed after {file}: the binary of V{newest} refuses the result: {problems:?}"
@@ -338,7 +338,7 @@ CREATE FUNCTION qlsched.interrupted_count() RETURNS bigint LANGUAGE sql
     let failures = walk(
         &newer,
         TestDb::new().await,
-        migrate::newest_known(),
+        schema::newest_known(),
         Some(MigrationSet::embedded()),
     )
     .await;

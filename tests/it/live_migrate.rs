@@ -7,8 +7,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use qlsched::store::migrate::{self, ConcurrentIndex, MigrateOptions, MigrationSet, Roles};
-use qlsched::store::{self, StoreError};
+use qlsched::db;
+use qlsched::db::StoreError;
+use qlsched::schema::{self, ConcurrentIndex, MigrateOptions, MigrationSet, Roles};
 
 use crate::helpers::claimed::admission;
 use crate::helpers::cli::{command, ok, refused};
@@ -60,7 +61,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
             waits.clone(),
         );
         tokio::spawn(async move {
-            migrate::migrate_set(&owner, &roles(), &set, &opts, &mut |w| {
+            schema::migrate_set(&owner, &roles(), &set, &opts, &mut |w| {
                 waits.lock().unwrap().push(w.to_string())
             })
             .await
@@ -80,7 +81,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
         },
     )
     .await;
-    let second = migrate::migrate_set(
+    let second = schema::migrate_set(
         &db.config("qlsched_owner"),
         &roles(),
         &with_runs_column(),
@@ -95,7 +96,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
     );
     // Admissions (the engine's claim and admission statements) while the migration waits.
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let (mut admitted, mut slowest) = (0, Duration::ZERO);
     let mut pace = tokio::time::interval(Duration::from_millis(30));
     while !migrating.is_finished() {
@@ -144,7 +145,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
     assert!(!has_note_column(&db).await);
     // The reader goes: the next run applies it.
     reader.batch_execute("COMMIT").await.unwrap();
-    let applied = migrate::migrate_set(
+    let applied = schema::migrate_set(
         &db.config("qlsched_owner"),
         &roles(),
         &with_runs_column(),
@@ -209,7 +210,7 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
          ALTER TABLE qlsched.attempts DROP COLUMN not_before_ms, DROP COLUMN exit_status,
                                       DROP COLUMN output_tail;
          DELETE FROM {} WHERE version >= 13",
-        migrate::HISTORY_TABLE
+        schema::HISTORY_TABLE
     ))
     .await
     .unwrap();
@@ -250,7 +251,7 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     reader.batch_execute("COMMIT").await.unwrap();
     let out = ok(command(&db, &args).output().unwrap());
     let names = migration_names();
-    let newest = migrate::newest_known();
+    let newest = schema::newest_known();
     // No contract after the baseline: every later migration is an expand.
     let floor = 11;
     let from_v13: Vec<String> = names.into_iter().skip(12).collect();
@@ -286,7 +287,7 @@ async fn an_interrupted_concurrent_index_build_is_resumed_by_the_next_migrate() 
         .unwrap();
     let mut set = MigrationSet::embedded();
     set.indexes.push(ConcurrentIndex {
-        version: migrate::newest_known(),
+        version: schema::newest_known(),
         name: "scratch_x_key",
         unique: true,
         on: "qlsched.scratch (x)",
@@ -297,7 +298,7 @@ async fn an_interrupted_concurrent_index_build_is_resumed_by_the_next_migrate() 
         MigrateOptions::default(),
     );
     let run = || async {
-        migrate::migrate_set(&cfg, &roles, &set, &opts, &mut |w| {
+        schema::migrate_set(&cfg, &roles, &set, &opts, &mut |w| {
             panic!("unexpected wait: {w}")
         })
         .await

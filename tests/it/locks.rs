@@ -7,14 +7,14 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use qlsched::store::migrate::{self, Roles};
-use qlsched::store::runs::PRUNE_QUEUED_LOCK;
+use qlsched::schema::{self, Roles};
+use qlsched::store::queued_prune::PRUNE_QUEUED_LOCK;
 use qlsched::store::triggers::backfill_chunk;
 
 use crate::helpers::cli::{command, stderr, stdout};
 use crate::helpers::{start_supervisor, wait_until, TestDb, PREFIX};
 
-/// `db migrate`'s session lock ("qlsmigr" in ASCII, src/store/migrate/apply.rs).
+/// `db migrate`'s session lock ("qlsmigr" in ASCII, src/schema/apply.rs).
 const MIGRATE_LOCK: i64 = 0x0071_6c73_6d69_6772;
 
 /// 2026-01-01T00:00:00Z in Unix ms.
@@ -36,7 +36,7 @@ async fn session_of(
 ) -> (tokio_postgres::Client, i32) {
     let mut cfg = db.config(role);
     cfg.application_name(application);
-    let c = qlsched::store::connect(&cfg).await.unwrap();
+    let c = qlsched::db::connect(&cfg).await.unwrap();
     c.batch_execute(sql).await.unwrap();
     let pid: i32 = c
         .query_one("SELECT pg_backend_pid()", &[])
@@ -193,7 +193,7 @@ async fn db_migrate_behind_a_foreign_holder_of_its_lock_names_it() {
     let roles = Roles::with_prefix(PREFIX).unwrap();
     let err = tokio::time::timeout(
         Duration::from_secs(30),
-        migrate::migrate(&db.config("qlsched_owner"), &roles),
+        schema::migrate(&db.config("qlsched_owner"), &roles),
     )
     .await
     .expect("db migrate waited for a foreign holder of its lock")

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use qlsched::store;
+use qlsched::db;
 use qlsched::store::manage::{self, TriggerSpec};
 
 use crate::helpers::{poll_until, wait_until, TestDb};
@@ -92,7 +92,7 @@ async fn a_trigger_published_while_its_project_is_resumed_becomes_claimable() {
         || {
             let pool = pool.clone();
             async move {
-                let conn = store::conn(&pool).await.unwrap();
+                let conn = db::conn(&pool).await.unwrap();
                 let rows =
                     crate::helpers::drive::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
                         .await
@@ -110,7 +110,7 @@ async fn a_trigger_published_while_its_project_is_resumed_becomes_claimable() {
 async fn setting_an_active_project_active_again_keeps_live_claims() {
     let db = TestDb::with_due(2).await;
     let pool = db.runtime_pool(1);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let claimed = crate::helpers::drive::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
         .await
         .unwrap();

@@ -1,4 +1,4 @@
-use qlsched::store::migrate::{self, Drift, Grant, MigrateOptions, MigrationSet, Roles};
+use qlsched::schema::{self, Drift, Grant, MigrateOptions, MigrationSet, Roles};
 
 use std::time::Duration;
 
@@ -14,12 +14,12 @@ fn roles() -> Roles {
 async fn migrations_apply_from_empty_and_are_idempotent() {
     let db = TestDb::new().await;
     let owner = db.client("qlsched_owner").await;
-    assert!(migrate::stream_drift(&owner).await.unwrap().is_empty());
-    let again = migrate::migrate(&db.config("qlsched_owner"), &roles())
+    assert!(schema::stream_drift(&owner).await.unwrap().is_empty());
+    let again = schema::migrate(&db.config("qlsched_owner"), &roles())
         .await
         .unwrap();
     assert!(again.is_empty(), "second migrate applied {again:?}");
-    let problems = migrate::check(
+    let problems = schema::check(
         &owner,
         &[
             ("qlsched_admin", "admin"),
@@ -36,11 +36,11 @@ async fn migrations_apply_from_empty_and_are_idempotent() {
 async fn a_fresh_database_reports_every_migration_not_applied() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    su.batch_execute(&format!("DROP TABLE {}", migrate::HISTORY_TABLE))
+    su.batch_execute(&format!("DROP TABLE {}", schema::HISTORY_TABLE))
         .await
         .unwrap();
-    let drift = migrate::stream_drift(&su).await.unwrap();
-    assert_eq!(drift.len(), migrate::embedded_count());
+    let drift = schema::stream_drift(&su).await.unwrap();
+    assert_eq!(drift.len(), schema::embedded_count());
     assert!(drift.iter().all(|d| matches!(d, Drift::NotApplied { .. })));
     assert_eq!(
         drift[0].to_string(),
@@ -54,13 +54,13 @@ async fn an_edited_migration_is_refused_by_check_with_its_file_named() {
     let su = db.superuser().await;
     su.batch_execute(&format!(
         "UPDATE {} SET checksum = '42' WHERE version = 2",
-        migrate::HISTORY_TABLE
+        schema::HISTORY_TABLE
     ))
     .await
     .unwrap();
-    let problems = migrate::check(&su, &[]).await.unwrap();
+    let problems = schema::check(&su, &[]).await.unwrap();
     assert_eq!(problems, vec!["migration V2__trigger_schedules.sql was changed after it was applied (checksum differs)"]);
-    let err = migrate::migrate(&db.config("qlsched_owner"), &roles())
+    let err = schema::migrate(&db.config("qlsched_owner"), &roles())
         .await
         .unwrap_err();
     assert!(
@@ -72,16 +72,16 @@ async fn an_edited_migration_is_refused_by_check_with_its_file_named() {
 
 #[tokio::test]
 async fn a_missing_migration_is_refused_by_check_with_its_file_named() {
-    let n = migrate::newest_known();
+    let n = schema::newest_known();
     let db = TestDb::new().await;
     let su = db.superuser().await;
     su.batch_execute(&format!(
         "DELETE FROM {} WHERE version = 3",
-        migrate::HISTORY_TABLE
+        schema::HISTORY_TABLE
     ))
     .await
     .unwrap();
-    let problems = migrate::check(&su, &[]).await.unwrap();
+    let problems = schema::check(&su, &[]).await.unwrap();
     assert_eq!(
         problems,
         vec![
@@ -100,13 +100,13 @@ async fn newest_file(c: &tokio_postgres::Client) -> String {
         .query_one(
             &format!(
                 "SELECT version, name FROM {} ORDER BY version DESC LIMIT 1",
-                migrate::HISTORY_TABLE
+                schema::HISTORY_TABLE
             ),
             &[],
         )
         .await
         .unwrap();
-    migrate::file_name(r.get(0), &r.get::<_, String>(1))
+    schema::file_name(r.get(0), &r.get::<_, String>(1))
 }
 
 /// A migration applied by hand, with no kind recorded, counts as a contract: this binary's
@@ -117,12 +117,12 @@ async fn an_unrecorded_newer_migration_is_refused_by_check_and_migrate() {
     let su = db.superuser().await;
     su.batch_execute(&format!(
         "INSERT INTO {} (version, name, applied_on, checksum) VALUES (99, 'from_the_future', 'x', '1')",
-        migrate::HISTORY_TABLE
+        schema::HISTORY_TABLE
     ))
     .await
     .unwrap();
-    let problems = migrate::check(&su, &[]).await.unwrap();
-    let n = migrate::newest_known();
+    let problems = schema::check(&su, &[]).await.unwrap();
+    let n = schema::newest_known();
     assert_eq!(
         problems,
         vec![format!(
@@ -132,7 +132,7 @@ async fn an_unrecorded_newer_migration_is_refused_by_check_and_migrate() {
              (docs/operations.md, upgrades)"
         )]
     );
-    let err = migrate::migrate(&db.config("qlsched_owner"), &roles())
+    let err = schema::migrate(&db.config("qlsched_owner"), &roles())
         .await
         .unwrap_err();
     assert_eq!(
@@ -149,7 +149,7 @@ async fn a_wrong_capability_version_is_refused() {
     su.batch_execute("UPDATE qlsched.capability SET version = 7")
         .await
         .unwrap();
-    let problems = migrate::check(&su, &[]).await.unwrap();
+    let problems = schema::check(&su, &[]).await.unwrap();
     assert_eq!(problems, vec!["capability is cluster_scheduler_admission v7, this binary needs cluster_scheduler_admission v1"]);
 }
 
@@ -160,7 +160,7 @@ async fn an_extra_grant_is_reported_by_check() {
     su.batch_execute("GRANT INSERT ON qlsched.trigger_schedules TO qlsched_runtime")
         .await
         .unwrap();
-    let problems = migrate::check(&su, &[("qlsched_runtime", "runtime")])
+    let problems = schema::check(&su, &[("qlsched_runtime", "runtime")])
         .await
         .unwrap();
     assert_eq!(
@@ -200,7 +200,7 @@ fn newer_binary() -> MigrationSet {
 }
 
 async fn migrate_as(db: &TestDb, set: &MigrationSet) -> Vec<String> {
-    migrate::migrate_set(
+    schema::migrate_set(
         &db.config("qlsched_owner"),
         &roles(),
         set,
@@ -222,11 +222,11 @@ async fn a_later_expand_database_is_served_and_only_recorded_grants_accepted() {
     assert_eq!(migrate_as(&db, &newer).await, vec!["V90__newer_table"]);
     let su = db.superuser().await;
     assert_eq!(
-        migrate::check(&su, &ALL_ROLES).await.unwrap(),
+        schema::check(&su, &ALL_ROLES).await.unwrap(),
         Vec::<String>::new()
     );
     assert_eq!(
-        migrate::check_with(&su, &ALL_ROLES, &newer).await.unwrap(),
+        schema::check_with(&su, &ALL_ROLES, &newer).await.unwrap(),
         Vec::<String>::new()
     );
     // The newer binary's kind was recorded with its migration.
@@ -243,18 +243,18 @@ async fn a_later_expand_database_is_served_and_only_recorded_grants_accepted() {
         .await
         .unwrap();
     assert_eq!(
-        migrate::check(&su, &ALL_ROLES).await.unwrap(),
+        schema::check(&su, &ALL_ROLES).await.unwrap(),
         vec!["role qlsched_runtime has INSERT on qlsched.newer, which it must not"]
     );
     su.batch_execute(&format!(
         "REVOKE INSERT ON qlsched.newer FROM qlsched_runtime;
          UPDATE {} SET checksum = '42' WHERE version = 2",
-        migrate::HISTORY_TABLE
+        schema::HISTORY_TABLE
     ))
     .await
     .unwrap();
     assert_eq!(
-        migrate::check(&su, &ALL_ROLES).await.unwrap(),
+        schema::check(&su, &ALL_ROLES).await.unwrap(),
         vec!["migration V2__trigger_schedules.sql was changed after it was applied (checksum differs)"]
     );
 }
@@ -278,9 +278,9 @@ async fn a_contract_database_is_refused_by_the_older_binary_naming_the_migration
         .unwrap();
     migrate_as(&db, &newest).await;
     let su = db.superuser().await;
-    let n = migrate::newest_known();
+    let n = schema::newest_known();
     assert_eq!(
-        migrate::check(&su, &ALL_ROLES).await.unwrap(),
+        schema::check(&su, &ALL_ROLES).await.unwrap(),
         vec![format!(
             "the database is at V92__later_expand.sql, migrated past this binary (which knows up \
              to V{n}) by the contract migration V91__drop_newer_x.sql: it serves only binaries \
@@ -289,7 +289,7 @@ async fn a_contract_database_is_refused_by_the_older_binary_naming_the_migration
         )]
     );
     assert_eq!(
-        migrate::check_with(&su, &ALL_ROLES, &newest).await.unwrap(),
+        schema::check_with(&su, &ALL_ROLES, &newest).await.unwrap(),
         Vec::<String>::new()
     );
 }
@@ -304,14 +304,14 @@ async fn db_status_shows_migrations_range_binary_and_replica_versions() {
     qlsched::store::replicas::acquire(&runtime, "r-status", uuid::Uuid::new_v4(), "h1", 7, 60_000)
         .await
         .unwrap();
-    let n = migrate::newest_known();
+    let n = schema::newest_known();
     let out = ok(ql(&db, &["db", "status", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     // No contract after the baseline (V11): every later migration is an expand.
     assert_eq!(v["floor"], 11, "{out}");
     assert_eq!(v["newest"], 90, "{out}");
     assert_eq!(v["binary_newest_migration"], n, "{out}");
-    assert_eq!(v["binary_version"], migrate::BINARY_VERSION, "{out}");
+    assert_eq!(v["binary_version"], schema::BINARY_VERSION, "{out}");
     assert_eq!(v["binary_served"], true, "{out}");
     let applied = v["applied"].as_array().unwrap();
     let last = applied.last().unwrap();
@@ -331,7 +331,7 @@ async fn db_status_shows_migrations_range_binary_and_replica_versions() {
     let replicas = v["replicas"].as_array().unwrap();
     assert_eq!(replicas.len(), 1, "{out}");
     assert_eq!(replicas[0]["replica_id"], "r-status");
-    assert_eq!(replicas[0]["binary_version"], migrate::BINARY_VERSION);
+    assert_eq!(replicas[0]["binary_version"], schema::BINARY_VERSION);
     assert_eq!(replicas[0]["newest_migration"], n);
     let text = ok(ql(&db, &["db", "status"]));
     eprintln!("{text}");

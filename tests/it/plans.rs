@@ -3,7 +3,7 @@
 //! These tests prove the generic plans keep the claim index's range scan and the admission's
 //! TID access: a plan that regresses fails here, not in a benchmark.
 
-use qlsched::store::admit::ADMIT_SQL;
+use qlsched::store::admission::ADMIT_SQL;
 use qlsched::store::claim::claim_variant;
 
 use crate::helpers::TestDb;

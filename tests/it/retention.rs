@@ -8,8 +8,9 @@ use std::time::Duration;
 use qlsched::config::RetentionConfig;
 use qlsched::metrics::Metrics;
 use qlsched::retention::Pruner;
-use qlsched::store::admit::AdmitOutcome;
-use qlsched::store::{migrate, retention};
+use qlsched::schema;
+use qlsched::store::admission::AdmitOutcome;
+use qlsched::store::retention;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
@@ -385,7 +386,7 @@ async fn db_check_expects_exactly_the_runtime_execute_grant() {
         ("qlsched_worker_ingress", "worker_ingress"),
     ];
     assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
+        schema::check(&su, &roles).await.unwrap(),
         Vec::<String>::new()
     );
     su.batch_execute(
@@ -394,7 +395,7 @@ async fn db_check_expects_exactly_the_runtime_execute_grant() {
     .await
     .unwrap();
     assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
+        schema::check(&su, &roles).await.unwrap(),
         vec!["role qlsched_admin may EXECUTE function qlsched.prune_finished(bigint,integer,text,uuid), which it must not"]
     );
     su.batch_execute(
@@ -403,7 +404,7 @@ async fn db_check_expects_exactly_the_runtime_execute_grant() {
     .await
     .unwrap();
     assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
+        schema::check(&su, &roles).await.unwrap(),
         vec!["role qlsched_runtime lacks EXECUTE on function qlsched.prune_finished(bigint,integer,text,uuid)"]
     );
 }
@@ -810,7 +811,7 @@ async fn a_prune_batch_waits_for_a_backfill_chunk_in_progress() {
         .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock_shared({});
              SELECT pruned_through_ms FROM qlsched.maintenance WHERE task = 'prune'",
-            qlsched::store::runs::PRUNE_QUEUED_LOCK
+            qlsched::store::queued_prune::PRUNE_QUEUED_LOCK
         ))
         .await
         .unwrap();

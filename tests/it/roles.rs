@@ -1,7 +1,7 @@
 //! Each role can do exactly what docs/design.md ("Roles and grants") grants, and nothing more, proven against the
 //! catalog and by trying.
 
-use qlsched::store::migrate;
+use qlsched::schema;
 
 use crate::helpers::TestDb;
 
@@ -15,12 +15,12 @@ async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
         ("qlsched_worker_ingress", "worker_ingress"),
         ("qlsched_dispatcher", "dispatcher"),
     ] {
-        let have = migrate::table_privileges(&su, role).await.unwrap();
-        assert_eq!(have, migrate::expected_privileges(kind), "role {role}");
+        let have = schema::table_privileges(&su, role).await.unwrap();
+        assert_eq!(have, schema::expected_privileges(kind), "role {role}");
     }
     // The dispatcher: reads admitted work and the pinned spec, appends events; nothing else
     // at table level (its updates are column-level).
-    let dispatcher = migrate::table_privileges(&su, "qlsched_dispatcher")
+    let dispatcher = schema::table_privileges(&su, "qlsched_dispatcher")
         .await
         .unwrap();
     let want: Vec<(String, String)> = [
@@ -85,7 +85,7 @@ async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
     // recorded horizon and the floor out of its reach (the CASES below).
     assert!(columns("qlsched_runtime").await.is_empty());
     assert!(columns("qlsched_worker_ingress").await.is_empty());
-    let runtime = migrate::table_privileges(&su, "qlsched_runtime")
+    let runtime = schema::table_privileges(&su, "qlsched_runtime")
         .await
         .unwrap();
     let on_schedules: Vec<&str> = runtime
@@ -95,7 +95,7 @@ async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
         .collect();
     assert_eq!(on_schedules, vec!["SELECT", "UPDATE"]);
     // The admin role admits operator runs (fire, backfill): INSERT and SELECT only.
-    let admin = migrate::table_privileges(&su, "qlsched_admin")
+    let admin = schema::table_privileges(&su, "qlsched_admin")
         .await
         .unwrap();
     for table in ["runs", "attempts", "run_events"] {
@@ -237,7 +237,7 @@ async fn check_names_and_refuses_every_kind_of_extra_grant() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
     assert_eq!(
-        migrate::check(&su, &all_roles()).await.unwrap(),
+        schema::check(&su, &all_roles()).await.unwrap(),
         Vec::<String>::new(),
         "a migrated database is clean"
     );
@@ -318,7 +318,7 @@ async fn check_names_and_refuses_every_kind_of_extra_grant() {
         su.batch_execute(&grant.replace("current_db", &fresh.name))
             .await
             .unwrap_or_else(|e| panic!("{grant}: {e}"));
-        let problems = migrate::check(&su, &all_roles()).await.unwrap();
+        let problems = schema::check(&su, &all_roles()).await.unwrap();
         assert!(
             problems.iter().any(|p| p.starts_with(expected)),
             "`{grant}` must be reported as `{expected}`; got {problems:?}"
@@ -330,7 +330,7 @@ async fn check_names_and_refuses_every_kind_of_extra_grant() {
     )
     .await
     .unwrap();
-    let problems = migrate::check(&su, &all_roles()).await.unwrap();
+    let problems = schema::check(&su, &all_roles()).await.unwrap();
     for (role, _) in all_roles() {
         let want = format!("role {role} may EXECUTE function qlsched.open_to_all()");
         assert!(
@@ -374,7 +374,7 @@ async fn db_check_refuses_temporary_on_the_database_and_bootstrap_revokes_it() {
     ))
     .await
     .unwrap();
-    let problems = migrate::check(&su, &all_roles()).await.unwrap();
+    let problems = schema::check(&su, &all_roles()).await.unwrap();
     for (role, _) in all_roles() {
         let want = format!("role {role} has TEMPORARY on database");
         assert!(
@@ -388,8 +388,8 @@ async fn db_check_refuses_temporary_on_the_database_and_bootstrap_revokes_it() {
         std::process::id(),
         crate::helpers::NEXT_DB.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     );
-    let roles = migrate::Roles::with_prefix(crate::helpers::PREFIX).unwrap();
-    migrate::bootstrap(
+    let roles = schema::Roles::with_prefix(crate::helpers::PREFIX).unwrap();
+    schema::bootstrap(
         &crate::helpers::pg_config(db.port, "postgres", "postgres"),
         &roles,
         &name,

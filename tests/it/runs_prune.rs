@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use qlsched::store::admit::AdmitOutcome;
+use qlsched::schema;
+use qlsched::store::admission::AdmitOutcome;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
-use qlsched::store::migrate;
 use qlsched::store::triggers::backfill_chunk;
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
@@ -389,7 +389,7 @@ async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
         ("qlsched_dispatcher", "dispatcher"),
     ];
     assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
+        schema::check(&su, &roles).await.unwrap(),
         Vec::<String>::new()
     );
     su.batch_execute(
@@ -398,7 +398,7 @@ async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
     .await
     .unwrap();
     assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
+        schema::check(&su, &roles).await.unwrap(),
         vec!["role qlsched_runtime may EXECUTE function qlsched.prune_queued(bigint,uuid[]), which it must not"]
     );
     su.batch_execute(
@@ -407,7 +407,7 @@ async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
     .await
     .unwrap();
     assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
+        schema::check(&su, &roles).await.unwrap(),
         vec!["role qlsched_admin lacks EXECUTE on function qlsched.prune_queued(bigint,uuid[])"]
     );
 }
@@ -474,7 +474,7 @@ async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrenc
 #[test]
 fn the_prune_lock_key_is_the_one_v12_takes() {
     let v12 = include_str!("../../migrations/V12__prune_queued.sql");
-    let key = qlsched::store::runs::PRUNE_QUEUED_LOCK.to_string();
+    let key = qlsched::store::queued_prune::PRUNE_QUEUED_LOCK.to_string();
     assert!(
         v12.contains(&format!("pg_advisory_xact_lock({key})")),
         "V12 does not lock {key}"

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use qlsched::store::admit::{self, Admission, AdmitOutcome, Refusal, Resolution};
+use qlsched::store::admission::{self, Admission, AdmitOutcome, Refusal, Resolution};
 use qlsched::store::{manage, release};
 use uuid::Uuid;
 
@@ -68,13 +68,13 @@ async fn a_stale_owner_token_or_version_each_cannot_commit() {
     let db = TestDb::with_due(1).await;
     let c = Claimed::new(&db, "a", 30_000).await;
     let mut wrong_owner = c.admission();
-    wrong_owner.claim.fence.owner = "b".into();
+    wrong_owner.claim.to_mut().fence.owner = "b".into();
     let mut wrong_token = c.admission();
-    wrong_token.claim.fence.token = Uuid::new_v4();
+    wrong_token.claim.to_mut().fence.token = Uuid::new_v4();
     let mut wrong_version = c.admission();
-    wrong_version.claim.fence.version -= 1;
+    wrong_version.claim.to_mut().fence.version -= 1;
     let mut wrong_state = c.admission();
-    wrong_state.claim.state_version -= 1;
+    wrong_state.claim.to_mut().state_version -= 1;
     for (what, a) in [
         ("owner", wrong_owner),
         ("token", wrong_token),
@@ -364,9 +364,9 @@ async fn an_unknown_outcome_is_resolved_by_key_and_fence() {
     assert_eq!(resolve(&c, &admission(&other)).await, Resolution::NotOurs);
 }
 
-async fn resolve(c: &Claimed, a: &Admission) -> Resolution {
+async fn resolve(c: &Claimed, a: &Admission<'_>) -> Resolution {
     let conn = c.conn().await;
-    admit::resolve_batch(&conn, std::slice::from_ref(a))
+    admission::resolve_batch(&conn, std::slice::from_ref(a))
         .await
         .unwrap()
         .remove(0)
@@ -400,7 +400,7 @@ async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
     let db = TestDb::with_due(5).await;
     let claims = Claimed::up_to(&db, "a", 30_000, 5).await;
     let mut batch = claims.admissions();
-    batch[2].claim.fence.token = Uuid::new_v4();
+    batch[2].claim.to_mut().fence.token = Uuid::new_v4();
     let conn = claims.conn().await;
     let out = crate::helpers::drive::admit_batch(&conn, &batch)
         .await
@@ -467,7 +467,7 @@ async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
         .collect();
     batch[0].0.fence.version += 1;
     assert_eq!(
-        admit::advance_batch(&conn, &batch).await.unwrap(),
+        admission::advance_batch(&conn, &batch).await.unwrap(),
         vec![false, true, true]
     );
     assert_eq!(db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner IS NULL AND next_fire_at_ms IS NOT NULL").await, 2);
@@ -475,10 +475,10 @@ async fn a_batch_of_cursor_moves_moves_only_rows_whose_fence_holds() {
 
 #[test]
 fn run_ids_of_one_replica_share_a_prefix_and_increase() {
-    let a1 = admit::mint_run_id("a");
+    let a1 = admission::mint_run_id("a");
     std::thread::sleep(Duration::from_millis(2));
-    let a2 = admit::mint_run_id("a");
-    let b = admit::mint_run_id("b");
+    let a2 = admission::mint_run_id("a");
+    let b = admission::mint_run_id("b");
     assert_eq!(a1.as_bytes()[..4], a2.as_bytes()[..4]);
     assert_ne!(a1.as_bytes()[..4], b.as_bytes()[..4]);
     assert!(a2 > a1, "time-ordered within a replica");

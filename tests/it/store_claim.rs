@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use qlsched::store::{self, claim};
+use qlsched::db;
+use qlsched::store::claim;
 
 use crate::helpers::{poll_until, unique_owner, TestDb};
 
@@ -31,7 +32,7 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
         .unwrap();
     }
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let a = crate::helpers::drive::claim_due(&conn, "a", 30_000, 3, uuid::Uuid::new_v4())
         .await
         .unwrap();
@@ -61,7 +62,7 @@ async fn pending_rows_come_first_then_due_rows_in_cursor_order_and_concurrent_cl
 async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_expiry() {
     let db = TestDb::with_due(1).await;
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let first =
         crate::helpers::drive::claim_due(&conn, &unique_owner("a"), 700, 10, uuid::Uuid::new_v4())
             .await
@@ -76,7 +77,7 @@ async fn a_live_claim_is_never_taken_and_an_expired_one_only_after_the_database_
         || {
             let (pool, b) = (pool.clone(), b.clone());
             async move {
-                let conn = store::conn(&pool).await.unwrap();
+                let conn = db::conn(&pool).await.unwrap();
                 let rows =
                     crate::helpers::drive::claim_due(&conn, &b, 30_000, 10, uuid::Uuid::new_v4())
                         .await
@@ -107,7 +108,7 @@ async fn disabled_triggers_and_suspended_projects_are_not_claimed() {
         .await
         .unwrap();
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let rows = crate::helpers::drive::claim_due(&conn, "a", 30_000, 10, uuid::Uuid::new_v4())
         .await
         .unwrap();
@@ -161,7 +162,7 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
     .await
     .unwrap();
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     let live =
         crate::helpers::drive::claim_due(&conn, "holder", 600_000, 1000, uuid::Uuid::new_v4())
             .await
@@ -291,7 +292,7 @@ async fn a_row_just_due_is_leased_beside_an_older_backlog() {
     .await
     .unwrap();
     let pool = db.runtime_pool(2);
-    let conn = store::conn(&pool).await.unwrap();
+    let conn = db::conn(&pool).await.unwrap();
     // As the daemon runs it: the variant for a limit of 16, prepared.
     let (variant, limit) = claim::claim_variant(16);
     let stmt = conn.prepare(variant).await.unwrap();

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use qlsched::config::parse_dsn_with_password;
-use qlsched::store;
+use qlsched::db;
+use qlsched::db::dsn::parse_with_password as parse_dsn_with_password;
 
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::tls::{tls_cluster, tls_db, CERT_USER};
@@ -14,7 +14,7 @@ use crate::helpers::{cluster, wait_until};
 /// would read it.
 async fn session_ssl(dsn: &str) -> Result<bool, String> {
     let target = parse_dsn_with_password(dsn).map_err(|e| format!("dsn: {e}"))?;
-    let client = store::connect(&target).await.map_err(|e| e.to_string())?;
+    let client = db::connect(&target).await.map_err(|e| e.to_string())?;
     let row = client
         .query_one(
             "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
@@ -135,7 +135,7 @@ async fn cert_authentication_accepts_the_client_certificate_and_refuses_without_
         c.client_cert().display(),
         c.client_key().display()
     );
-    let client = store::connect(&parse_dsn_with_password(&with).unwrap())
+    let client = db::connect(&parse_dsn_with_password(&with).unwrap())
         .await
         .expect("client certificate accepted");
     let who: String = client
@@ -245,7 +245,7 @@ async fn an_encrypted_client_key_authenticates_with_sslpassword() {
         c.client_cert().display(),
         key.display()
     );
-    let client = store::connect(&parse_dsn_with_password(&dsn).unwrap())
+    let client = db::connect(&parse_dsn_with_password(&dsn).unwrap())
         .await
         .expect("the decrypted key authenticates");
     let who: String = client

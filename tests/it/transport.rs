@@ -378,7 +378,7 @@ fn weak_sslmodes_to_non_loopback_hosts_are_named_and_nothing_else() {
     std::fs::write(&root, ca.0.pem()).unwrap();
     let root = root.display().to_string();
     let weak = |dsn: &str| {
-        let t = qlsched::config::parse_dsn_with_env(dsn, |_| None).unwrap();
+        let t = qlsched::db::dsn::parse_with_env(dsn, |_| None).unwrap();
         qlsched::startup::unverified_tcp_hosts(&t)
     };
     let home = std::env::var("HOME").unwrap_or_default();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::actors::claim::Report;
 use crate::engine::Outcome;
-use crate::store::admit::Refusal;
+use crate::store::admission::Refusal;
 
 /// Whether a claim statement is in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +145,7 @@ mod tests {
 
     use super::{Report, RoundGate, Strikes};
     use crate::engine::Outcome;
-    use crate::store::admit::Refusal;
+    use crate::store::admission::Refusal;
 
     /// An `Unexplained` refusal strikes (the back-off grows) instead of clearing the count.
     #[test]

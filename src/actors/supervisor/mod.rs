@@ -38,11 +38,11 @@ pub use wake::Wake;
 use super::admit::AdmitActor;
 use super::claim::{ClaimActor, ClaimArgs, ClaimFinished, Report};
 use super::Settings;
+use crate::db::session::Session;
 use crate::engine::{AdmitError, Outcome};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::claim::ClaimedRow;
-use crate::store::session::Session;
 
 /// Called on every timer tick: the systemd watchdog ping (a wedged actor system stops
 /// pinging and gets restarted).

@@ -11,9 +11,9 @@ use uuid::Uuid;
 
 use super::Supervisor;
 use crate::clock::DbClock;
+use crate::db::session::{bounded, Session};
+use crate::db::StoreError;
 use crate::store::claim::{self, ClaimRound};
-use crate::store::session::{bounded, Session};
-use crate::store::StoreError;
 
 /// The round's state between rounds.
 pub(super) struct RoundState {

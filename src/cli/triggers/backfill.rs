@@ -6,7 +6,7 @@ use serde_json::json;
 use super::{actor, parse_time};
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
-use crate::cli::render;
+use crate::present as render;
 use crate::schedule::Schedule;
 use crate::store::triggers;
 use crate::store::{manage, retention};
@@ -71,6 +71,29 @@ pub struct BackfillArgs {
 /// `trigger backfill`: every check happens before the first write; then chunks commit in
 /// order, each on its own, so an interrupted run leaves a prefix and a re-run completes it.
 pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
+    let (from, to) = checked_args(&a)?;
+    let mut client = connect::connect_target(&a.target).await?;
+    check_window(&client, &a, from, to).await?;
+    // Expression, zone and revision from one row version; each chunk re-checks the revision
+    // under the trigger's lock (store::triggers::backfill_definition).
+    let def = triggers::backfill_definition(&mut client, &a.id).await?;
+    let revision = def.revision;
+    let schedule = Schedule::parse(&def.cron_expr, &def.timezone)?;
+    let occurrences =
+        occurrences_in(&schedule, from, to, a.max).ok_or(CliError::WindowOverCap { max: a.max })?;
+    let by = format!("backfill:{}", actor(&client, a.actor.as_deref()).await?);
+    let mut total = triggers::BackfillCount::default();
+    for chunk in occurrences.chunks(a.chunk) {
+        let c = triggers::backfill_chunk(&mut client, &a.id, revision, chunk, &by).await?;
+        total.admitted += c.admitted;
+        total.already_existed += c.already_existed;
+    }
+    print_backfill(&a, revision, from, to, occurrences.len(), &total)
+}
+
+/// The window (`--from` before `--to`) and the bounds of `--max` and `--chunk`, before
+/// connecting.
+fn checked_args(a: &BackfillArgs) -> Result<(i64, i64), CliError> {
     let from = parse_time("--from", &a.from)?;
     let to = parse_time("--to", &a.to)?;
     if from >= to {
@@ -88,18 +111,27 @@ pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
     if !(1..=10_000).contains(&a.chunk) {
         return Err(CliError::ChunkOutOfRange { chunk: a.chunk });
     }
-    let mut client = connect::connect_target(&a.target).await?;
-    let now = manage::db_now(&client).await?;
+    Ok((from, to))
+}
+
+/// The window is in the past by the database clock and after the retention horizon (a
+/// window the pruner may already have reached could re-admit pruned occurrences: the horizon
+/// is the one the pruning replicas recorded, qlsched.maintenance).
+async fn check_window(
+    client: &tokio_postgres::Client,
+    a: &BackfillArgs,
+    from: i64,
+    to: i64,
+) -> Result<(), CliError> {
+    let now = manage::db_now(client).await?;
     if to > now {
         return Err(CliError::WindowInFuture {
             to: a.to.clone(),
             now: render::utc(Some(now)),
         });
     }
-    // A window the pruner may already have reached could re-admit pruned occurrences: the
-    // horizon is the one the pruning replicas recorded (qlsched.maintenance).
     if let Some((floor, finished_after)) =
-        retention::backfill_floor_ms(&client, HORIZON_MARGIN).await?
+        retention::backfill_floor_ms(client, HORIZON_MARGIN).await?
     {
         if from < floor {
             let why = match finished_after {
@@ -117,26 +149,24 @@ pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
             });
         }
     }
-    // Expression, zone and revision from one row version; each chunk re-checks the revision
-    // under the trigger's lock (store::triggers::backfill_definition).
-    let def = triggers::backfill_definition(&mut client, &a.id).await?;
-    let revision = def.revision;
-    let schedule = Schedule::parse(&def.cron_expr, &def.timezone)?;
-    let occurrences =
-        occurrences_in(&schedule, from, to, a.max).ok_or(CliError::WindowOverCap { max: a.max })?;
-    let by = format!("backfill:{}", actor(&client, a.actor.as_deref()).await?);
-    let mut total = triggers::BackfillCount::default();
-    for chunk in occurrences.chunks(a.chunk) {
-        let c = triggers::backfill_chunk(&mut client, &a.id, revision, chunk, &by).await?;
-        total.admitted += c.admitted;
-        total.already_existed += c.already_existed;
-    }
+    Ok(())
+}
+
+/// What the backfill did, as JSON or one line.
+fn print_backfill(
+    a: &BackfillArgs,
+    revision: i64,
+    from: i64,
+    to: i64,
+    occurrences: usize,
+    total: &triggers::BackfillCount,
+) -> Result<(), CliError> {
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "trigger_id": a.id, "revision": revision, "from_ms": from, "to_ms": to,
-                "occurrences": occurrences.len(), "admitted": total.admitted,
+                "occurrences": occurrences, "admitted": total.admitted,
                 "already_existed": total.already_existed,
             }))?
         );
@@ -146,7 +176,7 @@ pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
             a.id,
             render::utc(Some(from)),
             render::utc(Some(to)),
-            occurrences.len(),
+            occurrences,
             total.admitted,
             total.already_existed
         );

@@ -7,13 +7,13 @@
 
 mod backfill;
 mod ops;
-mod view;
+mod show;
 
 pub use backfill::{
     backfill, occurrences_in, BackfillArgs, BACKFILL_DEFAULT_MAX, BACKFILL_HARD_CAP,
 };
 pub use ops::{delete, disable, enable, fire, ChangeArgs};
-pub use view::{list, show};
+pub use show::{list, show};
 
 use super::error::CliError;
 
@@ -43,7 +43,7 @@ pub(super) async fn actor(
     given: Option<&str>,
 ) -> Result<String, CliError> {
     at_most("--actor", given, 100)?;
-    let role = crate::store::migrate::current_role(client).await?;
+    let role = crate::schema::current_role(client).await?;
     let person = given
         .map(str::to_string)
         .or_else(|| std::env::var("USER").ok())
@@ -54,5 +54,3 @@ pub(super) async fn actor(
         None => role,
     })
 }
-
-pub(super) use crate::store::views::{holder, state_text};

@@ -8,18 +8,18 @@
 //! `view` answers `list` and `show`; `state` changes a trigger's state (disable, enable,
 //! delete); `admit` writes the runs an operator admits (fire, backfill).
 
-mod admit;
+mod manual;
+mod read;
 mod state;
-mod view;
 
-pub use admit::{
+pub use manual::{
     backfill_chunk, backfill_definition, fire, manual_key, BackfillCount, BackfillDefinition, Fired,
 };
-pub use state::{delete, disable, enable};
-pub use view::{
+pub use read::{
     list, list_among, list_with_prefix, show, walk_ids, ListQuery, StateFilter, TriggerView,
     LIST_SQL,
 };
+pub use state::{delete, disable, enable};
 
 use super::manage::ManageError;
 

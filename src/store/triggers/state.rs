@@ -3,7 +3,7 @@
 use super::{lock_trigger, Changed};
 use crate::db_now_ms;
 use crate::schedule::Schedule;
-use crate::store::manage::{lock_cursor_floor, lock_project_status, ManageError};
+use crate::store::manage::{lock_cursor_floor, lock_project_status, ManageError, ProjectStatus};
 
 /// Takes the schedule row out of the claim index and fences out any live claim: the
 /// claim is cleared and `claim_version` / `state_version` bumped, so the holder's
@@ -83,7 +83,7 @@ pub async fn enable(
         tx.commit().await?;
         return Ok(Changed::AlreadyThatWay);
     }
-    let active = lock_project_status(&tx, &t.project).await? == "active";
+    let active = lock_project_status(&tx, &t.project).await? == ProjectStatus::Active;
     let floor = lock_cursor_floor(&tx, id).await?;
     // A stored definition that no longer parses (or never fires again) gets no cursor: the
     // claim then rejects it with back-off and a diagnostic, as any corrupt definition.

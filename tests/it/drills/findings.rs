@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use qlsched::store;
+use qlsched::db;
 
 use super::{scalar, wait_runtime_backends_gone, Stage};
 use crate::helpers::{wait_until, TestDb};
@@ -65,7 +65,7 @@ async fn pooled_connections_whose_backend_was_terminated_are_not_handed_out() {
     {
         let mut warm = Vec::new();
         for _ in 0..4 {
-            warm.push(store::conn(&pool).await.unwrap());
+            warm.push(db::conn(&pool).await.unwrap());
         }
         for c in &warm {
             c.simple_query("SELECT 1").await.unwrap();
@@ -90,14 +90,14 @@ async fn pooled_connections_whose_backend_was_terminated_are_not_handed_out() {
 
     let mut failures = Vec::new();
     for i in 0..4 {
-        let c = store::conn(&pool).await.unwrap();
+        let c = db::conn(&pool).await.unwrap();
         if let Err(e) = c.simple_query("SELECT 1").await {
             failures.push(format!("checkout {i}: {e}"));
         }
     }
     assert!(
         failures.is_empty(),
-        "store::conn handed out connections whose backend was terminated (each costs a claim \
+        "db::conn handed out connections whose backend was terminated (each costs a claim \
          round a cadence): {failures:?}"
     );
 }

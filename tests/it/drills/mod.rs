@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use qlsched::store::migrate::{self, Roles};
+use qlsched::schema::{self, Roles};
 
 use crate::helpers::pg::Server;
 use crate::helpers::proxy::Proxy;
@@ -505,10 +505,10 @@ impl OwnPg {
         server.start();
         let port = server.port;
         let roles = Roles::with_prefix(PREFIX).unwrap();
-        migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, "qlsched")
+        schema::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, "qlsched")
             .await
             .expect("bootstrap");
-        migrate::migrate(&pg_config(port, &roles.owner, "qlsched"), &roles)
+        schema::migrate(&pg_config(port, &roles.owner, "qlsched"), &roles)
             .await
             .expect("migrate");
         OwnPg {

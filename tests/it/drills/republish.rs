@@ -44,7 +44,7 @@ async fn republishing_over_a_slow_link_admits_every_instant_once() {
         .unwrap();
         let mut rng = super::Rng::seeded(drill.rng.next() ^ op as u64);
         operators.push(tokio::spawn(async move {
-            let mut admin = qlsched::store::connect(&config).await.unwrap();
+            let mut admin = qlsched::db::connect(&config).await.unwrap();
             let (mut publishes, mut changed) = (0u64, 0u64);
             while Instant::now() < until {
                 let id = format!("trg-{:05}", rng.below(TRIGGERS as u64));

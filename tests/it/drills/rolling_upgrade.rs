@@ -469,14 +469,14 @@ fn sync_file(path: &Path, bytes: &[u8]) {
 /// The copy's version of a source file: the fixture's index declared the way migrations
 /// declare a concurrent index build; every other file as it is.
 fn fixture_edit(path: &Path, bytes: Vec<u8>) -> Vec<u8> {
-    if !path.ends_with("src/store/migrate/apply.rs") {
+    if !path.ends_with("src/schema/apply.rs") {
         return bytes;
     }
     let code = String::from_utf8(bytes).unwrap();
     let decl = "pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[";
     assert!(
         code.contains(decl),
-        "src/store/migrate/apply.rs changed shape: no `{decl}`"
+        "src/schema/apply.rs changed shape: no `{decl}`"
     );
     code.replacen(decl, &format!("{decl}{FIXTURE_INDEX}"), 1)
         .into_bytes()

@@ -157,7 +157,7 @@ async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_da
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         assert!(run_queued_at >= expires);
-        let key = qlsched::store::admit::idempotency_key(
+        let key = qlsched::store::admission::idempotency_key(
             &row.trigger_id,
             row.def.trigger_revision,
             scheduled_for,

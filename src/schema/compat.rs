@@ -162,7 +162,7 @@ impl Range {
 /// Reads the range from the history and `qlsched.schema_compat` (V13), in the caller's
 /// snapshot. Kinds the database does not record (a database before V13) count as contract
 /// for anything past the baseline, so an unknown database is never served by mistake.
-pub async fn range(client: &tokio_postgres::Client) -> Result<Range, crate::store::StoreError> {
+pub async fn range(client: &tokio_postgres::Client) -> Result<Range, crate::db::StoreError> {
     let row = client
         .query_one(
             &format!(

@@ -528,7 +528,7 @@ fn read_key(path: &Path, password: Option<&str>) -> Result<PrivateKeyDer<'static
 /// u=rw,g=r (0640) or less when owned by root: a service reading a root-owned key through
 /// its group), then reads it.
 fn read_key_file(path: &Path) -> Result<Vec<u8>, TlsError> {
-    use crate::config::credfile::{self, CredFileError, Rule};
+    use crate::db::credfile::{self, CredFileError, Rule};
     credfile::read(path, Rule::Key).map_err(|e| match e {
         CredFileError::KeyMode { mode } => TlsError::KeyPermissions {
             path: path.to_path_buf(),

@@ -17,7 +17,7 @@ use tokio_postgres::error::SqlState;
 
 use super::compat::{file_name, MigrationSet};
 use super::{manifest, Drift, Roles, HISTORY_TABLE};
-use crate::store::{StoreError, SCHEMA};
+use crate::db::{StoreError, SCHEMA};
 
 /// How `db migrate` waits for locks.
 #[derive(Clone, Debug)]
@@ -93,6 +93,8 @@ pub struct GaveUp {
     /// A concurrent index build (left INVALID; the next `db migrate` rebuilds it).
     pub index: Option<String>,
 }
+
+impl std::error::Error for GaveUp {}
 
 impl fmt::Display for GaveUp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -172,7 +174,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// then builds its concurrent indexes. Returns the applied migrations (`V13__name`).
 /// `on_wait` hears of every lock time-out that will be retried.
 pub async fn migrate_set(
-    owner: impl Into<crate::store::Target>,
+    owner: impl Into<crate::db::Target>,
     roles: &Roles,
     set: &MigrationSet,
     opts: &MigrateOptions,
@@ -187,7 +189,7 @@ pub async fn migrate_set(
 /// before the concurrent index builds.
 #[cfg(feature = "fault-injection")]
 pub async fn migrate_set_killed_after(
-    owner: impl Into<crate::store::Target>,
+    owner: impl Into<crate::db::Target>,
     roles: &Roles,
     set: &MigrationSet,
     opts: &MigrateOptions,
@@ -197,14 +199,14 @@ pub async fn migrate_set_killed_after(
 }
 
 async fn run(
-    owner: crate::store::Target,
+    owner: crate::db::Target,
     roles: &Roles,
     set: &MigrationSet,
     opts: &MigrateOptions,
     on_wait: &mut (dyn FnMut(&Wait) + Send),
     killed_after: Option<i32>,
 ) -> Result<Vec<String>, StoreError> {
-    let mut client = crate::store::connect(&owner).await?;
+    let mut client = crate::db::connect(&owner).await?;
     let pending = pending(&client, roles, set).await?;
     client
         .batch_execute(&format!(
@@ -223,7 +225,7 @@ async fn run(
     } else {
         // A second session watches what a waiting migration waits on (the waiting one
         // cannot).
-        let monitor = crate::store::connect(&owner).await?;
+        let monitor = crate::db::connect(&owner).await?;
         for m in &pending {
             let step = Step {
                 set,
@@ -271,7 +273,7 @@ async fn pending<'s>(
         .get(0);
     if !got {
         // Any role may hold it (advisory locks take no privilege): name who does.
-        let holders = crate::store::locks::holders(client, MIGRATE_LOCK).await?;
+        let holders = crate::db::locks::holders(client, MIGRATE_LOCK).await?;
         return Err(StoreError::MigrateRunning(Box::new(holders)));
     }
     let drift = super::drift_of(client, set).await?;
@@ -527,16 +529,7 @@ pub async fn build_indexes(
         .map(|r| r.get(0))
         .collect();
     for idx in set.indexes.iter().filter(|i| applied.contains(&i.version)) {
-        let valid: Option<bool> = client
-            .query_opt(
-                "SELECT i.indisvalid FROM pg_index i
-                   JOIN pg_class c ON c.oid = i.indexrelid
-                   JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
-                  WHERE c.relname = $2",
-                &[&SCHEMA, &idx.name],
-            )
-            .await?
-            .map(|r| r.get(0));
+        let valid = index_valid(client, idx.name).await?;
         if valid == Some(true) {
             continue;
         }
@@ -550,24 +543,7 @@ pub async fn build_indexes(
         client
             .batch_execute(&format!("SET lock_timeout = {}", left.as_millis()))
             .await?;
-        let mut sql = String::new();
-        if valid == Some(false) {
-            sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{};", idx.name);
-        }
-        let res = async {
-            if !sql.is_empty() {
-                client.batch_execute(&sql).await?;
-            }
-            client
-                .batch_execute(&format!(
-                    "CREATE {}INDEX CONCURRENTLY {} ON {}",
-                    if idx.unique { "UNIQUE " } else { "" },
-                    idx.name,
-                    idx.on
-                ))
-                .await
-        }
-        .await;
+        let res = build_one(client, idx, valid == Some(false)).await;
         client.batch_execute("RESET lock_timeout").await?;
         match res {
             Ok(()) => built.push(idx.name.to_string()),
@@ -590,4 +566,62 @@ pub async fn build_indexes(
         }
     }
     Ok(built)
+}
+
+/// Whether the index exists and is valid (`None`: it does not exist).
+async fn index_valid(
+    client: &tokio_postgres::Client,
+    name: &str,
+) -> Result<Option<bool>, StoreError> {
+    Ok(client
+        .query_opt(
+            "SELECT i.indisvalid FROM pg_index i
+               JOIN pg_class c ON c.oid = i.indexrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+              WHERE c.relname = $2",
+            &[&SCHEMA, &name],
+        )
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// One concurrent build, after dropping the INVALID index an interrupted build left.
+async fn build_one(
+    client: &tokio_postgres::Client,
+    idx: &ConcurrentIndex,
+    drop_invalid: bool,
+) -> Result<(), tokio_postgres::Error> {
+    if drop_invalid {
+        client
+            .batch_execute(&format!(
+                "DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{};",
+                idx.name
+            ))
+            .await?;
+    }
+    client
+        .batch_execute(&format!(
+            "CREATE {}INDEX CONCURRENTLY {} ON {}",
+            if idx.unique { "UNIQUE " } else { "" },
+            idx.name,
+            idx.on
+        ))
+        .await
+}
+
+/// Applies this binary's pending migrations (as the owner role) and installs the exact
+/// grants, with the default lock time-out and bound ([`MigrateOptions`]); waits are not
+/// reported. Refuses a database whose applied stream diverges from the binary's.
+pub async fn migrate(
+    owner: impl Into<crate::db::Target>,
+    roles: &Roles,
+) -> Result<Vec<String>, StoreError> {
+    migrate_set(
+        owner,
+        roles,
+        &MigrationSet::embedded(),
+        &MigrateOptions::default(),
+        &mut |_| {},
+    )
+    .await
 }

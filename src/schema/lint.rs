@@ -12,7 +12,7 @@ use super::compat::{kind_of, BASELINE};
 /// The one order in which relation locks are taken: the order in which the admission
 /// statement opens its tables (trigger_schedules, triggers, tasks, projects,
 /// execution_revisions, pruned_occurrences, runs, attempts, run_events; a unit test reads it from
-/// `store::admit::ADMIT_SQL`), after replicas, which the claim statement opens first. (The
+/// `store::admission::ADMIT_SQL`), after replicas, which the claim statement opens first. (The
 /// claim opens projects before tasks; a migration never needs both exclusively at once, and
 /// the lock timeout ends any wait cycle.) A migration that locks several of these takes them
 /// in this order, with `LOCK TABLE` statements before anything else.
@@ -52,37 +52,14 @@ pub fn lint(version: i32, sql: &str) -> Vec<String> {
     if let Err(e) = kind_of(version, sql) {
         problems.push(e);
     }
-    let statements = statements(sql);
     let re = res();
     let mut locked: Vec<usize> = Vec::new();
     let mut leading = true;
     let mut touched: Vec<&'static str> = Vec::new();
-    for st in &statements {
+    for st in &statements(sql) {
         let short: String = st.chars().take(80).collect();
         if let Some(c) = re.lock.captures(st) {
-            if !leading {
-                problems.push(format!(
-                    "`{short}`: LOCK statements come first, before any other statement"
-                ));
-            }
-            for t in c[1].split(',') {
-                let t = bare(t.trim());
-                match LOCK_ORDER.iter().position(|o| *o == t) {
-                    None => problems.push(format!(
-                        "`{short}`: qlsched.{t} is not in the lock order (store::migrate::lint::LOCK_ORDER)"
-                    )),
-                    Some(i) => {
-                        if locked.last().is_some_and(|l| *l >= i) {
-                            problems.push(format!(
-                                "`{short}`: qlsched.{t} is locked after qlsched.{}, against the lock order {}",
-                                LOCK_ORDER[*locked.last().unwrap()],
-                                LOCK_ORDER.join(" → ")
-                            ));
-                        }
-                        locked.push(i);
-                    }
-                }
-            }
+            problems.extend(lock_problems(&short, &c[1], leading, &mut locked));
             continue;
         }
         leading = false;
@@ -94,51 +71,95 @@ pub fn lint(version: i32, sql: &str) -> Vec<String> {
                 }
             }
         }
-        if let Some(c) = re.index.captures(st) {
-            let t = bare(&c[3]);
-            if c.get(2).is_some() {
-                problems.push(format!(
-                    "`{short}`: CREATE INDEX CONCURRENTLY cannot run in a migration's transaction; \
-                     declare it in store::migrate::CONCURRENT_INDEXES"
-                ));
-            } else if BUSY_TABLES.contains(&t.as_str()) {
-                problems.push(format!(
-                    "`{short}`: plain CREATE INDEX on qlsched.{t} blocks its writers for the whole \
-                     build; declare a concurrent build in store::migrate::CONCURRENT_INDEXES"
-                ));
+        problems.extend(statement_problems(re, st, &short));
+    }
+    problems.extend(unlocked_problems(&touched, &locked));
+    problems
+}
+
+/// A `LOCK` statement of `tables`: first, and each table in the lock order after those
+/// already locked (`locked`, positions in [`LOCK_ORDER`], grows).
+fn lock_problems(short: &str, tables: &str, leading: bool, locked: &mut Vec<usize>) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !leading {
+        problems.push(format!(
+            "`{short}`: LOCK statements come first, before any other statement"
+        ));
+    }
+    for t in tables.split(',') {
+        let t = bare(t.trim());
+        match LOCK_ORDER.iter().position(|o| *o == t) {
+            None => problems.push(format!(
+                "`{short}`: qlsched.{t} is not in the lock order (schema::lint::LOCK_ORDER)"
+            )),
+            Some(i) => {
+                if locked.last().is_some_and(|l| *l >= i) {
+                    problems.push(format!(
+                            "`{short}`: qlsched.{t} is locked after qlsched.{}, against the lock order {}",
+                            LOCK_ORDER[*locked.last().unwrap()],
+                            LOCK_ORDER.join(" → ")
+                        ));
+                }
+                locked.push(i);
             }
         }
-        if re.add_check.is_match(st) && !st.contains("not valid") {
+    }
+    problems
+}
+
+/// What one statement other than a `LOCK` does that a live database cannot afford.
+fn statement_problems(re: &Res, st: &str, short: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(c) = re.index.captures(st) {
+        let t = bare(&c[3]);
+        if c.get(2).is_some() {
             problems.push(format!(
-                "`{short}`: ADD CONSTRAINT CHECK/FOREIGN KEY scans the table under its lock; add it \
-                 NOT VALID, then VALIDATE CONSTRAINT in a later migration"
+                "`{short}`: CREATE INDEX CONCURRENTLY cannot run in a migration's transaction; \
+                 declare it in schema::CONCURRENT_INDEXES"
             ));
-        }
-        if re.add_unique.is_match(st) && !st.contains("using index") {
+        } else if BUSY_TABLES.contains(&t.as_str()) {
             problems.push(format!(
-                "`{short}`: ADD UNIQUE/PRIMARY KEY builds an index under the table's lock; build it \
-                 concurrently and add the constraint USING INDEX"
-            ));
-        }
-        if re.alter_type.is_match(st) {
-            problems.push(format!(
-                "`{short}`: ALTER COLUMN … TYPE rewrites or scans the table under an exclusive lock"
-            ));
-        }
-        if re.set_not_null.is_match(st) {
-            problems.push(format!(
-                "`{short}`: SET NOT NULL scans the table under an exclusive lock; add a CHECK \
-                 (col IS NOT NULL) NOT VALID and VALIDATE it instead"
-            ));
-        }
-        if re.rewrite.is_match(st) {
-            problems.push(format!(
-                "`{short}`: VACUUM FULL / CLUSTER rewrites the table under an exclusive lock"
+                "`{short}`: plain CREATE INDEX on qlsched.{t} blocks its writers for the whole \
+                 build; declare a concurrent build in schema::CONCURRENT_INDEXES"
             ));
         }
     }
+    if re.add_check.is_match(st) && !st.contains("not valid") {
+        problems.push(format!(
+            "`{short}`: ADD CONSTRAINT CHECK/FOREIGN KEY scans the table under its lock; add it \
+             NOT VALID, then VALIDATE CONSTRAINT in a later migration"
+        ));
+    }
+    if re.add_unique.is_match(st) && !st.contains("using index") {
+        problems.push(format!(
+            "`{short}`: ADD UNIQUE/PRIMARY KEY builds an index under the table's lock; build it \
+             concurrently and add the constraint USING INDEX"
+        ));
+    }
+    if re.alter_type.is_match(st) {
+        problems.push(format!(
+            "`{short}`: ALTER COLUMN … TYPE rewrites or scans the table under an exclusive lock"
+        ));
+    }
+    if re.set_not_null.is_match(st) {
+        problems.push(format!(
+            "`{short}`: SET NOT NULL scans the table under an exclusive lock; add a CHECK \
+             (col IS NOT NULL) NOT VALID and VALIDATE it instead"
+        ));
+    }
+    if re.rewrite.is_match(st) {
+        problems.push(format!(
+            "`{short}`: VACUUM FULL / CLUSTER rewrites the table under an exclusive lock"
+        ));
+    }
+    problems
+}
+
+/// A migration that changes several tables must lock each of them first.
+fn unlocked_problems(touched: &[&'static str], locked: &[usize]) -> Vec<String> {
+    let mut problems = Vec::new();
     if touched.len() > 1 {
-        for t in &touched {
+        for t in touched {
             let i = LOCK_ORDER.iter().position(|o| o == t).unwrap();
             if !locked.contains(&i) {
                 problems.push(format!(
@@ -264,7 +285,7 @@ fn statements(sql: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::migrate::compat::{file_name, MigrationSet};
+    use crate::schema::compat::{file_name, MigrationSet};
 
     #[test]
     fn every_migration_from_v12_follows_the_live_database_rules() {
@@ -279,46 +300,6 @@ mod tests {
             all.is_empty(),
             "migrations break the rules:\n{}",
             all.join("\n")
-        );
-    }
-
-    /// The tables a statement opens, in the order it opens (and locks) them: the parser
-    /// takes each relation's lock as it meets it (a CTE before the next, an UPDATE's target
-    /// before its FROM list), i.e. in the order of first mention.
-    fn opened(sql: &str) -> Vec<String> {
-        let re = Regex::new(r"qlsched\.([a-z_]+)").unwrap();
-        let mut out: Vec<String> = Vec::new();
-        for c in re.captures_iter(sql) {
-            if !out.iter().any(|t| *t == c[1]) {
-                out.push(c[1].to_string());
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn the_lock_order_is_the_order_the_admission_statement_locks_in() {
-        let tables = opened(crate::store::admit::ADMIT_SQL);
-        let positions: Vec<usize> = tables
-            .iter()
-            .map(|t| {
-                LOCK_ORDER
-                    .iter()
-                    .position(|o| o == t)
-                    .unwrap_or_else(|| panic!("{t} is not in LOCK_ORDER"))
-            })
-            .collect();
-        assert!(
-            positions.windows(2).all(|w| w[0] < w[1]),
-            "the admission opens {tables:?}, against LOCK_ORDER {LOCK_ORDER:?}"
-        );
-        assert_eq!(tables.len(), 9, "{tables:?}");
-        // The claim opens replicas first, then trigger_schedules and triggers.
-        let claim = opened(crate::store::claim::CLAIM_DUE_SQL);
-        assert_eq!(
-            claim[..3],
-            ["replicas", "trigger_schedules", "triggers"],
-            "{claim:?}"
         );
     }
 

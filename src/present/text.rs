@@ -1,4 +1,4 @@
-//! Human output: aligned tables and times in UTC and in a trigger's zone.
+//! Human output: aligned tables, durations and times in UTC and in a trigger's zone.
 
 use chrono::{DateTime, TimeZone};
 use chrono_tz::Tz;
@@ -56,4 +56,53 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(&line(r.iter().map(String::as_str).collect()));
     }
     out
+}
+
+/// RFC 3339 with the offset spelled `+00:00` (`runs show`), or the bare ms when out of
+/// range.
+pub fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|d| d.to_rfc3339())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// `3d 4h`, `2h 5m`, `1m 30s`, `400ms`: the two largest units (retention's ages and
+/// horizons in `qlsched status`).
+pub fn two_units(ms: i64) -> String {
+    let units = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ];
+    let mut parts = Vec::new();
+    let mut rest = ms.max(0);
+    for (name, size) in units {
+        if rest >= size || !parts.is_empty() {
+            parts.push(format!("{}{name}", rest / size));
+            rest %= size;
+        }
+        if parts.len() == 2 {
+            break;
+        }
+    }
+    if parts.is_empty() {
+        return format!("{}ms", ms.max(0));
+    }
+    parts.retain(|p| !p.starts_with('0'));
+    parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::two_units as span;
+
+    #[test]
+    fn spans_show_the_two_largest_units() {
+        assert_eq!(span(3_600_000), "1h");
+        assert_eq!(span(2 * 86_400_000 + 3 * 3_600_000 + 5_000), "2d 3h");
+        assert_eq!(span(30 * 86_400_000), "30d");
+        assert_eq!(span(90_000), "1m 30s");
+        assert_eq!(span(400), "400ms");
+    }
 }

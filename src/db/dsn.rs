@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use crate::store::tls::{SslMode, Tls, TlsError, TlsSettings};
-use crate::store::{SessionAttrs, Target};
+use super::tls::{SslMode, Tls, TlsError, TlsSettings};
+use super::{SessionAttrs, Target};
 
 /// A secret string. `Debug` prints `Secret(***)`; there is no `Display`.
 #[derive(Clone, PartialEq, Eq)]
@@ -77,7 +77,7 @@ fn driver_detail(e: &tokio_postgres::Error) -> String {
 /// Parses a libpq `key=value` string or a `postgres://` URL, with its TLS keywords, and
 /// reads the certificate files they name. Fails if it holds a password, or if a file is
 /// unreadable (the message names the keyword and the file).
-pub(super) fn parse(dsn: &str) -> Result<Target, String> {
+pub fn parse(dsn: &str) -> Result<Target, String> {
     let target = parse_with_password(dsn).map_err(|e| e.to_string())?;
     if target.get_password().is_some() {
         return Err(
@@ -109,11 +109,28 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
     let (rest, mut own) = split_own(dsn)?;
     let mut pg = tokio_postgres::Config::from_str(&rest).map_err(DsnError::Driver)?;
     let var = |name: &'static str| env(name).filter(|v| !v.is_empty()).map(|v| (name, v));
-    let bad = |var: &'static str, value: &str, what: &'static str| DsnError::Environment {
+    driver_from_env(&mut pg, &var)?;
+    own_from_env(&mut own, &var)?;
+    default_host(&mut pg);
+    let tls = tls_settings(&pg, own.mode, own.tls)?;
+    Ok(Target::new(pg, Tls::new(tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
+}
+
+/// A libpq environment variable by name, with its value when set and not empty.
+type EnvVar<'a> = dyn Fn(&'static str) -> Option<(&'static str, String)> + 'a;
+
+/// An environment variable whose value is not a `what`.
+fn bad(var: &'static str, value: &str, what: &'static str) -> DsnError {
+    DsnError::Environment {
         var,
         value: value.to_owned(),
         what,
-    };
+    }
+}
+
+/// The driver's keywords the DSN leaves out, from `PGHOST`, `PGHOSTADDR`, `PGPORT`, `PGUSER`,
+/// `PGDATABASE`, `PGCONNECT_TIMEOUT` and `PGAPPNAME`.
+fn driver_from_env(pg: &mut tokio_postgres::Config, var: &EnvVar<'_>) -> Result<(), DsnError> {
     let no_host = pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty();
     if no_host {
         if let Some((_, v)) = var("PGHOST") {
@@ -165,6 +182,12 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
             pg.application_name(v);
         }
     }
+    Ok(())
+}
+
+/// qlsched's own keywords the DSN leaves out, from `PGSSLMODE`, `PGSSLROOTCERT`,
+/// `PGSSLCERT`, `PGSSLKEY` and `PGTARGETSESSIONATTRS`.
+fn own_from_env(own: &mut Own, var: &EnvVar<'_>) -> Result<(), DsnError> {
     if own.mode.is_none() {
         if let Some((n, v)) = var("PGSSLMODE") {
             own.mode = Some(SslMode::parse(&v).ok_or_else(|| bad(n, &v, "sslmode"))?);
@@ -185,6 +208,11 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
                 Some(SessionAttrs::parse(&v).ok_or_else(|| bad(n, &v, "target_session_attrs"))?);
         }
     }
+    Ok(())
+}
+
+/// With no host anywhere: the default socket directory, or `localhost`.
+fn default_host(pg: &mut tokio_postgres::Config) {
     if pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty() {
         if std::path::Path::new(DEFAULT_SOCKET_DIR).is_dir() {
             pg.host_path(DEFAULT_SOCKET_DIR);
@@ -192,13 +220,21 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
             pg.host("localhost");
         }
     }
+}
+
+/// The TLS settings of the target: `sslmode` as given (verify-full with the system trust
+/// store), and no TLS at all for a target of sockets only.
+fn tls_settings(
+    pg: &tokio_postgres::Config,
+    mode: Option<SslMode>,
+    mut tls: TlsSettings,
+) -> Result<TlsSettings, DsnError> {
     // libpq 16: the system trust store is for verify-full only, and implies it.
-    let system_roots = own
-        .tls
+    let system_roots = tls
         .root_cert
         .as_ref()
         .is_some_and(|p| p.as_os_str() == "system");
-    own.tls.mode = match (own.mode, system_roots) {
+    tls.mode = match (mode, system_roots) {
         (None, true) => SslMode::VerifyFull,
         (Some(m), true) if m != SslMode::VerifyFull => {
             return Err(TlsError::WeakModeWithSystemRoots(m.as_str()).into())
@@ -216,15 +252,14 @@ pub fn parse_with_env(dsn: &str, env: impl Fn(&str) -> Option<String>) -> Result
         && pg.get_hostaddrs().is_empty();
     #[cfg(not(unix))]
     let sockets_only = false;
-    let tls = if sockets_only {
+    Ok(if sockets_only {
         TlsSettings {
             mode: SslMode::Disable,
             ..TlsSettings::default()
         }
     } else {
-        own.tls
-    };
-    Ok(Target::new(pg, Tls::new(tls)?).with_session_attrs(own.attrs.unwrap_or_default()))
+        tls
+    })
 }
 
 /// Takes the keywords qlsched implements itself out of a DSN: the rest of the text, and
@@ -348,7 +383,7 @@ fn percent_decode(s: &str) -> String {
 
 /// A `key=value` rendering of the parsed settings that identify the target, for logs.
 /// Built from the parsed config, so nothing secret can survive into it.
-pub(super) fn redacted(target: &Target) -> String {
+pub fn redacted(target: &Target) -> String {
     let pg: &tokio_postgres::Config = target;
     use tokio_postgres::config::Host;
     let mut parts = Vec::new();
@@ -400,7 +435,7 @@ pub(super) fn redacted(target: &Target) -> String {
 /// The DSN text with anything that looks like a password masked, for error messages about
 /// a DSN that may not even parse. The `key=value` pattern also covers a URL's
 /// `?password=` query parameter.
-pub(super) fn mask_text(dsn: &str) -> String {
+pub fn mask_text(dsn: &str) -> String {
     static KV: OnceLock<Regex> = OnceLock::new();
     static URL: OnceLock<Regex> = OnceLock::new();
     let kv = KV.get_or_init(|| {
@@ -414,10 +449,7 @@ pub(super) fn mask_text(dsn: &str) -> String {
 /// Reads a password file: it must exist, be readable, pass `rule` (libpq's passfile rule
 /// for `database.password_file`; its key rule for the console's credentials) on the open
 /// file, and hold a non-empty first line. One trailing newline (`\n` or `\r\n`) is trimmed.
-pub(super) fn read_password_file(
-    path: &str,
-    rule: super::credfile::Rule,
-) -> Result<Secret, String> {
+pub fn read_password_file(path: &str, rule: super::credfile::Rule) -> Result<Secret, String> {
     let text = super::credfile::read_text(std::path::Path::new(path), rule)
         .map_err(|e| format!("password file {e}"))?;
     let text = text

@@ -3,50 +3,22 @@
 //! and its JSON under `/api/v1/` (src/console). Every query is bounded: keyset pages of at
 //! most [`PAGE_MAX`] rows on an index, and windows capped by a `LIMIT`.
 
-use chrono::TimeZone;
-use chrono_tz::Tz;
 use serde::Serialize;
 
-use super::manage::ManageError;
+use super::manage::ProjectStatus;
 use super::status::{RUN_KINDS, RUN_KIND_SQL};
 use super::triggers::{self, ListQuery, StateFilter, TriggerView};
-use super::StoreError;
-use crate::cli::render;
+use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::schedule::Schedule;
 
 /// The largest keyset page the console and the API serve.
 pub const PAGE_MAX: i64 = 100;
 
-/// One trigger as `trigger list --json` prints it: the stored view plus the next fire (UTC
-/// and the trigger's zone) and whether a live lease holds it.
-#[derive(Clone, Debug, Serialize)]
-pub struct TriggerItem {
-    #[serde(flatten)]
-    pub view: TriggerView,
-    pub next_fire_ms: Option<i64>,
-    pub next_fire_utc: Option<String>,
-    pub next_fire_local: Option<String>,
-    pub held: bool,
-}
-
-impl TriggerItem {
-    pub fn new(view: TriggerView) -> TriggerItem {
-        let next = next_fire(&view);
-        TriggerItem {
-            next_fire_ms: next,
-            next_fire_utc: next.map(|n| render::utc(Some(n))),
-            next_fire_local: next.map(|n| render::local(Some(n), &view.timezone)),
-            held: view.claim_owner.is_some() && view.claim_expires_at_ms > Some(view.now_ms),
-            view,
-        }
-    }
-}
-
 /// The next occurrence the cron will admit: the cursor, or (not yet decided) the first
 /// after now; none while the trigger cannot fire.
 pub fn next_fire(v: &TriggerView) -> Option<i64> {
-    if !v.enabled || v.project_status != "active" {
+    if !v.enabled || v.project_status != ProjectStatus::Active {
         return None;
     }
     v.next_fire_at_ms.or_else(|| {
@@ -56,47 +28,10 @@ pub fn next_fire(v: &TriggerView) -> Option<i64> {
     })
 }
 
-/// `enabled`, `disabled 2026-… by alice via qlsched_admin: note`, `deleted …`, with the
-/// project's status when it is not active.
-pub fn state_text(v: &TriggerView) -> String {
-    if v.deleted_at_ms.is_some() {
-        return format!(
-            "deleted {} by {}",
-            render::utc(v.deleted_at_ms),
-            v.deleted_by.as_deref().unwrap_or("-")
-        );
-    }
-    let base = if v.enabled { "enabled" } else { "disabled" };
-    let mut s = base.to_string();
-    if !v.enabled && v.operator_disabled {
-        s = format!(
-            "disabled {} by {}",
-            render::utc(v.disabled_at_ms),
-            v.disabled_by.as_deref().unwrap_or("-")
-        );
-        if let Some(n) = &v.disabled_note {
-            s.push_str(&format!(": {n}"));
-        }
-    }
-    if v.project_status != "active" {
-        s.push_str(&format!(" (project {})", v.project_status));
-    }
-    s
-}
-
-/// `a until 2026-…`, `a (expired)` or `-`.
-pub fn holder(v: &TriggerView) -> String {
-    match (&v.claim_owner, v.claim_expires_at_ms) {
-        (Some(o), Some(exp)) if exp > v.now_ms => format!("{o} until {}", render::utc(Some(exp))),
-        (Some(o), Some(_)) => format!("{o} (expired)"),
-        _ => "-".into(),
-    }
-}
-
-/// `trigger list --json`: one page and the id to continue after.
-#[derive(Clone, Debug, Serialize)]
-pub struct TriggerPage {
-    pub triggers: Vec<TriggerItem>,
+/// One page of triggers as stored, and the id to continue after.
+#[derive(Clone, Debug)]
+pub struct TriggerRows {
+    pub triggers: Vec<TriggerView>,
     pub next_after: Option<String>,
 }
 
@@ -111,7 +46,7 @@ pub struct TriggerFilter<'a> {
     pub limit: i64,
 }
 
-/// How many ids a filtered page walks at most ([`trigger_page`] with `walk`).
+/// How many ids a filtered page walks at most ([`trigger_rows`] with `walk`).
 pub const WALK_CAP: i64 = 10_000;
 
 /// One page of live triggers in id order (keyset on the id). Without `walk` (the CLI) the
@@ -120,11 +55,11 @@ pub const WALK_CAP: i64 = 10_000;
 /// cursor: a page may then hold fewer rows than `limit` while `next_after` (the last id
 /// looked at) continues the walk, so a filter that matches few triggers never reads the
 /// whole table in one request.
-pub async fn trigger_page(
+pub async fn trigger_rows(
     client: &impl tokio_postgres::GenericClient,
     f: &TriggerFilter<'_>,
     walk: bool,
-) -> Result<TriggerPage, StoreError> {
+) -> Result<TriggerRows, StoreError> {
     let q = ListQuery {
         project: f.project,
         state: f.state,
@@ -142,109 +77,17 @@ pub async fn trigger_page(
         } else {
             None
         };
-        return Ok(TriggerPage {
-            triggers: page.into_iter().map(TriggerItem::new).collect(),
+        return Ok(TriggerRows {
+            triggers: page,
             next_after,
         });
     }
     let page = triggers::list_with_prefix(client, &q, f.prefix).await?;
     let next_after = (page.len() as i64 == f.limit && f.limit > 0)
         .then(|| page[page.len() - 1].trigger_id.clone());
-    Ok(TriggerPage {
-        triggers: page.into_iter().map(TriggerItem::new).collect(),
+    Ok(TriggerRows {
+        triggers: page,
         next_after,
-    })
-}
-
-/// One upcoming occurrence: instant, UTC, wall clock in the trigger's zone, and a mark when
-/// the zone's offset differs from the previous occurrence's (a DST change in between).
-#[derive(Clone, Debug, Serialize)]
-pub struct Occurrence {
-    pub ms: i64,
-    pub utc: String,
-    pub local: String,
-    /// `+01:00 → +02:00` when the offset changed since the previous occurrence (or since
-    /// the start of the listing).
-    pub dst: Option<String>,
-}
-
-/// The next `count` occurrences after `from_ms` (src/schedule), with DST marks.
-pub fn occurrences(schedule: &Schedule, from_ms: i64, count: usize) -> Vec<Occurrence> {
-    let tz: Tz = schedule.timezone();
-    let offset = |ms: i64| {
-        tz.timestamp_millis_opt(ms)
-            .single()
-            .map(|t| t.format("%:z").to_string())
-    };
-    let mut prev = offset(from_ms);
-    schedule
-        .explain(from_ms, count)
-        .into_iter()
-        .map(|(ms, local)| {
-            let now = offset(ms);
-            let dst = match (&prev, &now) {
-                (Some(a), Some(b)) if a != b => Some(format!("{a} → {b}")),
-                _ => None,
-            };
-            prev = now;
-            Occurrence {
-                ms,
-                utc: render::utc(Some(ms)),
-                local,
-                dst,
-            }
-        })
-        .collect()
-}
-
-/// `trigger show --json`: the trigger, its next occurrences, its last runs (as the lines
-/// `runs list` prints, and as rows).
-#[derive(Clone, Debug, Serialize)]
-pub struct TriggerDetail {
-    #[serde(flatten)]
-    pub item: TriggerItem,
-    pub upcoming: Vec<Occurrence>,
-    pub recent_runs: Vec<String>,
-    pub runs: Vec<RunItem>,
-}
-
-/// One trigger (deleted ones too), its next `count` occurrences (from the cursor when it is
-/// set, else from now; none while disabled) and its last `runs` runs.
-pub async fn trigger_detail(
-    client: &impl tokio_postgres::GenericClient,
-    id: &str,
-    count: usize,
-    runs: i64,
-) -> Result<TriggerDetail, ManageError> {
-    let v = triggers::show(client, id).await?;
-    let upcoming = if v.enabled {
-        let from = v
-            .next_fire_at_ms
-            .map_or(v.now_ms, |c| (c - 1).min(v.now_ms));
-        let s = Schedule::parse(&v.cron_expr, &v.timezone).map_err(|source| {
-            ManageError::Definition {
-                id: id.into(),
-                source,
-            }
-        })?;
-        occurrences(&s, from, count)
-    } else {
-        Vec::new()
-    };
-    let page = run_page(
-        client,
-        &RunFilter {
-            trigger: Some(id),
-            limit: runs,
-            ..RunFilter::default()
-        },
-    )
-    .await?;
-    Ok(TriggerDetail {
-        item: TriggerItem::new(v),
-        upcoming,
-        recent_runs: page.runs.iter().map(RunItem::line).collect(),
-        runs: page.runs,
     })
 }
 
@@ -262,23 +105,6 @@ pub struct RunItem {
     /// `queued_at − scheduled_for`.
     pub lag_ms: Option<i64>,
     pub admitted_by: String,
-}
-
-impl RunItem {
-    /// The line `runs list` prints.
-    pub fn line(&self) -> String {
-        let when = chrono::DateTime::from_timestamp_millis(self.scheduled_for_ms)
-            .map(|d| d.to_rfc3339())
-            .unwrap_or_default();
-        format!(
-            "{}  {}  scheduled {}  lag {} ms  by {}",
-            self.idempotency_key,
-            self.status,
-            when,
-            self.lag_ms.unwrap_or(-1),
-            self.admitted_by
-        )
-    }
 }
 
 /// Which runs a page shows: newest admission first, keyset on `(queued_at_ms, run_id)`.

@@ -6,8 +6,8 @@ use uuid::Uuid;
 
 use super::{lock_trigger, LockedTrigger};
 use crate::db_now_ms;
-use crate::store::admit::{idempotency_key, mint_run_id};
-use crate::store::manage::{lock_project_status, ManageError};
+use crate::store::admission::{idempotency_key, mint_run_id};
+use crate::store::manage::{lock_project_status, ManageError, ProjectStatus};
 
 /// The key of a run fired by hand: one request id is one run of the trigger, whatever its
 /// revision (a fire retried after a republish finds the first one).
@@ -93,7 +93,7 @@ async fn lock_admittable(
         return Err(ManageError::Disabled { id: id.into() });
     }
     let status = lock_project_status(tx, &t.project).await?;
-    if status != "active" {
+    if status != ProjectStatus::Active {
         return Err(ManageError::ProjectInactive {
             id: id.into(),
             project: t.project,
@@ -224,21 +224,21 @@ pub async fn backfill_chunk(
     // horizon, or keeps it waiting until the chunk commits. Without it, a chunk that passed
     // the command's horizon check could re-admit an occurrence whose run a prune had just
     // removed. Any role may take an advisory lock, so the wait (and every later one of the
-    // chunk) is bounded (store::locks), and a time-out names who holds it.
-    let bound = crate::store::locks::bound_waits(&tx).await?;
+    // chunk) is bounded (db::locks), and a time-out names who holds it.
+    let bound = crate::db::locks::bound_waits(&tx).await?;
     let locked = tx
         .execute(
             "SELECT pg_advisory_xact_lock_shared($1)",
-            &[&crate::store::runs::PRUNE_QUEUED_LOCK],
+            &[&crate::store::queued_prune::PRUNE_QUEUED_LOCK],
         )
         .await;
     if let Err(e) = locked {
         tx.rollback().await?;
         let lock = (
-            crate::store::runs::PRUNE_LOCK_NAME,
-            crate::store::runs::PRUNE_QUEUED_LOCK,
+            crate::store::queued_prune::PRUNE_LOCK_NAME,
+            crate::store::queued_prune::PRUNE_QUEUED_LOCK,
         );
-        let why = crate::store::locks::wait_error(client, e, "trigger backfill", lock, bound);
+        let why = crate::db::locks::wait_error(client, e, "trigger backfill", lock, bound);
         return Err(why.await.into());
     }
     let pruned_through: Option<i64> = tx
@@ -314,8 +314,8 @@ pub async fn backfill_definition(
     if !row.get::<_, bool>(0) {
         return Err(ManageError::Disabled { id: id.into() });
     }
-    let status: String = row.get(6);
-    if status != "active" {
+    let status: ProjectStatus = row.get(6);
+    if status != ProjectStatus::Active {
         return Err(ManageError::ProjectInactive {
             id: id.into(),
             project: row.get(5),

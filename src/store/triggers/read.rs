@@ -2,9 +2,9 @@
 
 use serde::Serialize;
 
+use crate::db::StoreError;
 use crate::db_now_ms;
-use crate::store::manage::ManageError;
-use crate::store::StoreError;
+use crate::store::manage::{ManageError, ProjectStatus};
 
 /// One trigger as `trigger list` and `trigger show` print it. Times are Unix ms (database
 /// clock); `now_ms` is when the row was read.
@@ -27,7 +27,7 @@ pub struct TriggerView {
     pub enabled_at_ms: Option<i64>,
     pub deleted_by: Option<String>,
     pub deleted_at_ms: Option<i64>,
-    pub project_status: String,
+    pub project_status: ProjectStatus,
     /// The schedule cursor: the next occurrence the cron will admit (None: not yet decided).
     pub next_fire_at_ms: Option<i64>,
     pub last_scheduled_at_ms: Option<i64>,
@@ -70,11 +70,11 @@ pub struct ListQuery<'a> {
 const VIEW_COLUMNS: &str = "
        t.trigger_id, t.project_id, t.task_id, t.revision, t.cron_expr, t.timezone, t.misfire_policy,
        t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
-       t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status,
+       t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
        s.next_fire_at_ms, s.last_scheduled_at_ms,
        (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
-         ORDER BY r.queued_at_ms LIMIT 1),
+         ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
        s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms";
 
 /// The page query of `trigger list`, public so a test can EXPLAIN it. A keyset page walks
@@ -88,11 +88,11 @@ pub const LIST_SQL: &str = concat!(
 SELECT ",
     "t.trigger_id, t.project_id, t.task_id, t.revision, t.cron_expr, t.timezone, t.misfire_policy,
        t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
-       t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status,
+       t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
        s.next_fire_at_ms, s.last_scheduled_at_ms,
        (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
-         ORDER BY r.queued_at_ms LIMIT 1),
+         ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
        s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms
   FROM qlsched.triggers t
   JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
@@ -106,34 +106,35 @@ SELECT ",
  LIMIT $4"
 );
 
+/// A [`TriggerView`] from a row selected with the view columns, by column name.
 fn view(r: &tokio_postgres::Row) -> TriggerView {
     TriggerView {
-        trigger_id: r.get(0),
-        project_id: r.get(1),
-        task_id: r.get(2),
-        revision: r.get(3),
-        cron_expr: r.get(4),
-        timezone: r.get(5),
-        misfire_policy: r.get(6),
-        misfire_grace_ms: r.get(7),
-        enabled: r.get(8),
-        operator_disabled: r.get(9),
-        disabled_note: r.get(10),
-        disabled_by: r.get(11),
-        disabled_at_ms: r.get(12),
-        enabled_by: r.get(13),
-        enabled_at_ms: r.get(14),
-        deleted_by: r.get(15),
-        deleted_at_ms: r.get(16),
-        project_status: r.get(17),
-        next_fire_at_ms: r.get(18),
-        last_scheduled_at_ms: r.get(19),
-        last_lag_ms: r.get(20),
-        claim_owner: r.get(21),
-        claim_expires_at_ms: r.get(22),
-        claim_version: r.get(23),
-        state_version: r.get(24),
-        now_ms: r.get(25),
+        trigger_id: r.get("trigger_id"),
+        project_id: r.get("project_id"),
+        task_id: r.get("task_id"),
+        revision: r.get("revision"),
+        cron_expr: r.get("cron_expr"),
+        timezone: r.get("timezone"),
+        misfire_policy: r.get("misfire_policy"),
+        misfire_grace_ms: r.get("misfire_grace_ms"),
+        enabled: r.get("enabled"),
+        operator_disabled: r.get("operator_disabled"),
+        disabled_note: r.get("disabled_note"),
+        disabled_by: r.get("disabled_by"),
+        disabled_at_ms: r.get("disabled_at_ms"),
+        enabled_by: r.get("enabled_by"),
+        enabled_at_ms: r.get("enabled_at_ms"),
+        deleted_by: r.get("deleted_by"),
+        deleted_at_ms: r.get("deleted_at_ms"),
+        project_status: r.get("project_status"),
+        next_fire_at_ms: r.get("next_fire_at_ms"),
+        last_scheduled_at_ms: r.get("last_scheduled_at_ms"),
+        last_lag_ms: r.get("last_lag_ms"),
+        claim_owner: r.get("claim_owner"),
+        claim_expires_at_ms: r.get("claim_expires_at_ms"),
+        claim_version: r.get("claim_version"),
+        state_version: r.get("state_version"),
+        now_ms: r.get("now_ms"),
     }
 }
 

@@ -1,11 +1,13 @@
 //! `admit_batch_prepared`: the one SERIALIZABLE transaction that turns a batch of decided
 //! occurrences into durable work, and `advance_batch` for decisions that admit nothing.
 
+use std::borrow::Cow;
+
 use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::claim::ClaimedRow;
-use super::StoreError;
+use crate::db::StoreError;
 use crate::db_now_ms;
 
 /// The fixed idempotency key of an occurrence.
@@ -47,38 +49,29 @@ pub struct Occurrence {
     pub attempt_id: Uuid,
 }
 
-/// A decided occurrence of a claimed row, ready to admit.
+/// A decided occurrence of a claimed row, ready to admit: the row borrowed from the job
+/// that carries it (owned only where a test forges a stale fence), the occurrence, and who
+/// admits it. Derefs to the occurrence (`a.scheduled_for_ms`).
 #[derive(Clone, Debug)]
-pub struct Admission {
-    pub claim: ClaimedRow,
-    pub scheduled_for_ms: i64,
-    pub next_fire_at_ms: i64,
-    pub run_id: Uuid,
-    pub attempt_id: Uuid,
+pub struct Admission<'a> {
+    pub claim: Cow<'a, ClaimedRow>,
+    occurrence: Occurrence,
     pub admitted_by: String,
 }
 
-impl Admission {
+impl<'a> Admission<'a> {
     /// The occurrence `o` of `claim`, admitted by the claim's owner.
-    pub fn new(claim: ClaimedRow, o: Occurrence) -> Admission {
+    pub fn new(claim: &'a ClaimedRow, o: Occurrence) -> Admission<'a> {
         Admission {
             admitted_by: claim.fence.owner.clone(),
-            claim,
-            scheduled_for_ms: o.scheduled_for_ms,
-            next_fire_at_ms: o.next_fire_at_ms,
-            run_id: o.run_id,
-            attempt_id: o.attempt_id,
+            claim: Cow::Borrowed(claim),
+            occurrence: o,
         }
     }
 
     /// The occurrence, without its claimed row.
     pub fn occurrence(&self) -> Occurrence {
-        Occurrence {
-            scheduled_for_ms: self.scheduled_for_ms,
-            next_fire_at_ms: self.next_fire_at_ms,
-            run_id: self.run_id,
-            attempt_id: self.attempt_id,
-        }
+        self.occurrence
     }
 
     pub fn key(&self) -> String {
@@ -87,6 +80,13 @@ impl Admission {
             self.claim.def.trigger_revision,
             self.scheduled_for_ms,
         )
+    }
+}
+
+impl std::ops::Deref for Admission<'_> {
+    type Target = Occurrence;
+    fn deref(&self) -> &Occurrence {
+        &self.occurrence
     }
 }
 
@@ -164,7 +164,7 @@ impl Refusal {
 pub async fn admit_batch_prepared(
     client: &tokio_postgres::Client,
     stmt: &tokio_postgres::Statement,
-    batch: &[Admission],
+    batch: &[Admission<'_>],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
     admit_with(client, stmt, batch).await
 }
@@ -172,7 +172,7 @@ pub async fn admit_batch_prepared(
 async fn admit_with(
     client: &tokio_postgres::Client,
     stmt: &tokio_postgres::Statement,
-    batch: &[Admission],
+    batch: &[Admission<'_>],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
     use tokio_postgres::types::ToSql;
     let columns = Columns::of(batch);
@@ -199,7 +199,7 @@ async fn admit_with(
     ]
     .into_iter()
     .flatten()
-    .any(super::connection_lost);
+    .any(crate::db::connection_lost);
     if lost {
         return Err(StoreError::OutcomeUnknown);
     }
@@ -282,7 +282,7 @@ impl Columns {
 /// admitted (key existed), or refused (absent; diagnosed after the rollback).
 async fn outcomes(
     client: &tokio_postgres::Client,
-    batch: &[Admission],
+    batch: &[Admission<'_>],
     rows: &[tokio_postgres::Row],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
     let mut out = Vec::with_capacity(batch.len());
@@ -385,7 +385,7 @@ SELECT adv.trigger_id, run.queued_at_ms FROM adv LEFT JOIN run ON run.run_id = a
 /// in one statement: each check of the admission, re-read separately.
 pub async fn diagnose(
     client: &tokio_postgres::Client,
-    a: &Admission,
+    a: &Admission<'_>,
 ) -> Result<Refusal, StoreError> {
     let c = &a.claim;
     let d = &c.def;
@@ -466,7 +466,7 @@ pub enum Resolution {
 /// makes it lose the fence.
 pub async fn resolve_batch(
     client: &tokio_postgres::Client,
-    batch: &[Admission],
+    batch: &[Admission<'_>],
 ) -> Result<Vec<Resolution>, StoreError> {
     let keys: Vec<String> = batch.iter().map(|a| a.key()).collect();
     let runs: Vec<Uuid> = batch.iter().map(|a| a.run_id).collect();

@@ -1,13 +1,11 @@
 //! `qlsched db status`: what the database has applied, the range of binaries it serves, this
 //! binary, and what each live replica runs.
 
-use std::fmt::Write;
-
 use serde::Serialize;
 
 use super::compat::{self, file_name, MigrationSet};
 use super::{BINARY_VERSION, HISTORY_TABLE};
-use crate::store::StoreError;
+use crate::db::StoreError;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct AppliedMigration {
@@ -76,6 +74,43 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<SchemaStatus, Store
 
 async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatus, StoreError> {
     let set = MigrationSet::embedded();
+    let applied = applied_migrations(client, &set).await?;
+    let range = compat::range(client).await?;
+    let known = set.newest();
+    let binary_served = range.serves(known)
+        && set.migrations.iter().all(|m| {
+            applied
+                .iter()
+                .any(|a| a.version == m.version() && a.binary == "same")
+        })
+        && applied
+            .iter()
+            .all(|a| a.binary == "same" || (a.binary == "unknown" && a.version > known));
+    let replicas = live_replicas(client).await?;
+    let deprecations = DEPRECATIONS
+        .iter()
+        .filter(|(v, _)| applied.iter().any(|a| a.version == *v))
+        .map(|(_, what)| what.to_string())
+        .collect();
+    Ok(SchemaStatus {
+        applied,
+        floor: range.floor,
+        floor_migration: range.floor_file,
+        newest: range.newest,
+        binary_version: BINARY_VERSION.to_string(),
+        binary_newest_migration: known,
+        binary_served,
+        replicas,
+        deprecations,
+    })
+}
+
+/// The applied stream, each migration compared with `set`'s and with its recorded kind
+/// (this binary's idea of the kind before `schema_compat` existed).
+async fn applied_migrations(
+    client: &tokio_postgres::Client,
+    set: &MigrationSet,
+) -> Result<Vec<AppliedMigration>, StoreError> {
     let has_compat: bool = client
         .query_one(
             "SELECT to_regclass('qlsched.schema_compat') IS NOT NULL",
@@ -121,17 +156,11 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
             binary,
         });
     }
-    let range = compat::range(client).await?;
-    let known = set.newest();
-    let binary_served = range.serves(known)
-        && set.migrations.iter().all(|m| {
-            applied
-                .iter()
-                .any(|a| a.version == m.version() && a.binary == "same")
-        })
-        && applied
-            .iter()
-            .all(|a| a.binary == "same" || (a.binary == "unknown" && a.version > known));
+    Ok(applied)
+}
+
+/// The live replicas and the versions they recorded (none before V13).
+async fn live_replicas(client: &tokio_postgres::Client) -> Result<Vec<ReplicaVersion>, StoreError> {
     let has_versions: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'qlsched.replicas'::regclass
@@ -145,7 +174,7 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
     } else {
         "NULL::text, NULL::int4"
     };
-    let replicas = client
+    Ok(client
         .query(
             &format!(
                 "SELECT r.replica_id, r.hostname, {cols}, {now} - r.heartbeat_at_ms
@@ -165,86 +194,5 @@ async fn read_in_snapshot(client: &tokio_postgres::Client) -> Result<SchemaStatu
             newest_migration: r.get(3),
             heartbeat_age_ms: r.get(4),
         })
-        .collect();
-    let deprecations = DEPRECATIONS
-        .iter()
-        .filter(|(v, _)| applied.iter().any(|a| a.version == *v))
-        .map(|(_, what)| what.to_string())
-        .collect();
-    Ok(SchemaStatus {
-        applied,
-        floor: range.floor,
-        floor_migration: range.floor_file,
-        newest: range.newest,
-        binary_version: BINARY_VERSION.to_string(),
-        binary_newest_migration: known,
-        binary_served,
-        replicas,
-        deprecations,
-    })
-}
-
-impl SchemaStatus {
-    pub fn render(&self) -> String {
-        let mut s = String::new();
-        let _ = writeln!(s, "applied migrations:");
-        for a in &self.applied {
-            let note = match a.binary {
-                "same" => "",
-                "changed" => "  (CHANGED: checksum differs from this binary's)",
-                _ => "  (newer than this binary)",
-            };
-            let _ = writeln!(
-                s,
-                "  {:<48} {:<8} checksum {:<20} applied {}{note}",
-                a.file,
-                a.kind.as_deref().unwrap_or("?"),
-                a.checksum,
-                a.applied_on
-            );
-        }
-        let _ = writeln!(
-            s,
-            "compatible range: V{}..V{} (served: binaries whose newest known migration is V{} \
-             or later; the floor is {}; the database's newest is V{})",
-            self.floor,
-            self.newest,
-            self.floor,
-            self.floor_migration
-                .as_deref()
-                .unwrap_or("the baseline V11"),
-            self.newest
-        );
-        let _ = writeln!(
-            s,
-            "this binary: qlsched {}, knows up to V{}: {}",
-            self.binary_version,
-            self.binary_newest_migration,
-            if self.binary_served {
-                "served by this database"
-            } else {
-                "NOT served (see `qlsched db check`)"
-            }
-        );
-        for d in &self.deprecations {
-            let _ = writeln!(s, "{d}");
-        }
-        let _ = writeln!(s, "live replicas: {}", self.replicas.len());
-        for r in &self.replicas {
-            let _ = writeln!(
-                s,
-                "  {:<24} {:<24} {} knows up to {} (heartbeat {} ms ago)",
-                r.replica_id,
-                r.hostname,
-                r.binary_version
-                    .as_deref()
-                    .unwrap_or("(version not recorded)"),
-                r.newest_migration
-                    .map(|v| format!("V{v}"))
-                    .unwrap_or_else(|| "?".into()),
-                r.heartbeat_age_ms
-            );
-        }
-        s
-    }
+        .collect())
 }

@@ -1,11 +1,11 @@
 //! `trigger list` and `trigger show`.
 
-use super::{holder, state_text};
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
-use crate::cli::render;
+use crate::present as render;
+use crate::present::triggers::{holder, state_text, trigger_detail, trigger_page};
+use crate::store::browse::TriggerFilter;
 use crate::store::triggers::StateFilter;
-use crate::store::views::{self, TriggerFilter};
 
 /// `trigger list`.
 pub async fn list(
@@ -27,7 +27,7 @@ pub async fn list(
         after,
         limit,
     };
-    let page = views::trigger_page(&client, &f, false).await?;
+    let page = trigger_page(&client, &f, false).await?;
     if json {
         println!(
             "{}",
@@ -92,7 +92,7 @@ pub async fn show(
     let client = connect::connect_target(target).await?;
     // Upcoming from the cursor when it is set (a due occurrence not yet admitted is still
     // upcoming), else from now.
-    let d = views::trigger_detail(&client, id, count, runs).await?;
+    let d = trigger_detail(&client, id, count, runs).await?;
     if json {
         println!(
             "{}",

@@ -8,7 +8,7 @@
 use std::fmt;
 
 use super::{ident, Roles};
-use crate::store::SCHEMA;
+use crate::db::SCHEMA;
 
 /// What a grant is on.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

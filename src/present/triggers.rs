@@ -1,0 +1,212 @@
+//! The read-only views as the CLI's `--json`, its text and the console show them: a trigger
+//! with its next fire in UTC and its zone, its state and lease in words, its upcoming
+//! occurrences with DST marks, a run as one line. The rows are [`crate::store::browse`]'s.
+
+use chrono::TimeZone;
+use chrono_tz::Tz;
+use serde::Serialize;
+
+use super::text::{local, utc};
+use crate::db::StoreError;
+use crate::schedule::Schedule;
+use crate::store::browse::{next_fire, run_page, RunFilter, RunItem, TriggerFilter, TriggerRows};
+use crate::store::manage::{ManageError, ProjectStatus};
+use crate::store::triggers::{self, TriggerView};
+
+/// One trigger as `trigger list --json` prints it: the stored view plus the next fire (UTC
+/// and the trigger's zone) and whether a live lease holds it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TriggerItem {
+    #[serde(flatten)]
+    pub view: TriggerView,
+    pub next_fire_ms: Option<i64>,
+    pub next_fire_utc: Option<String>,
+    pub next_fire_local: Option<String>,
+    pub held: bool,
+}
+
+impl TriggerItem {
+    pub fn new(view: TriggerView) -> TriggerItem {
+        let next = next_fire(&view);
+        TriggerItem {
+            next_fire_ms: next,
+            next_fire_utc: next.map(|n| utc(Some(n))),
+            next_fire_local: next.map(|n| local(Some(n), &view.timezone)),
+            held: view.claim_owner.is_some() && view.claim_expires_at_ms > Some(view.now_ms),
+            view,
+        }
+    }
+}
+
+/// `enabled`, `disabled 2026-… by alice via qlsched_admin: note`, `deleted …`, with the
+/// project's status when it is not active.
+pub fn state_text(v: &TriggerView) -> String {
+    if v.deleted_at_ms.is_some() {
+        return format!(
+            "deleted {} by {}",
+            utc(v.deleted_at_ms),
+            v.deleted_by.as_deref().unwrap_or("-")
+        );
+    }
+    let base = if v.enabled { "enabled" } else { "disabled" };
+    let mut s = base.to_string();
+    if !v.enabled && v.operator_disabled {
+        s = format!(
+            "disabled {} by {}",
+            utc(v.disabled_at_ms),
+            v.disabled_by.as_deref().unwrap_or("-")
+        );
+        if let Some(n) = &v.disabled_note {
+            s.push_str(&format!(": {n}"));
+        }
+    }
+    if v.project_status != ProjectStatus::Active {
+        s.push_str(&format!(" (project {})", v.project_status));
+    }
+    s
+}
+
+/// `a until 2026-…`, `a (expired)` or `-`.
+pub fn holder(v: &TriggerView) -> String {
+    match (&v.claim_owner, v.claim_expires_at_ms) {
+        (Some(o), Some(exp)) if exp > v.now_ms => format!("{o} until {}", utc(Some(exp))),
+        (Some(o), Some(_)) => format!("{o} (expired)"),
+        _ => "-".into(),
+    }
+}
+
+/// `trigger list --json`: one page and the id to continue after.
+#[derive(Clone, Debug, Serialize)]
+pub struct TriggerPage {
+    pub triggers: Vec<TriggerItem>,
+    pub next_after: Option<String>,
+}
+
+impl From<TriggerRows> for TriggerPage {
+    fn from(rows: TriggerRows) -> TriggerPage {
+        TriggerPage {
+            triggers: rows.triggers.into_iter().map(TriggerItem::new).collect(),
+            next_after: rows.next_after,
+        }
+    }
+}
+
+/// One page of live triggers ([`crate::store::browse::trigger_rows`]), as shown.
+pub async fn trigger_page(
+    client: &impl tokio_postgres::GenericClient,
+    f: &TriggerFilter<'_>,
+    walk: bool,
+) -> Result<TriggerPage, StoreError> {
+    Ok(crate::store::browse::trigger_rows(client, f, walk)
+        .await?
+        .into())
+}
+
+/// One upcoming occurrence: instant, UTC, wall clock in the trigger's zone, and a mark when
+/// the zone's offset differs from the previous occurrence's (a DST change in between).
+#[derive(Clone, Debug, Serialize)]
+pub struct Occurrence {
+    pub ms: i64,
+    pub utc: String,
+    pub local: String,
+    /// `+01:00 → +02:00` when the offset changed since the previous occurrence (or since
+    /// the start of the listing).
+    pub dst: Option<String>,
+}
+
+/// The next `count` occurrences after `from_ms` (src/schedule), with DST marks.
+pub fn occurrences(schedule: &Schedule, from_ms: i64, count: usize) -> Vec<Occurrence> {
+    let tz: Tz = schedule.timezone();
+    let offset = |ms: i64| {
+        tz.timestamp_millis_opt(ms)
+            .single()
+            .map(|t| t.format("%:z").to_string())
+    };
+    let mut prev = offset(from_ms);
+    schedule
+        .explain(from_ms, count)
+        .into_iter()
+        .map(|(ms, local)| {
+            let now = offset(ms);
+            let dst = match (&prev, &now) {
+                (Some(a), Some(b)) if a != b => Some(format!("{a} → {b}")),
+                _ => None,
+            };
+            prev = now;
+            Occurrence {
+                ms,
+                utc: utc(Some(ms)),
+                local,
+                dst,
+            }
+        })
+        .collect()
+}
+
+/// `trigger show --json`: the trigger, its next occurrences, its last runs (as the lines
+/// `runs list` prints, and as rows).
+#[derive(Clone, Debug, Serialize)]
+pub struct TriggerDetail {
+    #[serde(flatten)]
+    pub item: TriggerItem,
+    pub upcoming: Vec<Occurrence>,
+    pub recent_runs: Vec<String>,
+    pub runs: Vec<RunItem>,
+}
+
+/// One trigger (deleted ones too), its next `count` occurrences (from the cursor when it is
+/// set, else from now; none while disabled) and its last `runs` runs.
+pub async fn trigger_detail(
+    client: &impl tokio_postgres::GenericClient,
+    id: &str,
+    count: usize,
+    runs: i64,
+) -> Result<TriggerDetail, ManageError> {
+    let v = triggers::show(client, id).await?;
+    let upcoming = if v.enabled {
+        let from = v
+            .next_fire_at_ms
+            .map_or(v.now_ms, |c| (c - 1).min(v.now_ms));
+        let s = Schedule::parse(&v.cron_expr, &v.timezone).map_err(|source| {
+            ManageError::Definition {
+                id: id.into(),
+                source,
+            }
+        })?;
+        occurrences(&s, from, count)
+    } else {
+        Vec::new()
+    };
+    let page = run_page(
+        client,
+        &RunFilter {
+            trigger: Some(id),
+            limit: runs,
+            ..RunFilter::default()
+        },
+    )
+    .await?;
+    Ok(TriggerDetail {
+        item: TriggerItem::new(v),
+        upcoming,
+        recent_runs: page.runs.iter().map(RunItem::line).collect(),
+        runs: page.runs,
+    })
+}
+
+impl RunItem {
+    /// The line `runs list` prints.
+    pub fn line(&self) -> String {
+        let when = chrono::DateTime::from_timestamp_millis(self.scheduled_for_ms)
+            .map(|d| d.to_rfc3339())
+            .unwrap_or_default();
+        format!(
+            "{}  {}  scheduled {}  lag {} ms  by {}",
+            self.idempotency_key,
+            self.status,
+            when,
+            self.lag_ms.unwrap_or(-1),
+            self.admitted_by
+        )
+    }
+}

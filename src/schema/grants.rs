@@ -1,0 +1,198 @@
+//! The exact grants of each role kind (docs/design.md, "Roles and grants"), as tables, and
+//! what the catalog says a role holds.
+
+use super::manifest::{Grant, Object};
+use crate::db::{StoreError, SCHEMA};
+
+/// Table privileges that exist in PostgreSQL 15 (MAINTAIN is 17+ and is not used).
+pub const PRIVILEGES: [&str; 7] = [
+    "SELECT",
+    "INSERT",
+    "UPDATE",
+    "DELETE",
+    "TRUNCATE",
+    "REFERENCES",
+    "TRIGGER",
+];
+
+/// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
+/// Definition rows are permanent (migration V7): no role may delete them.
+pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
+    ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
+    (
+        "execution_revisions",
+        &["SELECT", "INSERT", "UPDATE"],
+        &["SELECT"],
+    ),
+    ("tasks", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
+    ("triggers", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
+    (
+        "trigger_schedules",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT", "UPDATE"],
+    ),
+    // The admin role inserts the runs an operator admits (`trigger fire`, `trigger
+    // backfill`): a run, its claimed attempt and its two events, never an update or delete.
+    ("runs", &["SELECT", "INSERT"], &["SELECT", "INSERT"]),
+    ("attempts", &["SELECT", "INSERT"], &["SELECT", "INSERT"]),
+    ("run_events", &["SELECT", "INSERT"], &["SELECT", "INSERT"]),
+    ("capability", &["SELECT"], &["SELECT"]),
+    ("replicas", &["SELECT"], &["SELECT", "INSERT", "UPDATE"]),
+    ("schema_migrations", &["SELECT"], &["SELECT"]),
+    // Retention (V11): replicas claim the 'prune' lease; `trigger backfill` reads the horizon.
+    // The recorded horizon and the floor (V15) are guarded by a row trigger until a later
+    // contract narrows the runtime's UPDATE to the lease columns (docs/design.md, "Retention").
+    ("maintenance", &["SELECT"], &["SELECT", "UPDATE"]),
+    // Tombstones of pruned occurrences (V15): the cron admission reads them.
+    ("pruned_occurrences", &["SELECT"], &["SELECT"]),
+    // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
+    ("schema_compat", &["SELECT"], &["SELECT"]),
+    ("grant_manifest", &["SELECT"], &["SELECT"]),
+];
+
+/// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
+/// execution revision a run pins, and appends events; its updates are the column-level
+/// ones in [`COLUMN_GRANTS`]. It never inserts a run or an attempt, never deletes, and
+/// never reads or writes definitions' schedules.
+pub const DISPATCHER_GRANTS: [(&str, &[&str]); 4] = [
+    ("runs", &["SELECT"]),
+    ("attempts", &["SELECT"]),
+    ("run_events", &["SELECT", "INSERT"]),
+    ("execution_revisions", &["SELECT"]),
+];
+
+/// Column-level grants: (role kind, table, privilege, columns). The only UPDATEs of
+/// admitted work: a dispatcher moves a run and its attempt forward (docs/dispatcher.md), an
+/// admin cancels an untouched queued run (`runs cancel`). Migration V10's triggers allow
+/// only forward moves of `status` and `state`. The floor of retention on the maintenance row
+/// (V15) is the admin's; the recorded horizon only the prune functions move (V15's row
+/// trigger holds the runtime, whose table UPDATE claims the 'prune' lease, to that).
+pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 5] = [
+    ("dispatcher", "runs", "UPDATE", &["status"]),
+    (
+        "dispatcher",
+        "attempts",
+        "UPDATE",
+        &[
+            "state",
+            "started_at_ms",
+            "finished_at_ms",
+            "result",
+            "error",
+        ],
+    ),
+    ("admin", "runs", "UPDATE", &["status", "cancelled"]),
+    ("admin", "attempts", "UPDATE", &["state", "finished_at_ms"]),
+    (
+        "admin",
+        "maintenance",
+        "UPDATE",
+        &["finished_after_floor_ms"],
+    ),
+];
+
+/// The column-level grants a role kind must hold, as (table, column, privilege), sorted.
+pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
+    let mut out: Vec<(String, String, String)> = COLUMN_GRANTS
+        .iter()
+        .filter(|(k, ..)| *k == kind)
+        .flat_map(|(_, table, privilege, cols)| {
+            cols.iter()
+                .map(move |c| (table.to_string(), c.to_string(), privilege.to_string()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The only functions EXECUTE any role holds (docs/design.md, "Retention"): (signature, role
+/// kind). `db migrate` grants them, `db check` expects exactly them. `prune_queued` (V12) is
+/// `qlsched runs prune`'s, an operator command run as the admin role like `runs cancel`.
+///
+/// The `dispatch_*` functions (V16) are the dispatcher protocol (docs/dispatcher.md): the
+/// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
+/// taken runs to stop them, an operator's (admin role).
+pub const EXECUTE_GRANTS: [(&str, &str); 9] = [
+    (
+        "qlsched.prune_finished(bigint,integer,text,uuid)",
+        "runtime",
+    ),
+    ("qlsched.prune_queued(bigint,uuid[])", "admin"),
+    (
+        "qlsched.dispatch_take(text,text[],integer,bigint)",
+        "dispatcher",
+    ),
+    ("qlsched.dispatch_start(uuid,uuid,bigint)", "dispatcher"),
+    ("qlsched.dispatch_heartbeat(uuid,uuid,bigint)", "dispatcher"),
+    (
+        "qlsched.dispatch_finish(uuid,uuid,text,integer,text,text,jsonb)",
+        "dispatcher",
+    ),
+    ("qlsched.dispatch_release(uuid,uuid)", "dispatcher"),
+    ("qlsched.dispatch_expire(integer)", "dispatcher"),
+    ("qlsched.request_cancel(uuid[])", "admin"),
+];
+
+/// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and
+/// [`EXECUTE_GRANTS`]: this binary's manifest, sorted.
+pub fn manifest() -> Vec<Grant> {
+    let mut out = Vec::new();
+    for (table, admin, runtime) in GRANTS {
+        out.extend(admin.iter().map(|p| Grant::table("admin", table, p)));
+        out.extend(runtime.iter().map(|p| Grant::table("runtime", table, p)));
+    }
+    for (table, privs) in DISPATCHER_GRANTS {
+        out.extend(privs.iter().map(|p| Grant::table("dispatcher", table, p)));
+    }
+    for (kind, table, privilege, cols) in COLUMN_GRANTS {
+        out.extend(
+            cols.iter()
+                .map(|c| Grant::column(kind, table, c, privilege)),
+        );
+    }
+    for (function, kind) in EXECUTE_GRANTS {
+        out.push(Grant::function(kind, function));
+    }
+    out.sort();
+    out
+}
+
+/// Privileges a role holds on each scheduler table, as the catalog says.
+pub async fn table_privileges(
+    client: &tokio_postgres::Client,
+    role: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text, p.privilege
+               FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+               CROSS JOIN unnest($3::text[]) AS p(privilege)
+              WHERE c.relkind = 'r' AND has_table_privilege($2, c.oid, p.privilege)
+              ORDER BY 1, 2",
+            &[&SCHEMA, &role, &PRIVILEGES.to_vec()],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The table privileges docs/design.md ("Roles and grants") gives a role kind ("admin" |
+/// "runtime" | "worker_ingress" | "dispatcher"); column-level ones are in
+/// [`expected_column_privileges`].
+pub fn expected_privileges(kind: &str) -> Vec<(String, String)> {
+    table_grants_of(&manifest(), kind)
+}
+
+/// A manifest's table privileges of a role kind, as (table, privilege), sorted.
+pub(super) fn table_grants_of(grants: &[Grant], kind: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = grants
+        .iter()
+        .filter(|g| g.kind == kind)
+        .filter_map(|g| match &g.object {
+            Object::Table(t) => Some((t.clone(), g.privilege.clone())),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}

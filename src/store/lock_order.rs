@@ -1,0 +1,46 @@
+//! The statements lock tables in the order migrations must lock them
+//! ([`crate::schema::lint::LOCK_ORDER`]): checked against the statements' text.
+
+use regex::Regex;
+
+use crate::schema::lint::LOCK_ORDER;
+
+/// The tables a statement opens, in the order it opens (and locks) them: the parser
+/// takes each relation's lock as it meets it (a CTE before the next, an UPDATE's target
+/// before its FROM list), i.e. in the order of first mention.
+fn opened(sql: &str) -> Vec<String> {
+    let re = Regex::new(r"qlsched\.([a-z_]+)").unwrap();
+    let mut out: Vec<String> = Vec::new();
+    for c in re.captures_iter(sql) {
+        if !out.iter().any(|t| *t == c[1]) {
+            out.push(c[1].to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_lock_order_is_the_order_the_admission_statement_locks_in() {
+    let tables = opened(super::admission::ADMIT_SQL);
+    let positions: Vec<usize> = tables
+        .iter()
+        .map(|t| {
+            LOCK_ORDER
+                .iter()
+                .position(|o| o == t)
+                .unwrap_or_else(|| panic!("{t} is not in LOCK_ORDER"))
+        })
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "the admission opens {tables:?}, against LOCK_ORDER {LOCK_ORDER:?}"
+    );
+    assert_eq!(tables.len(), 9, "{tables:?}");
+    // The claim opens replicas first, then trigger_schedules and triggers.
+    let claim = opened(super::claim::CLAIM_DUE_SQL);
+    assert_eq!(
+        claim[..3],
+        ["replicas", "trigger_schedules", "triggers"],
+        "{claim:?}"
+    );
+}
