@@ -18,3 +18,4 @@ pub mod schedule;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod worker;

@@ -20,6 +20,7 @@ mod error;
 mod layers;
 mod raw;
 mod validate;
+pub mod worker;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -32,6 +33,16 @@ pub use dsn::{
 };
 pub use error::{ConfigError, ConfigProblem};
 pub use layers::ENV_PREFIX;
+
+/// Parses a duration as the config files write it ("250ms", "30s", "2m", "1h", "30d").
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    duration::parse(text)
+}
+
+/// Formats a duration as the config files write it.
+pub fn format_duration(d: Duration) -> String {
+    duration::format(d)
+}
 
 /// The built-in defaults (`config/default.toml`), the first layer.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");

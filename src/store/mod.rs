@@ -23,6 +23,7 @@ pub mod tls;
 pub mod triggers;
 pub mod views;
 pub mod wake;
+pub mod worker;
 
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;

@@ -42,3 +42,4 @@ mod store_admit;
 mod store_claim;
 mod tls;
 mod transport;
+mod worker;
