@@ -1,8 +1,8 @@
 //! The configuration of `qlsched worker` (docs/worker.md): the same layers, `[database]`,
 //! `[http]` (bind and TLS only) and `[log]` keys as a replica's, plus `[worker]`.
 //!
-//! Layers, later wins: `config/default.toml`; [`WORKER_DEFAULTS`] (what differs for a
-//! worker: the dispatcher role, another port); the worker's file, which must set
+//! Layers, later wins: `config/default.toml`; [`WORKER_DEFAULTS`] (`[worker]`, and what
+//! differs for a worker: the dispatcher role, another port); the worker's file, which must set
 //! `worker.id`; environment overrides `QLSCHED__SECTION__KEY`. Every problem names file, key,
 //! value and bound, as a replica's do. A file with a `[worker]` table is a worker's file
 //! ([`is_worker_file`]): `qlsched check-config` validates it as one.
@@ -18,18 +18,11 @@ use super::error::{ConfigError, ConfigProblem};
 use super::raw::RawConfig;
 use super::{layers, validate, DatabaseConfig, LogConfig, LogFormat, ReplicaId, TlsFiles};
 
-/// What a worker's defaults change over `config/default.toml`.
-pub const WORKER_DEFAULTS: &str = r#"
-[database]
-dsn = "host=127.0.0.1 port=5432 user=qlsched_dispatcher dbname=qlsched"
-application_name = "qlsched-worker"
+/// The worker's built-in defaults (`config/worker-default.toml`): `[worker]`, and what
+/// differs from a replica's (the dispatcher role, another port, no console).
+pub const WORKER_DEFAULTS: &str = include_str!("../../config/worker-default.toml");
 
-[http]
-bind = "127.0.0.1:9188"
-console = "off"
-"#;
-
-const WORKER_DEFAULTS_LABEL: &str = "worker defaults (built in)";
+const WORKER_DEFAULTS_LABEL: &str = "worker-default.toml (built in)";
 
 /// Sections a worker does not read: a key of them in a worker's file is a mistake.
 const NOT_WORKER_SECTIONS: [&str; 4] = ["replica", "scheduler", "metrics", "retention"];

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use slog::{crit, info, warn, Logger};
+use slog::{crit, debug, info, warn, Logger};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -142,12 +142,13 @@ async fn run_until_stopped(
             notify(&[sd_notify::NotifyState::Watchdog]);
         }
         let free = w.concurrency as usize - running.len();
-        let mut full = free == 0;
         if free > 0 {
             match take(&shared, free as i32).await {
                 Ok(taken) => {
                     ready.set(true);
-                    full = taken.len() == free;
+                    if !taken.is_empty() {
+                        debug!(log, "taken"; "runs" => taken.len(), "free" => free);
+                    }
                     for t in taken {
                         running.spawn_local(attempt::run(shared.clone(), t));
                     }
@@ -158,14 +159,9 @@ async fn run_until_stopped(
                 }
             }
         }
-        // A full take goes again as soon as an attempt ends; otherwise after `poll`.
-        let pause = async {
-            if full {
-                std::future::pending::<()>().await
-            } else {
-                tokio::time::sleep(w.poll).await
-            }
-        };
+        // The next take comes when an attempt ends or after `poll`, whichever is first (the
+        // watchdog is pinged at least every `poll`, even with every slot busy).
+        let pause = tokio::time::sleep(w.poll);
         tokio::select! {
             _ = signals.next() => break,
             Some(_) = running.join_next(), if !running.is_empty() => {}

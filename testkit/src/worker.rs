@@ -163,6 +163,30 @@ impl WorkerProc {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
+
+    /// Waits (bounded) until the run's status is one of `statuses`; returns its outcome.
+    /// Panics with this worker's log on time-out.
+    pub async fn await_run(
+        &self,
+        db: &TestDb,
+        run: Uuid,
+        statuses: &[&str],
+        within: Duration,
+    ) -> RunOutcome {
+        let deadline = Instant::now() + within;
+        loop {
+            let o = run_outcome(db, run).await;
+            if statuses.contains(&o.status.as_str()) {
+                return o;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run} not {statuses:?} within {within:?}: {o:?}; worker log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for WorkerProc {
@@ -244,26 +268,5 @@ pub async fn run_outcome(db: &TestDb, run: Uuid) -> RunOutcome {
         output_tail: r.get(5),
         error: r.get(6),
         result: r.get(7),
-    }
-}
-
-/// Waits (bounded) until the run's status is one of `statuses`; returns its outcome.
-pub async fn await_status(
-    db: &TestDb,
-    run: Uuid,
-    statuses: &[&str],
-    within: Duration,
-) -> RunOutcome {
-    let deadline = Instant::now() + within;
-    loop {
-        let o = run_outcome(db, run).await;
-        if statuses.contains(&o.status.as_str()) {
-            return o;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run {run} not {statuses:?} within {within:?}: {o:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::helpers::cli::{ok, ql, refused};
 use crate::helpers::replica::binary;
-use crate::helpers::worker::{await_status, queue_runs, run_outcome, WorkerOptions, WorkerProc};
+use crate::helpers::worker::{queue_runs, run_outcome, WorkerOptions, WorkerProc};
 use crate::helpers::{wait_until, TestDb};
 
 const WITHIN: Duration = Duration::from_secs(30);
@@ -80,7 +80,9 @@ async fn a_shell_run_succeeds_and_its_output_tail_is_recorded() {
     .await;
     let mut w = start(&db, "");
     w.wait_ready(WITHIN).await;
-    let o = await_status(&db, runs[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     assert_eq!(o.exit_status, Some(0));
     assert_eq!(o.worker_id.as_deref(), Some("w1"));
@@ -106,7 +108,9 @@ async fn a_failing_command_records_failure_and_its_stderr_tail() {
     let cmd = ["sh", "-c", "echo some output; echo it broke >&2; exit 3"];
     let runs = queue_runs(&db, "broken", &shell(&cmd, ""), 1).await;
     let mut w = start(&db, "");
-    let o = await_status(&db, runs[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "failed", "{o:?}");
     assert_eq!(o.state, "failed");
     assert_eq!(o.exit_status, Some(3));
@@ -133,7 +137,9 @@ async fn a_timeout_kills_the_process_group_grandchild_included() {
     )
     .await;
     let mut w = start(&db, "");
-    let o = await_status(&db, runs[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "failed", "{o:?}");
     let error = o.error.unwrap();
     assert!(
@@ -187,7 +193,9 @@ async fn the_child_environment_holds_the_run_variables_and_no_credentials() {
             ("AWS_SECRET_ACCESS_KEY", "ambient-secret-4"),
         ],
     );
-    let o = await_status(&db, runs[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     let env = o.output_tail.unwrap();
     let vars: Vec<&str> = env.lines().collect();
@@ -259,7 +267,9 @@ async fn a_secret_is_resolved_on_the_worker_and_redacted_in_the_tail() {
     .await;
     let conf = format!("credentials_directory = \"{}\"", creds.path().display());
     let mut w = start(&db, &conf);
-    let o = await_status(&db, good[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, good[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(
         o.status, "succeeded",
         "the secret reached the command: {o:?}"
@@ -268,7 +278,9 @@ async fn a_secret_is_resolved_on_the_worker_and_redacted_in_the_tail() {
         o.output_tail.as_deref(),
         Some("token=[redacted]\n--- stderr ---\ntoken=[redacted]\n")
     );
-    let o = await_status(&db, loose[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, loose[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "failed", "{o:?}");
     let error = o.error.unwrap();
     assert!(
@@ -359,7 +371,9 @@ async fn a_spec_without_executor_is_never_taken_by_the_worker() {
     let external = queue_runs(&db, "external", r#"{"image": "demo"}"#, 2).await;
     let ours = queue_runs(&db, "ours", &shell(&["true"], ""), 1).await;
     let mut w = start(&db, "concurrency = 8");
-    let o = await_status(&db, ours[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, ours[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     for run in external {
         let o = run_outcome(&db, run).await;
@@ -382,7 +396,9 @@ async fn a_worker_takes_only_runs_of_its_pools() {
     let in_a = queue_runs(&db, "in-a", &shell(&["true"], r#", "pool": "a""#), 1).await;
     let in_b = queue_runs(&db, "in-b", &shell(&["true"], r#", "pool": "b""#), 1).await;
     let mut wb = start_with(&db, "wb", "pools = [\"b\"]", &[]);
-    let o = await_status(&db, in_b[0], &["succeeded", "failed"], WITHIN).await;
+    let o = wb
+        .await_run(&db, in_b[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(
         (o.status.as_str(), o.worker_id.as_deref()),
         ("succeeded", Some("wb"))
@@ -394,7 +410,9 @@ async fn a_worker_takes_only_runs_of_its_pools() {
         "pool a is not wb's"
     );
     let mut wa = start_with(&db, "wa", "pools = [\"a\", \"c\"]", &[]);
-    let o = await_status(&db, in_a[0], &["succeeded", "failed"], WITHIN).await;
+    let o = wa
+        .await_run(&db, in_a[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(
         (o.status.as_str(), o.worker_id.as_deref()),
         ("succeeded", Some("wa"))
@@ -468,12 +486,16 @@ async fn the_http_executor_sends_the_idempotency_key_and_records_the_status() {
     let key = idempotency_key(&db, good[0]).await;
     let conf = format!("credentials_directory = \"{}\"", creds.path().display());
     let mut w = start(&db, &conf);
-    let o = await_status(&db, good[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, good[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     assert_eq!(o.exit_status, Some(201));
     assert_eq!(o.result, Some(serde_json::json!({"http_status": 201})));
     assert_eq!(o.output_tail.as_deref(), Some("made!"));
-    let o = await_status(&db, bad[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, bad[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "failed", "{o:?}");
     assert_eq!(o.exit_status, Some(503));
     assert_eq!(o.error.as_deref(), Some("answered HTTP 503"));
@@ -510,7 +532,7 @@ async fn an_operator_cancel_stops_the_command_and_fails_the_run() {
     let db = TestDb::new().await;
     let runs = queue_runs(&db, "long", &shell(&["sleep", "300"], ""), 1).await;
     let mut w = start(&db, "");
-    await_status(&db, runs[0], &["running"], WITHIN).await;
+    w.await_run(&db, runs[0], &["running"], WITHIN).await;
     let asked: i64 = db
         .admin()
         .await
@@ -519,7 +541,9 @@ async fn an_operator_cancel_stops_the_command_and_fails_the_run() {
         .unwrap()
         .get(0);
     assert_eq!(asked, 1);
-    let o = await_status(&db, runs[0], &["succeeded", "failed"], WITHIN).await;
+    let o = w
+        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
+        .await;
     assert_eq!(o.status, "failed");
     let error = o.error.unwrap();
     assert!(
@@ -541,7 +565,7 @@ async fn sigterm_lets_a_running_attempt_finish_within_the_drain_timeout() {
     )
     .await;
     let mut w = start(&db, "drain_timeout = \"20s\"");
-    await_status(&db, runs[0], &["running"], WITHIN).await;
+    w.await_run(&db, runs[0], &["running"], WITHIN).await;
     w.signal(libc::SIGTERM);
     wait_until("/readyz turns 503 at the stop", WITHIN, || {
         let r = w.get("/readyz");
@@ -561,11 +585,21 @@ async fn past_the_drain_timeout_a_running_attempt_is_stopped_and_failed() {
     let db = TestDb::new().await;
     let runs = queue_runs(&db, "stuck", &shell(&["sleep", "300"], ""), 2).await;
     let mut w = start(&db, "drain_timeout = \"1s\"\nconcurrency = 1");
-    await_status(&db, runs[0], &["running"], WITHIN).await;
+    // Admitted together (one queued_at_ms): either is taken first.
+    let (taken, left) = crate::helpers::poll_until("one run running", WITHIN, || async {
+        let a = run_outcome(&db, runs[0]).await.status;
+        let b = run_outcome(&db, runs[1]).await.status;
+        match (a.as_str(), b.as_str()) {
+            ("running", _) => Some((runs[0], runs[1])),
+            (_, "running") => Some((runs[1], runs[0])),
+            _ => None,
+        }
+    })
+    .await;
     w.signal(libc::SIGTERM);
     let st = w.wait_exit(WITHIN).await;
     assert!(st.success(), "{st:?}; log:\n{}", w.log());
-    let o = run_outcome(&db, runs[0]).await;
+    let o = run_outcome(&db, taken).await;
     assert_eq!(o.status, "failed", "{o:?}");
     let error = o.error.unwrap();
     assert!(
@@ -573,7 +607,7 @@ async fn past_the_drain_timeout_a_running_attempt_is_stopped_and_failed() {
         "{error}"
     );
     // Nothing held: the run it never took is still queued, untouched.
-    let o = run_outcome(&db, runs[1]).await;
+    let o = run_outcome(&db, left).await;
     assert_eq!(
         (o.status.as_str(), o.attempts, o.worker_id),
         ("queued", 1, None)
@@ -631,4 +665,17 @@ async fn check_config_rejects_an_out_of_bounds_worker_key_naming_file_key_and_bo
         .output()
         .unwrap();
     assert!(ok(out).contains(": ok"));
+}
+
+#[test]
+fn the_settings_table_of_docs_worker_md_states_the_built_in_defaults() {
+    let defaults: toml::Table = qlsched::config::worker::WORKER_DEFAULTS.parse().unwrap();
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/worker.md")).unwrap();
+    let worker = defaults["worker"].as_table().unwrap();
+    assert!(worker.len() >= 9, "{worker:?}");
+    for (key, value) in worker {
+        let row = format!("| `worker.{key}` | `{value}` |");
+        assert!(doc.contains(&row), "docs/worker.md lacks the row {row}");
+    }
 }
