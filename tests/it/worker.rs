@@ -527,6 +527,63 @@ async fn the_http_executor_sends_the_idempotency_key_and_records_the_status() {
     stop(&mut w).await;
 }
 
+/// A loopback HTTPS server with a self-signed certificate; counts the TLS handshakes that
+/// completed.
+fn untrusted_https_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.cert.der().clone()], key)
+    .unwrap();
+    let cfg = Arc::new(cfg);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handshakes = Arc::new(AtomicUsize::new(0));
+    let done = handshakes.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut tcp) = conn else { return };
+            tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut tls = rustls::ServerConnection::new(cfg.clone()).unwrap();
+            if tls.complete_io(&mut tcp).is_ok() && !tls.is_handshaking() {
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    (port, handshakes)
+}
+
+#[tokio::test]
+async fn the_http_executor_refuses_a_certificate_no_trusted_root_signed() {
+    let db = TestDb::new().await;
+    let (port, handshakes) = untrusted_https_server();
+    let spec = format!(
+        r#"{{"executor": "http", "url": "https://127.0.0.1:{port}/hook", "timeout": "10s"}}"#
+    );
+    let runs = queue_runs(&db, "hook-tls", &spec, 1).await;
+    let mut w = start(&db, "");
+    let o = w
+        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
+        .await;
+    assert_eq!(o.status, "failed", "{o:?}");
+    let error = o.error.unwrap();
+    assert!(
+        error.starts_with(&format!(
+            "TLS with 127.0.0.1:{port}: invalid peer certificate"
+        )),
+        "{error}"
+    );
+    assert_eq!(handshakes.load(std::sync::atomic::Ordering::SeqCst), 0);
+    stop(&mut w).await;
+}
+
 #[tokio::test]
 async fn an_operator_cancel_stops_the_command_and_fails_the_run() {
     let db = TestDb::new().await;
@@ -549,6 +606,82 @@ async fn an_operator_cancel_stops_the_command_and_fails_the_run() {
     assert!(
         error.starts_with("cancelled at an operator's request: process group stopped"),
         "{error}"
+    );
+    stop(&mut w).await;
+}
+
+#[tokio::test]
+async fn a_refused_heartbeat_stops_the_command_and_records_nothing() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo $$ > {}/pid.$QLSCHED_ATTEMPT; exec sleep 300",
+        dir.path().display()
+    );
+    let spec = shell(&["sh", "-c", &script], r#", "max_attempts": 2"#);
+    let runs = queue_runs(&db, "lapsed", &spec, 1).await;
+    let mut w = start(&db, "drain_timeout = \"0s\"");
+    w.await_run(&db, runs[0], &["running"], WITHIN).await;
+    let first = dir.path().join("pid.1");
+    wait_until("the command wrote its pid", WITHIN, || {
+        let first = first.clone();
+        async move { std::fs::read_to_string(first).is_ok_and(|p| p.ends_with('\n')) }
+    })
+    .await;
+    let pid: i32 = std::fs::read_to_string(&first)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The lease ends under the worker (as after a pause past it), and another dispatcher's
+    // expiry marks the attempt lost and queues the run again under attempt 2.
+    db.superuser()
+        .await
+        .batch_execute(
+            "SET session_replication_role = replica;
+             UPDATE qlsched.attempts SET lease_expires_at_ms = 0 WHERE state = 'running';
+             RESET session_replication_role",
+        )
+        .await
+        .unwrap();
+    let expired = db
+        .client("qlsched_dispatcher")
+        .await
+        .query_one("SELECT lost, retried FROM qlsched.dispatch_expire(10)", &[])
+        .await
+        .unwrap();
+    assert_eq!((expired.get::<_, i64>(0), expired.get::<_, i64>(1)), (1, 1));
+    // The next heartbeat is refused: the command is stopped, nothing is recorded by it.
+    wait_until(
+        "the first attempt's command is gone",
+        WITHIN,
+        || async move { gone(pid) },
+    )
+    .await;
+    wait_until("the lost lease is counted", WITHIN, || {
+        let lost = metric(&w, "qlsched_worker_lost_total");
+        async move { lost == 1.0 }
+    })
+    .await;
+    let first_attempt: (String, Option<String>) = {
+        let r = db
+            .superuser()
+            .await
+            .query_one(
+                "SELECT state, error FROM qlsched.attempts WHERE run_id = $1 AND attempt_no = 1",
+                &[&runs[0]],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(first_attempt.0, "failed");
+    assert!(
+        first_attempt
+            .1
+            .as_deref()
+            .is_some_and(|e| e.starts_with("lost: lease expired")),
+        "{first_attempt:?}"
     );
     stop(&mut w).await;
 }
