@@ -812,3 +812,20 @@ fn the_settings_table_of_docs_worker_md_states_the_built_in_defaults() {
         assert!(doc.contains(&row), "docs/worker.md lacks the row {row}");
     }
 }
+
+#[test]
+fn the_shipped_example_worker_file_loads() {
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/worker.toml"));
+    // Its password file is systemd's credential, absent here.
+    let env = [(
+        "QLSCHED__DATABASE__PASSWORD_FILE".to_string(),
+        String::new(),
+    )];
+    let cfg = qlsched::config::worker::WorkerFileConfig::load_with_env(path, env)
+        .unwrap_or_else(|e| panic!("{} should load:\n{e}", path.display()));
+    assert_eq!(cfg.worker.id.as_str(), "worker-a");
+    assert_eq!(cfg.worker.pools, ["default", "backups"]);
+    assert_eq!(cfg.database.pg.get_user(), Some("qlsched_dispatcher"));
+    assert_eq!(cfg.worker.credentials_directory, None);
+    assert!(qlsched::config::worker::is_worker_file(path));
+}
