@@ -348,20 +348,10 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<WorkerFileConfig, ConfigError> {
-        let dir = tempfile_dir();
-        let path = dir.join("w.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
         std::fs::write(&path, text).unwrap();
         WorkerFileConfig::load_with_env(&path, [])
-    }
-
-    fn tempfile_dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "qlsched-worker-config-{}-{}",
-            std::process::id(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 
     #[test]
@@ -371,6 +361,26 @@ mod tests {
         assert_eq!(cfg.worker.pools, vec!["default".to_string()]);
         assert_eq!(cfg.database.pg.get_user(), Some("qlsched_dispatcher"));
         assert_eq!(cfg.http_bind.unwrap().port(), 9188);
+    }
+
+    #[test]
+    fn environment_overrides_reach_worker_keys_and_are_blamed_for_their_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(&path, "[worker]\nid = \"w1\"\n").unwrap();
+        let env = |v: &str| [("QLSCHED__WORKER__CONCURRENCY".to_string(), v.to_string())];
+        let cfg = WorkerFileConfig::load_with_env(&path, env("8")).unwrap();
+        assert_eq!(cfg.worker.concurrency, 8);
+        let err = WorkerFileConfig::load_with_env(&path, env("999")).unwrap_err();
+        let p = &err.problems()[0];
+        assert_eq!(
+            (p.file.as_str(), p.key.as_str(), p.bound.as_str()),
+            (
+                "env QLSCHED__WORKER__CONCURRENCY",
+                "worker.concurrency",
+                "must be within 1..=256"
+            )
+        );
     }
 
     #[test]
