@@ -288,7 +288,7 @@ async fn a_secret_is_resolved_on_the_worker_and_redacted_in_the_tail() {
         "{error}"
     );
     let everything = db
-        .count("SELECT count(*) FROM qlsched.attempts WHERE concat(output_tail, error, result::text) LIKE '%value%'")
+        .count("SELECT count(*) FROM qlsched.attempts WHERE concat(output_tail, error, result::text) SIMILAR TO '%(s3cr3t-value-42|loose-value)%'")
         .await;
     assert_eq!(everything, 0, "no secret value reached the database");
     stop(&mut w).await;
@@ -633,8 +633,9 @@ async fn a_refused_heartbeat_stops_the_command_and_records_nothing() {
         .trim()
         .parse()
         .unwrap();
-    // The lease ends under the worker (as after a pause past it), and another dispatcher's
-    // expiry marks the attempt lost and queues the run again under attempt 2.
+    // The lease ends under the worker (as after a pause past it); an expiry (the worker's
+    // own, before its next take, or another dispatcher's) marks the attempt lost and queues
+    // the run again under attempt 2.
     db.superuser()
         .await
         .batch_execute(
@@ -644,13 +645,6 @@ async fn a_refused_heartbeat_stops_the_command_and_records_nothing() {
         )
         .await
         .unwrap();
-    let expired = db
-        .client("qlsched_dispatcher")
-        .await
-        .query_one("SELECT lost, retried FROM qlsched.dispatch_expire(10)", &[])
-        .await
-        .unwrap();
-    assert_eq!((expired.get::<_, i64>(0), expired.get::<_, i64>(1)), (1, 1));
     // The next heartbeat is refused: the command is stopped, nothing is recorded by it.
     wait_until(
         "the first attempt's command is gone",
