@@ -823,3 +823,49 @@ fn the_shipped_example_worker_file_loads() {
     assert_eq!(cfg.worker.credentials_directory, None);
     assert!(qlsched::config::worker::is_worker_file(path));
 }
+
+/// Reads notify datagrams until one equals `want` (bounded); returns those read before.
+fn until_notified(sock: &std::os::unix::net::UnixDatagram, want: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + WITHIN;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {want} within {WITHIN:?}: {seen:?}"
+        );
+        if let Ok(n) = sock.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).to_string();
+            if text.lines().any(|l| l == want) {
+                return seen;
+            }
+            seen.push(text);
+        }
+    }
+}
+
+#[tokio::test]
+async fn under_a_notify_socket_the_worker_reports_ready_then_stopping() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let socket = path.display().to_string();
+    let mut w = start_with(&db, "w1", "", &[("NOTIFY_SOCKET", &socket)]);
+    let before = until_notified(&sock, "READY=1");
+    assert_eq!(
+        w.get("/readyz").map(|r| r.0),
+        Some(200),
+        "READY=1 before /readyz 200"
+    );
+    assert!(
+        !before.iter().any(|m| m.contains("STOPPING=1")),
+        "{before:?}"
+    );
+    w.signal(libc::SIGTERM);
+    until_notified(&sock, "STOPPING=1");
+    let st = w.wait_exit(WITHIN).await;
+    assert!(st.success(), "{st:?}; log:\n{}", w.log());
+}
