@@ -869,3 +869,35 @@ async fn under_a_notify_socket_the_worker_reports_ready_then_stopping() {
     let st = w.wait_exit(WITHIN).await;
     assert!(st.success(), "{st:?}; log:\n{}", w.log());
 }
+
+#[tokio::test]
+async fn a_worker_refuses_a_schema_without_its_take_and_a_role_that_is_not_the_dispatchers() {
+    let db = TestDb::new().await;
+    let mut as_runtime =
+        WorkerProc::start(&db.dsn("qlsched_runtime"), "w1", WorkerOptions::default());
+    let st = as_runtime.wait_exit(WITHIN).await;
+    assert_eq!(st.code(), Some(1), "log:\n{}", as_runtime.log());
+    assert!(
+        as_runtime
+            .log()
+            .contains("role qlsched_runtime may not EXECUTE qlsched.dispatch_take_executable"),
+        "{}",
+        as_runtime.log()
+    );
+    db.superuser()
+        .await
+        .batch_execute(
+            "DROP FUNCTION qlsched.dispatch_take_executable(text, text[], text[], integer, bigint)",
+        )
+        .await
+        .unwrap();
+    let mut old = start(&db, "");
+    let st = old.wait_exit(WITHIN).await;
+    assert_eq!(st.code(), Some(1), "log:\n{}", old.log());
+    assert!(
+        old.log()
+            .contains("dispatch_take_executable(text,text[],text[],integer,bigint) is missing"),
+        "{}",
+        old.log()
+    );
+}
