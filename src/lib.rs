@@ -21,3 +21,4 @@ pub mod schema;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod worker;

@@ -30,9 +30,10 @@ pub const LAYERS: &[&[&str]] = &[
     &["present"],
     // The HTTP endpoints and the web console.
     &["http", "console"],
-    // The composition root: builds and runs a replica.
-    &["startup"],
-    // The command line (`run` calls into startup).
+    // The composition roots: builds and runs a replica (startup) or a worker (worker, which
+    // shares startup's signal handling).
+    &["startup", "worker"],
+    // The command line (`run` calls into startup, `worker` into worker).
     &["cli"],
 ];
 

@@ -20,6 +20,8 @@ pub async fn task_publish(
     id: &str,
     spec: &str,
 ) -> Result<(), CliError> {
+    // Refused before connecting: a spec `qlsched worker` could not run (docs/worker.md).
+    crate::worker::spec::parse(spec)?;
     let mut c = connect::connect_target(target).await?;
     let (rev, exec) = manage::publish_task(&mut c, project, id, spec).await?;
     println!("task {id} revision {rev} execution revision {exec}");

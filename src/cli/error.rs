@@ -102,6 +102,11 @@ pub enum CliError {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Startup(crate::startup::StartupError),
+    #[error(transparent)]
+    Worker(crate::worker::WorkerError),
+    /// `task publish` of a spec `qlsched worker` would refuse (exit 2).
+    #[error("{0}")]
+    Spec(#[from] crate::worker::spec::SpecError),
 }
 
 impl CliError {
@@ -129,7 +134,8 @@ impl CliError {
             | CliError::Store(_)
             | CliError::NotReady { .. }
             | CliError::Json(_)
-            | CliError::Startup(_) => 1,
+            | CliError::Startup(_)
+            | CliError::Worker(_) => 1,
             CliError::UnknownRun { .. } | CliError::UnknownTriggerId { .. } => 3,
             CliError::RunTaken { .. } => 4,
             _ => 2,

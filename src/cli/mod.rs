@@ -36,13 +36,23 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Validate a replica config (no database is opened); exit 0 or one line per problem.
+    /// Validate a replica's or a worker's config (a file with a [worker] table is a
+    /// worker's); no database is opened; exit 0 or one line per problem.
     CheckConfig {
         #[arg(long)]
         config: PathBuf,
     },
     /// Run a replica until SIGTERM/SIGINT.
     Run {
+        #[arg(long)]
+        config: PathBuf,
+        /// Override the config's log format.
+        #[arg(long, value_parser = ["json", "text"])]
+        log_format: Option<String>,
+    },
+    /// Run a worker until SIGTERM/SIGINT: execute the runs the replicas admit (shell and
+    /// http executors; docs/worker.md), as the dispatcher role.
+    Worker {
         #[arg(long)]
         config: PathBuf,
         /// Override the config's log format.
@@ -100,7 +110,9 @@ pub enum TaskCommand {
         project: String,
         #[arg(long)]
         id: String,
-        /// The remote_worker spec document (any text, typically JSON).
+        /// The spec: a JSON object (docs/worker.md, "Spec"); with an "executor" it is
+        /// checked in full and run by `qlsched worker`, without one it is left to an
+        /// external dispatcher.
         #[arg(long)]
         spec: String,
     },
@@ -221,6 +233,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::CheckConfig { config } => check_config(&config),
         Command::Run { config, log_format } => run(&config, log_format.as_deref()),
+        Command::Worker { config, log_format } => worker(&config, log_format.as_deref()),
         other => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -237,7 +250,11 @@ pub fn main() -> ExitCode {
 }
 
 fn check_config(config: &std::path::Path) -> Result<(), CliError> {
-    Config::load(config)?;
+    if crate::config::worker::is_worker_file(config) {
+        crate::config::worker::WorkerFileConfig::load(config)?;
+    } else {
+        Config::load(config)?;
+    }
     println!("{}: ok", config.display());
     Ok(())
 }
@@ -250,6 +267,16 @@ fn run(config: &std::path::Path, log_format: Option<&str>) -> Result<(), CliErro
         None => cfg.log.format,
     };
     crate::startup::run(cfg, format).map_err(CliError::Startup)
+}
+
+fn worker(config: &std::path::Path, log_format: Option<&str>) -> Result<(), CliError> {
+    let cfg = crate::config::worker::WorkerFileConfig::load(config)?;
+    let format = match log_format {
+        Some("text") => LogFormat::Text,
+        Some(_) => LogFormat::Json,
+        None => cfg.log.format,
+    };
+    crate::worker::run(cfg, format).map_err(CliError::Worker)
 }
 
 async fn admin_command(cmd: Command) -> Result<(), CliError> {
@@ -278,7 +305,9 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
         }
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,
-        Command::CheckConfig { .. } | Command::Run { .. } => unreachable!("handled in main"),
+        Command::CheckConfig { .. } | Command::Run { .. } | Command::Worker { .. } => {
+            unreachable!("handled in main")
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod raw;
 pub mod reference;
 pub mod tls;
 mod validate;
+pub mod worker;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -30,6 +31,16 @@ use std::time::Duration;
 use crate::db::dsn::Secret;
 pub use error::{ConfigError, ConfigProblem};
 pub use layers::ENV_PREFIX;
+
+/// Parses a duration as the config files write it ("250ms", "30s", "2m", "1h", "30d").
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    duration::parse(text)
+}
+
+/// Formats a duration as the config files write it.
+pub fn format_duration(d: Duration) -> String {
+    duration::format(d)
+}
 
 /// The built-in defaults (`config/default.toml`), the first layer.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");

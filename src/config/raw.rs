@@ -23,6 +23,9 @@ pub(super) struct RawConfig {
     pub log: RawLog,
     #[serde(default)]
     pub retention: RawRetention,
+    /// `qlsched worker` only (src/config/worker.rs).
+    #[serde(default)]
+    pub worker: super::worker::RawWorker,
 }
 
 #[derive(Debug, Default, Deserialize)]

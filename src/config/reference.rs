@@ -1,5 +1,6 @@
 //! The settings reference. Each setting is documented once, in the comments of
-//! `config/default.toml`; `docs/settings.md` is rendered from them
+//! `config/default.toml` (a worker's `[worker]` keys in those of `config/worker-default.toml`);
+//! `docs/settings.md` is rendered from them
 //! (`cargo run --example settings-doc`), and a test holds the page and the comments to the
 //! keys the configuration structs accept.
 //!
@@ -13,6 +14,7 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
+use super::worker::WORKER_DEFAULTS;
 use super::DEFAULT_TOML;
 
 /// One documented setting (or several documented together, such as a certificate and its key).
@@ -43,8 +45,20 @@ pub fn preamble() -> String {
         .join(" ")
 }
 
-/// Every section of `config/default.toml` with its documented settings, in file order.
+/// Every section of `config/default.toml` with its documented settings, in file order, then
+/// the `[worker]` section of `config/worker-default.toml` (its other sections only override
+/// replica defaults, documented in `config/default.toml`).
 pub fn sections() -> Vec<Section> {
+    let mut out = parse_sections(DEFAULT_TOML);
+    out.extend(
+        parse_sections(WORKER_DEFAULTS)
+            .into_iter()
+            .filter(|s| s.name == "worker"),
+    );
+    out
+}
+
+fn parse_sections(file: &str) -> Vec<Section> {
     static OPENS: OnceLock<Regex> = OnceLock::new();
     let opens = OPENS.get_or_init(|| {
         Regex::new(r"^# ([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)$").expect("valid regex")
@@ -52,7 +66,7 @@ pub fn sections() -> Vec<Section> {
     let mut out: Vec<Section> = Vec::new();
     // Whether the comment lines being read continue a setting (or the section's prose).
     let mut in_setting = false;
-    for line in DEFAULT_TOML.lines() {
+    for line in file.lines() {
         let line = line.trim_end();
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             out.push(Section {
@@ -99,10 +113,16 @@ fn join(text: &mut String, more: &str) {
     text.push_str(more);
 }
 
-/// The value `config/default.toml` sets for `key` (`section.key`), as TOML; `None` if unset.
+/// The value `config/default.toml` sets for `key` (`section.key`), as TOML, or for a
+/// `worker.` key `config/worker-default.toml`; `None` if unset.
 pub fn default_of(key: &str) -> Option<String> {
-    let table: toml::Table = DEFAULT_TOML.parse().ok()?;
     let (section, name) = key.split_once('.')?;
+    let file = if section == "worker" {
+        WORKER_DEFAULTS
+    } else {
+        DEFAULT_TOML
+    };
+    let table: toml::Table = file.parse().ok()?;
     table.get(section)?.get(name).map(|v| v.to_string())
 }
 
@@ -146,9 +166,11 @@ pub fn markdown() -> String {
     );
     let _ = writeln!(page, "{}\n", preamble());
     page.push_str(
-        "Each row is the comment of `config/default.toml` on the key; the default is the value \
-         that file sets (`—`: it sets none). `qlsched check-config --config FILE` checks every \
-         bound before the database is opened.\n",
+        "Each row is the comment of `config/default.toml` on the key (of \
+         `config/worker-default.toml` for `[worker]`, the section only a `qlsched worker` file \
+         has); the default is the value that file sets (`—`: it sets none). \
+         `qlsched check-config --config FILE` checks every bound before the database is \
+         opened.\n",
     );
     for section in sections() {
         let _ = write!(page, "\n## `[{}]`\n\n", section.name);

@@ -19,8 +19,8 @@ use super::{
 use crate::db::credfile::Rule;
 use crate::db::dsn::{self, Secret};
 
-const REPLICA_ID_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
-const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warning", "error", "critical"];
+pub(super) const REPLICA_ID_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
+pub(super) const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warning", "error", "critical"];
 
 /// Checks everything; returns the typed config only if there was no problem at all.
 pub(super) fn validate(
@@ -158,7 +158,7 @@ pub(super) fn is_replica_id(id: &str) -> bool {
         .is_match(id)
 }
 
-fn database(c: &mut Checker<'_>, raw: RawDatabase) -> Option<DatabaseConfig> {
+pub(super) fn database(c: &mut Checker<'_>, raw: RawDatabase) -> Option<DatabaseConfig> {
     let pg = c.required("database.dsn", raw.dsn).and_then(|text| {
         dsn::parse(&text)
             .map_err(|msg| c.problem("database.dsn", dsn::mask_text(&text), msg))
@@ -318,7 +318,7 @@ fn retention(c: &mut Checker<'_>, raw: RawRetention) -> Option<RetentionConfig> 
 }
 
 /// `Some(None)`: HTTP off; `None`: a problem was recorded.
-fn http_bind(c: &mut Checker<'_>, bind: Option<String>) -> Option<Option<SocketAddr>> {
+pub(super) fn http_bind(c: &mut Checker<'_>, bind: Option<String>) -> Option<Option<SocketAddr>> {
     match bind.filter(|b| !b.is_empty()) {
         None => Some(None),
         Some(text) => match text.parse::<SocketAddr>() {
@@ -441,7 +441,7 @@ fn read_console_auth(path: &str) -> Result<ConsoleAuth, String> {
 /// `[http] tls_cert_file` and `tls_key_file`: both or neither; both are read now (the key
 /// checked as libpq checks a key), so a bad file is a configuration error, not a failed
 /// handshake. `Some(None)`: plain HTTP; `None`: a problem was recorded.
-fn http_tls(
+pub(super) fn http_tls(
     c: &mut Checker<'_>,
     cert: Option<String>,
     key: Option<String>,

@@ -111,8 +111,9 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 ///
 /// The `dispatch_*` functions (V16) are the dispatcher protocol (docs/dispatcher.md): the
 /// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
-/// taken runs to stop them, an operator's (admin role).
-pub const EXECUTE_GRANTS: [(&str, &str); 9] = [
+/// taken runs to stop them, an operator's (admin role). `dispatch_take_executable` (V17) is
+/// the take of `qlsched worker` (docs/worker.md).
+pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -130,6 +131,10 @@ pub const EXECUTE_GRANTS: [(&str, &str); 9] = [
     ),
     ("qlsched.dispatch_release(uuid,uuid)", "dispatcher"),
     ("qlsched.dispatch_expire(integer)", "dispatcher"),
+    (
+        "qlsched.dispatch_take_executable(text,text[],text[],integer,bigint)",
+        "dispatcher",
+    ),
     ("qlsched.request_cancel(uuid[])", "admin"),
 ];
 

@@ -22,3 +22,4 @@ pub mod runs;
 pub mod status;
 pub mod triggers;
 pub mod wake;
+pub mod worker;

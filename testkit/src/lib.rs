@@ -12,6 +12,7 @@ pub mod pgbouncer;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
+pub mod worker;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

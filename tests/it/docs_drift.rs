@@ -89,12 +89,18 @@ fn enforced_range(dir: &std::path::Path, key: &str) -> Option<(u128, u128)> {
     let (section, name) = key.split_once('.').unwrap();
     for value in ["99999999", "\"9999d\""] {
         let path = dir.join("replica.toml");
-        std::fs::write(
-            &path,
-            format!("[replica]\nid = \"a\"\n[{section}]\n{name} = {value}\n"),
-        )
-        .unwrap();
-        let Err(err) = qlsched::config::Config::load_with_env(&path, []) else {
+        let err = if section == "worker" {
+            std::fs::write(&path, format!("[worker]\nid = \"w\"\n{name} = {value}\n")).unwrap();
+            qlsched::config::worker::WorkerFileConfig::load_with_env(&path, []).err()
+        } else {
+            std::fs::write(
+                &path,
+                format!("[replica]\nid = \"a\"\n[{section}]\n{name} = {value}\n"),
+            )
+            .unwrap();
+            qlsched::config::Config::load_with_env(&path, []).err()
+        };
+        let Some(err) = err else {
             continue;
         };
         let bound = err

@@ -181,7 +181,7 @@ fn migration_names() -> Vec<String> {
 async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    // The database as the release before V13 left it: V13 to V16 not applied (V15 replaces
+    // The database as the release before V13 left it: V13 to V17 not applied (V15 replaces
     // V11's and V12's functions and drops nothing they need; they stay).
     su.batch_execute(&format!(
         "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;
@@ -204,7 +204,9 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
                        qlsched.dispatch_finish(uuid, uuid, text, integer, text, text, jsonb),
                        qlsched.dispatch_release(uuid, uuid),
                        qlsched.dispatch_expire(integer),
-                       qlsched.request_cancel(uuid[]);
+                       qlsched.request_cancel(uuid[]),
+                       qlsched.spec_executor(text),
+                       qlsched.dispatch_take_executable(text, text[], text[], integer, bigint);
          ALTER TABLE qlsched.runs DROP COLUMN cancel_requested_at_ms;
          DROP INDEX qlsched.runs_queued_order_idx, qlsched.attempts_lease_expiry_idx;
          ALTER TABLE qlsched.attempts DROP COLUMN not_before_ms, DROP COLUMN exit_status,

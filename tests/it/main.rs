@@ -43,3 +43,4 @@ mod store_admit;
 mod store_claim;
 mod tls;
 mod transport;
+mod worker;

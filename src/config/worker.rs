@@ -1,0 +1,397 @@
+//! The configuration of `qlsched worker` (docs/worker.md): the same layers, `[database]`,
+//! `[http]` (bind and TLS only) and `[log]` keys as a replica's, plus `[worker]`.
+//!
+//! Layers, later wins: `config/default.toml`; [`WORKER_DEFAULTS`] (`[worker]`, and what
+//! differs for a worker: the dispatcher role, another port); the worker's file, which must set
+//! `worker.id`; environment overrides `QLSCHED__SECTION__KEY`. Every problem names file, key,
+//! value and bound, as a replica's do. A file with a `[worker]` table is a worker's file
+//! ([`is_worker_file`]): `qlsched check-config` validates it as one.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+use super::error::{ConfigError, ConfigProblem};
+use super::raw::RawConfig;
+use super::{layers, validate, DatabaseConfig, LogConfig, LogFormat, ReplicaId, TlsFiles};
+
+/// The worker's built-in defaults (`config/worker-default.toml`): `[worker]`, and what
+/// differs from a replica's (the dispatcher role, another port, no console).
+pub const WORKER_DEFAULTS: &str = include_str!("../../config/worker-default.toml");
+
+const WORKER_DEFAULTS_LABEL: &str = "worker-default.toml (built in)";
+
+/// Sections a worker does not read: a key of them in a worker's file is a mistake.
+const NOT_WORKER_SECTIONS: [&str; 4] = ["replica", "scheduler", "metrics", "retention"];
+/// `[http]` keys a worker reads (it serves no console).
+const WORKER_HTTP_KEYS: [&str; 3] = ["bind", "tls_cert_file", "tls_key_file"];
+
+const POOL_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$";
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWorker {
+    pub id: Option<String>,
+    pub pools: Option<Vec<String>>,
+    pub concurrency: Option<i64>,
+    pub lease: Option<String>,
+    pub heartbeat: Option<String>,
+    pub poll: Option<String>,
+    pub drain_timeout: Option<String>,
+    pub kill_grace: Option<String>,
+    pub output_bound: Option<i64>,
+    pub credentials_directory: Option<String>,
+}
+
+/// A worker's validated configuration.
+#[derive(Debug, Clone)]
+pub struct WorkerFileConfig {
+    /// The worker file it was loaded from, as given.
+    pub source: PathBuf,
+    pub worker: WorkerConfig,
+    pub database: DatabaseConfig,
+    /// `/healthz`, `/readyz`, `/metrics`; `None`: off.
+    pub http_bind: Option<std::net::SocketAddr>,
+    pub http_tls: Option<TlsFiles>,
+    pub log: LogConfig,
+}
+
+/// `[worker]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Recorded on every attempt taken (the replica id pattern).
+    pub id: ReplicaId,
+    /// Pools taken from, 1..=32.
+    pub pools: Vec<String>,
+    /// Most attempts at once, 1..=256.
+    pub concurrency: u32,
+    /// Lease per attempt, 5s..=1h.
+    pub lease: Duration,
+    /// Lease extension interval, 1s..=20m, at most lease / 3.
+    pub heartbeat: Duration,
+    /// Pause when nothing was queued, 100ms..=60s.
+    pub poll: Duration,
+    /// How long a stop waits for running attempts, 0s..=1h.
+    pub drain_timeout: Duration,
+    /// SIGTERM to SIGKILL of a stopped command's process group, 100ms..=5m.
+    pub kill_grace: Duration,
+    /// Bytes of output kept per attempt, 256..=8192.
+    pub output_bound: usize,
+    /// Where secrets are read from; `None`: a spec naming a secret fails.
+    pub credentials_directory: Option<PathBuf>,
+}
+
+/// Whether the file at `path` is a worker's (it has a `[worker]` table). A file that cannot
+/// be read or parsed is not (the replica's loader then reports why).
+pub fn is_worker_file(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .is_some_and(|t| t.get("worker").is_some_and(toml::Value::is_table))
+}
+
+impl WorkerFileConfig {
+    /// Loads `path` over the built-in defaults, with overrides from the process environment
+    /// (and `$CREDENTIALS_DIRECTORY`).
+    pub fn load(path: &Path) -> Result<WorkerFileConfig, ConfigError> {
+        let env = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+        Self::load_with_env(path, env)
+    }
+
+    /// Like [`load`](Self::load) with the environment given. Opens no network connection.
+    pub fn load_with_env(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<WorkerFileConfig, ConfigError> {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let credentials_env = env
+            .iter()
+            .find(|(k, _)| k == "CREDENTIALS_DIRECTORY")
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty());
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let label = path.display().to_string();
+        let mut problems = Vec::new();
+        let defaults =
+            layers::parse_file(layers::DEFAULTS_LABEL, super::DEFAULT_TOML, &mut problems);
+        let worker_defaults =
+            layers::parse_file(WORKER_DEFAULTS_LABEL, WORKER_DEFAULTS, &mut problems);
+        let file = layers::parse_file(&label, &text, &mut problems);
+        if !problems.is_empty() {
+            return Err(ConfigError::Problems(problems));
+        }
+        not_worker_keys(&file.table, &label, &mut problems);
+        let mut all = vec![defaults, worker_defaults, file];
+        all.extend(layers::env_layers(env, &mut problems));
+        let merged = layers::merge(all, &mut problems);
+        let raw = match toml::Value::Table(merged.table.clone()).try_into::<RawConfig>() {
+            Ok(raw) => raw,
+            Err(e) => {
+                let msg = e.message().trim().to_owned();
+                problems.push(ConfigProblem::new(label, "(merged)", "(merged)", msg));
+                return Err(ConfigError::Problems(problems));
+            }
+        };
+        let mut c = Checker::new(&merged, &label);
+        let worker = worker(&mut c, raw.worker, credentials_env);
+        let database = validate::database(&mut c, raw.database);
+        let bind = validate::http_bind(&mut c, raw.http.bind);
+        let tls = validate::http_tls(&mut c, raw.http.tls_cert_file, raw.http.tls_key_file);
+        let format = c.one_of("log.format", raw.log.format, &["json", "text"]);
+        let level = c.one_of("log.level", raw.log.level, &validate::LOG_LEVELS);
+        problems.extend(std::mem::take(&mut c.problems));
+        match (worker, database, bind, tls, format, level) {
+            (
+                Some(worker),
+                Some(database),
+                Some(http_bind),
+                Some(http_tls),
+                Some(f),
+                Some(level),
+            ) if problems.is_empty() => Ok(WorkerFileConfig {
+                source: path.to_path_buf(),
+                worker,
+                database,
+                http_bind,
+                http_tls,
+                log: LogConfig {
+                    format: if f == "json" {
+                        LogFormat::Json
+                    } else {
+                        LogFormat::Text
+                    },
+                    level,
+                },
+            }),
+            _ => Err(ConfigError::Problems(problems)),
+        }
+    }
+}
+
+/// Keys of the worker's file that a worker does not read.
+fn not_worker_keys(file: &toml::Table, label: &str, problems: &mut Vec<ConfigProblem>) {
+    for (section, value) in file {
+        let Some(table) = value.as_table() else {
+            continue;
+        };
+        for key in table.keys() {
+            let not_read = NOT_WORKER_SECTIONS.contains(&section.as_str())
+                || (section == "http" && !WORKER_HTTP_KEYS.contains(&key.as_str()));
+            if not_read {
+                problems.push(ConfigProblem::new(
+                    label,
+                    format!("{section}.{key}"),
+                    layers::shown(&format!("{section}.{key}"), &table[key]),
+                    "is not a worker setting: a worker reads [worker], [database], [http] bind, \
+                     tls_cert_file and tls_key_file, and [log]",
+                ));
+            }
+        }
+    }
+}
+
+fn worker(
+    c: &mut Checker<'_>,
+    raw: RawWorker,
+    credentials_env: Option<String>,
+) -> Option<WorkerConfig> {
+    let id = match raw.id {
+        None => {
+            c.problem(
+                "worker.id",
+                "(missing)",
+                "is required in the worker file ([worker] id = \"w1\")",
+            );
+            None
+        }
+        Some(id) => ReplicaId::parse(&id).or_else(|| {
+            let bound = format!(
+                "must match {} (lowercase letters, digits and '-', 1..=63 characters, not \
+                 starting with '-')",
+                validate::REPLICA_ID_PATTERN
+            );
+            c.problem("worker.id", id, bound);
+            None
+        }),
+    };
+    let pools = pools(c, raw.pools);
+    let concurrency = c.int("worker.concurrency", raw.concurrency, (1, 256), "");
+    let lease = c.duration(
+        "worker.lease",
+        raw.lease,
+        Duration::from_secs(5),
+        Duration::from_secs(3600),
+    );
+    let heartbeat = c.duration(
+        "worker.heartbeat",
+        raw.heartbeat,
+        Duration::from_secs(1),
+        Duration::from_secs(1200),
+    );
+    if let (Some((l, lt)), Some((h, ht))) = (&lease, &heartbeat) {
+        if *h * 3 > *l {
+            c.problem(
+                "worker.heartbeat",
+                ht.clone(),
+                format!("must be at most a third of worker.lease ({lt})"),
+            );
+        }
+    }
+    let poll = c.duration(
+        "worker.poll",
+        raw.poll,
+        Duration::from_millis(100),
+        Duration::from_secs(60),
+    );
+    let drain_timeout = c.duration(
+        "worker.drain_timeout",
+        raw.drain_timeout,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    );
+    let kill_grace = c.duration(
+        "worker.kill_grace",
+        raw.kill_grace,
+        Duration::from_millis(100),
+        Duration::from_secs(300),
+    );
+    let output_bound = c.int(
+        "worker.output_bound",
+        raw.output_bound,
+        (256, 8192),
+        " bytes",
+    );
+    let credentials_directory =
+        credentials_directory(c, raw.credentials_directory, credentials_env);
+    Some(WorkerConfig {
+        id: id?,
+        pools: pools?,
+        concurrency: concurrency?,
+        lease: lease?.0,
+        heartbeat: heartbeat?.0,
+        poll: poll?.0,
+        drain_timeout: drain_timeout?.0,
+        kill_grace: kill_grace?.0,
+        output_bound: output_bound? as usize,
+        credentials_directory: credentials_directory?,
+    })
+}
+
+fn pools(c: &mut Checker<'_>, pools: Option<Vec<String>>) -> Option<Vec<String>> {
+    let pools = c.required("worker.pools", pools)?;
+    let re = regex::Regex::new(POOL_PATTERN).expect("valid regex");
+    if pools.is_empty() || pools.len() > 32 {
+        c.problem(
+            "worker.pools",
+            format!("{pools:?}"),
+            "must name 1..=32 pools",
+        );
+        return None;
+    }
+    for p in &pools {
+        if !re.is_match(p) {
+            c.problem(
+                "worker.pools",
+                p.clone(),
+                format!("each pool must match {POOL_PATTERN}"),
+            );
+            return None;
+        }
+    }
+    Some(pools)
+}
+
+/// `Some(None)`: none; `None`: a problem was recorded. The directory must exist and give
+/// group and others no access (files are checked again when read).
+fn credentials_directory(
+    c: &mut Checker<'_>,
+    configured: Option<String>,
+    from_env: Option<String>,
+) -> Option<Option<PathBuf>> {
+    let Some(dir) = configured.filter(|d| !d.is_empty()).or(from_env) else {
+        return Some(None);
+    };
+    let key = "worker.credentials_directory";
+    match std::fs::metadata(&dir) {
+        Err(e) => {
+            c.problem(key, dir, format!("must be an existing directory ({e})"));
+            None
+        }
+        Ok(m) if !m.is_dir() => {
+            c.problem(key, dir, "must be a directory");
+            None
+        }
+        Ok(m) if m.mode() & 0o077 != 0 => {
+            c.problem(
+                key,
+                dir,
+                format!(
+                    "has mode {:04o}; it must give group and others no access: chmod 700",
+                    m.mode() & 0o7777
+                ),
+            );
+            None
+        }
+        Ok(_) => Some(Some(PathBuf::from(dir))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<WorkerFileConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(&path, text).unwrap();
+        WorkerFileConfig::load_with_env(&path, [])
+    }
+
+    #[test]
+    fn a_worker_file_with_an_id_loads_with_the_dispatcher_role_and_its_own_port() {
+        let cfg = load("[worker]\nid = \"w1\"\n").unwrap();
+        assert_eq!(cfg.worker.id.as_str(), "w1");
+        assert_eq!(cfg.worker.pools, vec!["default".to_string()]);
+        assert_eq!(cfg.database.pg.get_user(), Some("qlsched_dispatcher"));
+        assert_eq!(cfg.http_bind.unwrap().port(), 9188);
+    }
+
+    #[test]
+    fn environment_overrides_reach_worker_keys_and_are_blamed_for_their_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(&path, "[worker]\nid = \"w1\"\n").unwrap();
+        let env = |v: &str| [("QLSCHED__WORKER__CONCURRENCY".to_string(), v.to_string())];
+        let cfg = WorkerFileConfig::load_with_env(&path, env("8")).unwrap();
+        assert_eq!(cfg.worker.concurrency, 8);
+        let err = WorkerFileConfig::load_with_env(&path, env("999")).unwrap_err();
+        let p = &err.problems()[0];
+        assert_eq!(
+            (p.file.as_str(), p.key.as_str(), p.bound.as_str()),
+            (
+                "env QLSCHED__WORKER__CONCURRENCY",
+                "worker.concurrency",
+                "must be within 1..=256"
+            )
+        );
+    }
+
+    #[test]
+    fn out_of_bounds_and_foreign_keys_are_each_named() {
+        let err = load(
+            "[worker]\nid = \"w1\"\nconcurrency = 0\nheartbeat = \"30s\"\n[scheduler]\nlease = \"5s\"\n",
+        )
+        .unwrap_err();
+        let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+        assert!(keys.contains(&"worker.concurrency"), "{err}");
+        assert!(keys.contains(&"worker.heartbeat"), "{err}");
+        assert!(keys.contains(&"scheduler.lease"), "{err}");
+    }
+}

@@ -1,0 +1,192 @@
+//! The statements of `qlsched worker` (docs/worker.md): the dispatcher protocol
+//! (docs/dispatcher.md) called through typed functions. The take is V17's
+//! `dispatch_take_executable` (only runs whose spec names an executor this worker runs);
+//! start, heartbeat, finish, release and expire are V16's calls in [`super::dispatch::protocol`].
+//! Each call is one transaction in autocommit; no transaction is held across an execution.
+
+use uuid::Uuid;
+
+use super::dispatch::protocol;
+use crate::db::StoreError;
+
+/// `$1` worker id, `$2` pools (text[], NULL: all), `$3` executors (text[]), `$4` max runs
+/// (int4), `$5` lease ms. Locking: each run `FOR UPDATE SKIP LOCKED` in `queued_at_ms`
+/// order, as `dispatch_take`; its attempt is updated under that lock.
+pub const TAKE_EXECUTABLE: &str =
+    "SELECT run_id, attempt_id, attempt_no, lease_token, lease_expires_at_ms,
+        trigger_id, scheduled_for_ms, queued_at_ms, idempotency_key, spec
+   FROM qlsched.dispatch_take_executable($1, $2, $3, $4, $5)";
+
+/// One run taken under a lease.
+#[derive(Debug, Clone)]
+pub struct Taken {
+    pub run_id: Uuid,
+    pub attempt_id: Uuid,
+    pub attempt_no: i32,
+    pub token: Uuid,
+    /// The lease's end on the database clock (ms); `taken_at_ms` is it less the lease.
+    pub lease_expires_at_ms: i64,
+    pub trigger_id: String,
+    pub scheduled_for_ms: i64,
+    pub queued_at_ms: i64,
+    pub idempotency_key: String,
+    pub spec: Option<String>,
+}
+
+/// What a heartbeat answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    /// The lease runs on.
+    Held,
+    /// Held, and an operator asked to stop the run (`qlsched.request_cancel`).
+    CancelRequested,
+    /// Not held any more (ended, expired, another token): stop the work.
+    Lost,
+}
+
+/// How an attempt ended, as `dispatch_finish` records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub succeeded: bool,
+    pub exit_status: Option<i32>,
+    pub output_tail: Option<String>,
+    pub error: Option<String>,
+    pub result: Option<serde_json::Value>,
+}
+
+/// Takes up to `max_runs` runs of `pools` whose spec names one of `executors`.
+pub async fn take(
+    c: &tokio_postgres::Client,
+    worker_id: &str,
+    pools: &[String],
+    executors: &[&str],
+    max_runs: i32,
+    lease_ms: i64,
+) -> Result<Vec<Taken>, StoreError> {
+    let executors: Vec<String> = executors.iter().map(|s| s.to_string()).collect();
+    let rows = c
+        .query(
+            TAKE_EXECUTABLE,
+            &[&worker_id, &pools, &executors, &max_runs, &lease_ms],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Taken {
+            run_id: r.get("run_id"),
+            attempt_id: r.get("attempt_id"),
+            attempt_no: r.get("attempt_no"),
+            token: r.get("lease_token"),
+            lease_expires_at_ms: r.get("lease_expires_at_ms"),
+            trigger_id: r.get("trigger_id"),
+            scheduled_for_ms: r.get("scheduled_for_ms"),
+            queued_at_ms: r.get("queued_at_ms"),
+            idempotency_key: r.get("idempotency_key"),
+            spec: r.get("spec"),
+        })
+        .collect())
+}
+
+/// The work starts: whether the lease was held (run and attempt now `running`).
+pub async fn start(
+    c: &tokio_postgres::Client,
+    t: &Taken,
+    lease_ms: i64,
+) -> Result<bool, StoreError> {
+    let r = c
+        .query_one(protocol::START, &[&t.attempt_id, &t.token, &lease_ms])
+        .await?;
+    Ok(r.get(0))
+}
+
+/// Extends the lease to `lease_ms` from now.
+pub async fn heartbeat(
+    c: &tokio_postgres::Client,
+    t: &Taken,
+    lease_ms: i64,
+) -> Result<Beat, StoreError> {
+    let r = c
+        .query_one(protocol::HEARTBEAT, &[&t.attempt_id, &t.token, &lease_ms])
+        .await?;
+    let expiry: Option<i64> = r.get("lease_expires_at_ms");
+    let cancel: bool = r.get("cancel_requested");
+    Ok(match (expiry, cancel) {
+        (None, _) => Beat::Lost,
+        (Some(_), true) => Beat::CancelRequested,
+        (Some(_), false) => Beat::Held,
+    })
+}
+
+/// Records the outcome: whether it was (false: the lease was not held any more).
+pub async fn finish(c: &tokio_postgres::Client, t: &Taken, f: &Finish) -> Result<bool, StoreError> {
+    let outcome = if f.succeeded { "succeeded" } else { "failed" };
+    let r = c
+        .query_one(
+            protocol::FINISH,
+            &[
+                &t.attempt_id,
+                &t.token,
+                &outcome,
+                &f.exit_status,
+                &f.output_tail,
+                &f.error,
+                &f.result,
+            ],
+        )
+        .await?;
+    Ok(r.get(0))
+}
+
+/// Gives back an attempt whose work never started: whether it did.
+pub async fn release(c: &tokio_postgres::Client, t: &Taken) -> Result<bool, StoreError> {
+    let r = c
+        .query_one(protocol::RELEASE, &[&t.attempt_id, &t.token])
+        .await?;
+    Ok(r.get(0))
+}
+
+/// Marks up to `max_rows` lapsed attempts (anyone's) lost: (lost, retried).
+pub async fn expire(c: &tokio_postgres::Client, max_rows: i32) -> Result<(i64, i64), StoreError> {
+    let r = c.query_one(protocol::EXPIRE, &[&max_rows]).await?;
+    Ok((r.get(0), r.get(1)))
+}
+
+/// The worker's readiness gate (the dispatcher role reads no schema history, so `db check`
+/// is not its to run): the take of V17 exists and this role may execute it, and so may it
+/// every V16 call the worker makes. Returns every problem found (empty = ready).
+/// Locking: none (catalog reads).
+pub async fn readiness(c: &tokio_postgres::Client) -> Result<Vec<String>, StoreError> {
+    const FUNCTIONS: [&str; 6] = [
+        "qlsched.dispatch_take_executable(text,text[],text[],integer,bigint)",
+        "qlsched.dispatch_start(uuid,uuid,bigint)",
+        "qlsched.dispatch_heartbeat(uuid,uuid,bigint)",
+        "qlsched.dispatch_finish(uuid,uuid,text,integer,text,text,jsonb)",
+        "qlsched.dispatch_release(uuid,uuid)",
+        "qlsched.dispatch_expire(integer)",
+    ];
+    let rows = c
+        .query(
+            "SELECT f, to_regprocedure(f) IS NOT NULL,
+                    to_regprocedure(f) IS NOT NULL AND has_function_privilege(to_regprocedure(f), 'EXECUTE'),
+                    current_user::text
+               FROM unnest($1::text[]) f",
+            &[&FUNCTIONS.to_vec()],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let (f, exists, may, role): (String, bool, bool, String) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            match (exists, may) {
+                (false, _) => Some(format!(
+                    "{f} is missing: the schema is older than this worker (run `qlsched db migrate`)"
+                )),
+                (true, false) => Some(format!(
+                    "role {role} may not EXECUTE {f}: a worker logs in as the dispatcher role"
+                )),
+                _ => None,
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,305 @@
+//! One taken attempt, from the take to its finish (the lease machine in `worker/mod.rs`):
+//! check the spec, resolve its secrets, start, execute while heartbeats extend the lease,
+//! finish. Every call is fenced by the attempt's lease token.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slog::{info, o, warn, Logger};
+use tokio::sync::watch;
+
+use super::metrics::WorkerMetrics;
+use super::secrets::{Credentials, Redactor};
+use super::spec::{self, Executor, Spec, Text};
+use super::{request, shell, Limits, Outcome, RunVars, Stop};
+use crate::config::worker::WorkerConfig;
+use crate::db::{self, Pool};
+use crate::store::worker::{self as calls, Beat, Finish, Taken};
+
+/// The database keeps at most this much of an error.
+const ERROR_MAX: usize = 8192;
+/// How often a finish is tried while the database does not answer (each within the lease).
+const FINISH_TRIES: u32 = 5;
+
+/// What every attempt of a worker shares.
+pub(super) struct Shared {
+    pub pool: Pool,
+    pub cfg: WorkerConfig,
+    pub metrics: WorkerMetrics,
+    pub log: Logger,
+    pub credentials: Credentials,
+    /// True once the worker stops: an attempt not started yet is released.
+    pub stopping: watch::Receiver<bool>,
+    /// `Some(Stop::Drain)` once the drain timeout passed: running attempts are stopped.
+    pub drain: watch::Receiver<Option<Stop>>,
+}
+
+impl Shared {
+    fn lease_ms(&self) -> i64 {
+        self.cfg.lease.as_millis() as i64
+    }
+}
+
+/// Runs one taken attempt to its end.
+pub(super) async fn run(shared: Arc<Shared>, t: Taken) {
+    let log = shared
+        .log
+        .new(o!("run_id" => t.run_id.to_string(), "attempt" => t.attempt_no));
+    let m = &shared.metrics;
+    m.taken.inc();
+    let taken_at_ms = t.lease_expires_at_ms - shared.lease_ms();
+    m.queue_wait_seconds
+        .observe((taken_at_ms - t.queued_at_ms).max(0) as f64 / 1000.0);
+    let spec = match spec::parse(t.spec.as_deref().unwrap_or("")) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            // Not taken by the V17 take; a spec edited under a digest failure is failed there.
+            release(&shared, &t, &log).await;
+            return;
+        }
+        Err(e) => {
+            let o = Outcome::failed(None, String::new(), format!("invalid spec: {e}"));
+            finish(&shared, &t, o, &Redactor::default(), &log).await;
+            return;
+        }
+    };
+    let mut redactor = Redactor::default();
+    let resolved = match resolve(&spec, &shared.credentials, &mut redactor) {
+        Ok(r) => r,
+        Err(e) => {
+            let o = Outcome::failed(None, String::new(), e);
+            finish(&shared, &t, o, &redactor, &log).await;
+            return;
+        }
+    };
+    if *shared.stopping.borrow() {
+        release(&shared, &t, &log).await;
+        return;
+    }
+    let conn_start = async {
+        let c = db::conn(&shared.pool).await?;
+        calls::start(&c, &t, shared.lease_ms()).await
+    };
+    match conn_start.await {
+        Ok(true) => {}
+        Ok(false) => {
+            m.lost.inc();
+            warn!(log, "lease lost before the start: not executed");
+            return;
+        }
+        Err(e) => {
+            m.lost.inc();
+            warn!(log, "could not start (the lease will expire and the protocol retries or fails the run)"; "error" => %e);
+            return;
+        }
+    }
+    m.running.inc();
+    let began = Instant::now();
+    let (outcome, lost) = execute(&shared, &t, &spec, resolved, &redactor, &log).await;
+    m.running.dec();
+    m.execution_seconds.observe(began.elapsed().as_secs_f64());
+    if lost {
+        m.lost.inc();
+        warn!(log, "lease lost: the command was stopped and nothing is recorded (the run may be retried elsewhere)");
+        return;
+    }
+    finish(&shared, &t, outcome, &redactor, &log).await;
+}
+
+/// The spec's values with secrets read; each secret's value joins the redactor.
+fn resolve(
+    spec: &Spec,
+    creds: &Credentials,
+    redactor: &mut Redactor,
+) -> Result<Vec<(String, String)>, String> {
+    let pairs: &[(String, Text)] = match &spec.executor {
+        Executor::Shell(s) => &s.env,
+        Executor::Http(h) => &h.headers,
+    };
+    let mut out = Vec::with_capacity(pairs.len());
+    for (k, v) in pairs {
+        let value = match v {
+            Text::Plain(s) => s.clone(),
+            Text::Secret(name) => {
+                let secret = creds.resolve(name).map_err(|e| e.to_string())?;
+                redactor.add(secret.expose());
+                secret.expose().to_string()
+            }
+        };
+        out.push((k.clone(), value));
+    }
+    Ok(out)
+}
+
+/// Executes while heartbeats extend the lease; (outcome, lease lost).
+async fn execute(
+    shared: &Shared,
+    t: &Taken,
+    spec: &Spec,
+    resolved: Vec<(String, String)>,
+    redactor: &Redactor,
+    log: &Logger,
+) -> (Outcome, bool) {
+    let vars = RunVars {
+        run_id: t.run_id,
+        attempt_no: t.attempt_no,
+        scheduled_for_ms: t.scheduled_for_ms,
+        idempotency_key: t.idempotency_key.clone(),
+        trigger_id: t.trigger_id.clone(),
+    };
+    let limits = Limits {
+        output_bound: shared.cfg.output_bound,
+        kill_grace: shared.cfg.kill_grace,
+    };
+    let (stop_tx, mut stop_rx) = watch::channel(None::<Stop>);
+    let exec = async {
+        match &spec.executor {
+            Executor::Shell(s) => {
+                shell::run(
+                    s,
+                    resolved,
+                    &vars,
+                    spec.timeout,
+                    &limits,
+                    redactor,
+                    &mut stop_rx,
+                )
+                .await
+            }
+            Executor::Http(h) => {
+                request::run(
+                    h,
+                    resolved,
+                    &vars,
+                    spec.timeout,
+                    &limits,
+                    redactor,
+                    &mut stop_rx,
+                )
+                .await
+            }
+        }
+    };
+    tokio::pin!(exec);
+    let every = shared.cfg.heartbeat;
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut drain = shared.drain.clone();
+    let mut last_held = Instant::now();
+    // Past this without a heartbeat answered, the lease may have ended: stop the work.
+    let patience = shared.cfg.lease.saturating_sub(every);
+    let mut stopped: Option<Stop> = None;
+    loop {
+        tokio::select! {
+            o = &mut exec => return (o, stopped == Some(Stop::Lost)),
+            _ = beat.tick(), if stopped != Some(Stop::Lost) => {
+                let answer = async {
+                    let c = db::conn(&shared.pool).await?;
+                    calls::heartbeat(&c, t, shared.lease_ms()).await
+                };
+                let ask = match tokio::time::timeout(every, answer).await {
+                    Ok(Ok(Beat::Held)) => { last_held = Instant::now(); None }
+                    Ok(Ok(Beat::CancelRequested)) => { last_held = Instant::now(); Some(Stop::Cancel) }
+                    Ok(Ok(Beat::Lost)) => Some(Stop::Lost),
+                    Ok(Err(e)) => {
+                        warn!(log, "heartbeat failed"; "error" => %e);
+                        (last_held.elapsed() >= patience).then_some(Stop::Lost)
+                    }
+                    Err(_) => {
+                        warn!(log, "heartbeat timed out");
+                        (last_held.elapsed() >= patience).then_some(Stop::Lost)
+                    }
+                };
+                if let Some(s) = ask {
+                    // Lost overrides what came before (nothing may be recorded any more).
+                    if stopped.is_none() || s == Stop::Lost {
+                        info!(log, "stopping the command"; "why" => s.describe());
+                        stopped = Some(s);
+                        let _ = stop_tx.send(Some(s));
+                    }
+                }
+            }
+            s = shell::stopped(&mut drain), if stopped.is_none() => {
+                info!(log, "stopping the command"; "why" => s.describe());
+                stopped = Some(s);
+                let _ = stop_tx.send(Some(s));
+            }
+        }
+    }
+}
+
+/// Records the outcome; the lease decides whether it is (a refused finish is a lost lease).
+async fn finish(shared: &Shared, t: &Taken, o: Outcome, redactor: &Redactor, log: &Logger) {
+    let m = &shared.metrics;
+    let error = o.error.map(|e| bounded(redactor.redact(&e), ERROR_MAX));
+    let f = Finish {
+        succeeded: o.succeeded,
+        exit_status: o.exit_status,
+        output_tail: Some(o.output).filter(|s| !s.is_empty()),
+        error: error.clone(),
+        result: o.result,
+    };
+    let mut delay = Duration::from_millis(200);
+    for attempt in 1..=FINISH_TRIES {
+        let res = async {
+            let c = db::conn(&shared.pool).await?;
+            calls::finish(&c, t, &f).await
+        }
+        .await;
+        match res {
+            Ok(true) => {
+                if f.succeeded {
+                    m.succeeded.inc();
+                } else {
+                    m.failed.inc();
+                }
+                info!(log, "finished"; "succeeded" => f.succeeded, "exit_status" => f.exit_status,
+                      "error" => error.as_deref().unwrap_or(""));
+                return;
+            }
+            Ok(false) => {
+                m.lost.inc();
+                warn!(log, "lease lost before the finish: outcome not recorded"; "succeeded" => f.succeeded);
+                return;
+            }
+            Err(e) if attempt < FINISH_TRIES => {
+                warn!(log, "finish failed; trying again"; "error" => %e, "retry_in_ms" => delay.as_millis() as u64);
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => {
+                m.lost.inc();
+                warn!(log, "could not record the outcome (the lease will expire)"; "error" => %e);
+            }
+        }
+    }
+}
+
+async fn release(shared: &Shared, t: &Taken, log: &Logger) {
+    let res = async {
+        let c = db::conn(&shared.pool).await?;
+        calls::release(&c, t).await
+    }
+    .await;
+    match res {
+        Ok(true) => {
+            shared.metrics.released.inc();
+            info!(log, "released unstarted");
+        }
+        Ok(false) => {
+            shared.metrics.lost.inc();
+            warn!(log, "lease lost before the release");
+        }
+        Err(e) => warn!(log, "could not release (the lease will expire)"; "error" => %e),
+    }
+}
+
+fn bounded(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut i = max;
+        while !s.is_char_boundary(i) {
+            i -= 1;
+        }
+        s.truncate(i);
+    }
+    s
+}

@@ -1,0 +1,251 @@
+//! The composition root of `qlsched worker` (docs/worker.md, "Lifecycle"):
+//!
+//! - build: open the pool (the replica's connection path) → wait for the database, the
+//!   pooler probe and the worker's readiness gate (its protocol calls exist and are its);
+//! - run: serve HTTP → READY → loop: expire lapsed attempts, take up to the free
+//!   concurrency, run each taken attempt on its own task; pause `poll` when nothing came;
+//! - stop (SIGTERM/SIGINT): not ready, take no more; attempts not started are released;
+//!   running ones get `drain_timeout`, then are stopped (SIGTERM, grace, SIGKILL) and
+//!   finished `failed`; exit 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use slog::{crit, debug, info, warn, Logger};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::attempt::{self, Shared};
+use super::metrics::WorkerMetrics;
+use super::secrets::Credentials;
+use super::serve::{self, Ready};
+use super::spec::EXECUTORS;
+use super::Stop;
+use crate::config::worker::WorkerFileConfig;
+use crate::config::LogFormat;
+use crate::db::{self, Pool};
+use crate::startup::Signals;
+
+/// Lapsed attempts marked lost per expiry call.
+const EXPIRE_BATCH: i32 = 100;
+
+/// Why `qlsched worker` stopped with an error (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("database is not ready: {}", problems.join("; "))]
+    NotReady { problems: Vec<String> },
+    #[error(
+        "systemd watchdog interval (WatchdogSec) is {interval:?}; it must be at least twice \
+         worker.poll ({poll:?}), because the watchdog is pinged once per take"
+    )]
+    Watchdog { interval: Duration, poll: Duration },
+    #[error("binding HTTP on {addr}: {source}")]
+    Http {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("installing the signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] db::StoreError),
+}
+
+pub fn run(cfg: WorkerFileConfig, format: LogFormat) -> Result<(), WorkerError> {
+    let (root, guard) = crate::telemetry::init(format, &cfg.log.level, None);
+    let log = root.new(slog::o!("worker" => cfg.worker.id.to_string()));
+    let res = actix::System::new().block_on(async {
+        let mut signals = Signals::new().map_err(WorkerError::Signals)?;
+        run_until_stopped(cfg, log.clone(), &mut signals).await
+    });
+    if let Err(e) = &res {
+        crit!(log, "qlsched worker stopped with an error"; "error" => %e);
+    }
+    drop(log);
+    drop(root);
+    drop(guard);
+    res
+}
+
+fn notify(state: &[sd_notify::NotifyState]) {
+    let _ = sd_notify::notify(state);
+}
+
+async fn run_until_stopped(
+    cfg: WorkerFileConfig,
+    log: Logger,
+    signals: &mut Signals,
+) -> Result<(), WorkerError> {
+    let w = cfg.worker.clone();
+    info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "pools" => w.pools.join(","),
+          "concurrency" => w.concurrency, "version" => env!("CARGO_PKG_VERSION"));
+    let watchdog = match sd_notify::watchdog_enabled() {
+        Some(interval) if interval < w.poll * 2 => {
+            return Err(WorkerError::Watchdog {
+                interval,
+                poll: w.poll,
+            })
+        }
+        other => other.is_some(),
+    };
+    let mut pg = cfg.database.pg.clone();
+    pg.keepalives(true)
+        .keepalives_idle(Duration::from_secs(5))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3)
+        .tcp_user_timeout(w.heartbeat);
+    let pool = db::build_pool(
+        pg.clone(),
+        cfg.database.pool_size,
+        cfg.database.connect_timeout,
+        &log,
+    );
+    tokio::select! {
+        r = wait_ready(&pool, &pg, &log) => r?,
+        _ = signals.next() => { info!(log, "stopped before the database was ready"); return Ok(()); }
+    }
+    let metrics = WorkerMetrics::default();
+    let ready = Ready::default();
+    let http = match cfg.http_bind {
+        None => None,
+        Some(addr) => {
+            let tls = match &cfg.http_tls {
+                None => Ok(None),
+                Some(files) => crate::http::tls::server_config(files, &log)
+                    .map(Some)
+                    .map_err(|e| std::io::Error::other(e.to_string())),
+            };
+            Some(
+                tls.and_then(|tls| serve::serve(addr, ready.clone(), metrics.clone(), tls))
+                    .map_err(|source| WorkerError::Http { addr, source })?,
+            )
+        }
+    };
+    let (stopping_tx, stopping) = watch::channel(false);
+    let (drain_tx, drain) = watch::channel(None::<Stop>);
+    let shared = Arc::new(Shared {
+        pool: pool.clone(),
+        cfg: w.clone(),
+        metrics: metrics.clone(),
+        log: log.clone(),
+        credentials: Credentials::new(w.credentials_directory.clone()),
+        stopping,
+        drain,
+    });
+    let mut running: JoinSet<()> = JoinSet::new();
+    ready.set(true);
+    metrics.ready.set(1);
+    notify(&[sd_notify::NotifyState::Ready]);
+    info!(log, "ready"; "http" => cfg.http_bind.map(|a| a.to_string()).unwrap_or_else(|| "off".into()));
+
+    loop {
+        if watchdog {
+            notify(&[sd_notify::NotifyState::Watchdog]);
+        }
+        let free = w.concurrency as usize - running.len();
+        if free > 0 {
+            match take(&shared, free as i32).await {
+                Ok(taken) => {
+                    ready.set(true);
+                    if !taken.is_empty() {
+                        debug!(log, "taken"; "runs" => taken.len(), "free" => free);
+                    }
+                    for t in taken {
+                        running.spawn_local(attempt::run(shared.clone(), t));
+                    }
+                }
+                Err(e) => {
+                    ready.set(false);
+                    warn!(log, "take failed"; "error" => %e);
+                }
+            }
+        }
+        // The next take comes when an attempt ends or after `poll`, whichever is first (the
+        // watchdog is pinged at least every `poll`, even with every slot busy).
+        let pause = tokio::time::sleep(w.poll);
+        tokio::select! {
+            _ = signals.next() => break,
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            _ = pause => {}
+        }
+    }
+
+    // Stop: no more takes; attempts not started are released by their tasks.
+    ready.set(false);
+    metrics.ready.set(0);
+    notify(&[sd_notify::NotifyState::Stopping]);
+    let _ = stopping_tx.send(true);
+    info!(log, "stopping: waiting for running attempts"; "running" => running.len(),
+          "drain_timeout_ms" => w.drain_timeout.as_millis() as u64);
+    let drained = tokio::time::timeout(w.drain_timeout, async {
+        while running.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(log, "drain timeout passed: stopping the attempts still running"; "running" => running.len());
+        let _ = drain_tx.send(Some(Stop::Drain));
+        // Each stops its command (SIGTERM, kill_grace, SIGKILL) and records the outcome.
+        let bound = w.kill_grace + Duration::from_secs(10) + w.heartbeat;
+        if tokio::time::timeout(bound, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            warn!(log, "attempts did not end after the drain; their leases will expire"; "left" => running.len());
+            running.abort_all();
+        }
+    }
+    if let Some(h) = http {
+        h.stop(true).await;
+    }
+    drop(shared);
+    drop(pool);
+    info!(log, "stopped"; "succeeded" => metrics.succeeded.get(), "failed" => metrics.failed.get());
+    actix::System::current().stop();
+    Ok(())
+}
+
+/// Expires lapsed attempts (anyone's), then takes up to `n` runs.
+async fn take(shared: &Shared, n: i32) -> Result<Vec<crate::store::worker::Taken>, db::StoreError> {
+    let c = db::conn(&shared.pool).await?;
+    let (lost, retried) = crate::store::worker::expire(&c, EXPIRE_BATCH).await?;
+    if lost > 0 {
+        shared.metrics.expired.inc_by(lost as u64);
+        shared.metrics.retried.inc_by(retried as u64);
+        info!(shared.log, "lapsed attempts marked lost"; "lost" => lost, "queued_again" => retried);
+    }
+    crate::store::worker::take(
+        &c,
+        shared.cfg.id.as_str(),
+        &shared.cfg.pools,
+        &EXECUTORS,
+        n.min(1000),
+        shared.cfg.lease.as_millis() as i64,
+    )
+    .await
+}
+
+/// Waits for the database and runs the readiness gate for the dispatcher role; retries
+/// connection failures, fails at once on a schema that is not ready.
+async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<(), WorkerError> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match db::conn(pool).await {
+            Ok(conn) => {
+                drop(conn);
+                db::pooler::require_session_pooling(pool, target).await?;
+                let conn = db::conn(pool).await?;
+                let problems = crate::store::worker::readiness(&conn).await?;
+                if problems.is_empty() {
+                    return Ok(());
+                }
+                return Err(WorkerError::NotReady { problems });
+            }
+            Err(e) => {
+                warn!(log, "database not reachable yet"; "error" => %e, "retry_in_ms" => delay.as_millis() as u64);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
