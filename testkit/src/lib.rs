@@ -6,6 +6,7 @@ pub mod cli;
 pub mod deadhost;
 pub mod delay;
 pub mod drive;
+pub mod invariants;
 pub mod netns;
 pub mod pg;
 pub mod pgbouncer;
@@ -400,80 +401,9 @@ impl TestDb {
             .get(0)
     }
 
-    /// The invariant every test and drill ends with: one run per key (the unique index),
-    /// every run with exactly one attempt and its two admission events, plus one event per
-    /// step it moved since (docs/dispatcher.md): queued 2, dispatching or cancelled 3,
-    /// running 4, succeeded 5, failed 4 (never started) or 5.
+    /// The exactly-once invariants every test ends with (`sql/invariants.sql`).
     pub async fn assert_invariants(&self) {
-        let bad = self
-            .count(
-                "SELECT count(*) FROM qlsched.runs r
-                  WHERE (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) <> 1
-                     OR (SELECT count(*) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
-                        NOT IN (CASE r.status WHEN 'queued' THEN 2 WHEN 'dispatching' THEN 3
-                                 WHEN 'cancelled' THEN 3 WHEN 'running' THEN 4 WHEN 'succeeded' THEN 5
-                                 ELSE 4 END,
-                                CASE r.status WHEN 'failed' THEN 5 ELSE 0 END)
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')",
-            )
-            .await;
-        assert_eq!(
-            bad, 0,
-            "runs without exactly 1 attempt and the events of their status"
-        );
-        // Occurrences (cron and backfill runs) once per instant. A manual fire is keyed by its
-        // request id and scheduled at the database clock of the fire, which can equal a cron
-        // instant (1 ms in 1,000 on an every-second trigger): it is one run per key above.
-        let dup = self
-            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d")
-            .await;
-        assert_eq!(dup, 0, "duplicate occurrences");
-        // No foreign keys guard these since V7: the admission's own verification and the
-        // permanence of definition rows and runs do (tests/it/integrity.rs).
-        let dangling = self
-            .count(
-                "SELECT (SELECT count(*) FROM qlsched.runs r
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.projects p WHERE p.project_id = r.project_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.triggers t WHERE t.trigger_id = r.trigger_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.tasks k WHERE k.task_id = r.task_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.execution_revisions e
-                                             WHERE e.execution_revision_id = r.execution_revision_id))
-                      + (SELECT count(*) FROM qlsched.attempts a
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = a.run_id))
-                      + (SELECT count(*) FROM qlsched.run_events e
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = e.run_id))",
-            )
-            .await;
-        assert_eq!(dangling, 0, "admitted rows referencing a missing row");
-    }
-}
-
-impl TestDb {
-    /// The invariant of runs moved through the dispatcher functions (V16): events numbered
-    /// 1, 2, … without gaps, the admission's two first, the last one the event of the run's
-    /// status; at most one live attempt per run, none on a finished run; one run per key.
-    pub async fn assert_invariants_after_protocol(&self) {
-        let bad = self
-            .count(
-                "SELECT count(*) FROM qlsched.runs r
-                  WHERE (SELECT count(*) <> max(e.seq) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')
-                     OR (SELECT e.kind FROM qlsched.run_events e WHERE e.run_id = r.run_id ORDER BY e.seq DESC LIMIT 1)
-                        <> CASE r.status WHEN 'queued' THEN 'run.queued' WHEN 'dispatching' THEN 'run.dispatching'
-                                         WHEN 'running' THEN 'run.started' WHEN 'cancelled' THEN 'run.cancelled'
-                                         ELSE 'run.finished' END
-                     OR (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id
-                            AND a.state IN ('claimed', 'dispatching', 'running'))
-                        <> CASE WHEN r.status IN ('queued', 'dispatching', 'running') THEN 1 ELSE 0 END",
-            )
-            .await;
-        assert_eq!(bad, 0, "runs whose events or attempts break the protocol");
-        let dup = self
-            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d")
-            .await;
-        assert_eq!(dup, 0, "duplicate occurrences");
+        invariants::assert_holds(&self.superuser().await).await;
     }
 }
 
