@@ -13,6 +13,7 @@ pub mod pgbouncer;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
+pub mod twin;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -138,7 +139,7 @@ pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
 }
 
 pub async fn make_template(port: u16) {
-    let roles = Roles::with_prefix(PREFIX).unwrap();
+    let roles = roles();
     migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
         .await
         .expect("bootstrap");
@@ -339,6 +340,50 @@ impl TestDb {
         }
     }
 
+    /// [`TestDb::actor_settings`] with the given cadence and lease.
+    pub fn settings(
+        &self,
+        owner: &str,
+        cadence_ms: u64,
+        lease_ms: u64,
+    ) -> qlsched::actors::Settings {
+        qlsched::actors::Settings {
+            cadence: Duration::from_millis(cadence_ms),
+            lease: Duration::from_millis(lease_ms),
+            ..self.actor_settings(owner)
+        }
+    }
+
+    /// Backends of this database waiting for a lock (any kind).
+    pub async fn lock_waiters(&self) -> i64 {
+        self.count(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+    }
+
+    /// Runs per status and state of their last attempt, `status/state:n` in order, space
+    /// separated (`queued/claimed:3 succeeded/succeeded:2`).
+    pub async fn status_counts(&self) -> String {
+        self.superuser()
+            .await
+            .query(
+                "SELECT r.status || '/' || a.state || ':' || count(*)
+                   FROM qlsched.runs r
+                   JOIN LATERAL (SELECT a.state FROM qlsched.attempts a WHERE a.run_id = r.run_id
+                                  ORDER BY a.attempt_no DESC LIMIT 1) a ON true
+                  GROUP BY r.status, a.state ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     pub fn runtime_pool(&self, size: u32) -> Pool {
         store::build_pool(
             self.config("qlsched_runtime"),
@@ -510,6 +555,33 @@ impl TestDb {
             .await
             .unwrap();
     }
+}
+
+/// The role names of the test cluster's install (prefix [`PREFIX`]).
+pub fn roles() -> Roles {
+    Roles::with_prefix(PREFIX).unwrap()
+}
+
+/// Unix ms as RFC 3339 UTC with milliseconds, the form the CLI takes.
+pub fn iso(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The plan `explain` (an `EXPLAIN …` statement) prints, one line per plan line.
+pub async fn plan(
+    c: &tokio_postgres::Client,
+    explain: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> String {
+    c.query(explain, params)
+        .await
+        .unwrap_or_else(|e| panic!("{explain}: {e:?}"))
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The pages an `EXPLAIN (ANALYZE, BUFFERS)` plan reports for one node: the sum of the

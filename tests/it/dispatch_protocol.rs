@@ -1089,19 +1089,14 @@ async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
     su.batch_execute("BEGIN; SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)")
         .await
         .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
              SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     // PostgreSQL 18 prints actual rows with two decimals.
     assert!(
         plan.contains(" rows=16 loops=1)") || plan.contains(" rows=16.00 loops=1)"),

@@ -14,6 +14,7 @@ use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::helpers::claimed::Claimed;
+use crate::helpers::iso;
 use crate::helpers::{discard_log, TestDb};
 
 const DAY_MS: i64 = 86_400_000;
@@ -408,12 +409,6 @@ async fn db_check_expects_exactly_the_runtime_execute_grant() {
     );
 }
 
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 fn backfill(db: &TestDb, from: i64, to: i64) -> std::process::Output {
     crate::helpers::cli::ql(
         db,
@@ -589,9 +584,9 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
     )
     .await
     .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
              SELECT r.run_id FROM qlsched.runs r
               WHERE r.queued_at_ms < 40000 AND r.scheduled_for_ms < 40000
                 AND r.status IN ('succeeded', 'failed', 'cancelled')
@@ -600,14 +595,9 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
                 AND NOT EXISTS (SELECT 1 FROM qlsched.run_events e
                                  WHERE e.run_id = r.run_id AND e.at_ms >= 40000)
               ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE OF r SKIP LOCKED",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+        &[],
+    )
+    .await;
     assert!(plan.contains("runs_finished_idx"), "{plan}");
     // The same statement the function runs selects exactly the 100 oldest finished runs.
     let keep = Duration::from_millis(u64::try_from(db.now_ms().await - 40_000).unwrap());
@@ -654,21 +644,16 @@ async fn the_old_queued_count_reads_the_queued_runs_only_and_is_capped() {
     su.batch_execute("SET plan_cache_mode = force_generic_plan; BEGIN")
         .await
         .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            &format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
-                retention::OLD_QUEUED_SQL.replace("$1", "3600000")
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan = crate::helpers::plan(
+        &su,
+        &format!(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+            retention::OLD_QUEUED_SQL.replace("$1", "3600000")
+        ),
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     let buffers = crate::helpers::plan_buffers(&plan, "");
     assert!(
         buffers < 200,

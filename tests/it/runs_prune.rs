@@ -16,16 +16,11 @@ use uuid::Uuid;
 
 use crate::helpers::claimed::{admission, Claimed};
 use crate::helpers::cli::{ok, ql, refused};
+use crate::helpers::iso;
 use crate::helpers::TestDb;
 
 /// 2026-01-01T00:00:00Z in Unix ms.
 const FROM_MS: i64 = 1_767_225_600_000;
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 fn json(out: String) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
@@ -61,22 +56,6 @@ fn prune(db: &TestDb, before: i64, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["runs", "prune", "--queued-before", &b];
     args.extend_from_slice(extra);
     ql(db, &args)
-}
-
-async fn status_counts(db: &TestDb) -> String {
-    let rows = db
-        .superuser()
-        .await
-        .query(
-            "SELECT r.status || ':' || count(*) FROM qlsched.runs r GROUP BY r.status ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 async fn pruned_through(db: &TestDb) -> Option<i64> {
@@ -140,8 +119,8 @@ async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_
     assert_eq!(out["left_alone"], 1, "the run being taken: {out}");
     assert_eq!(out["backfill_refused_before_ms"], before, "{out}");
     assert_eq!(
-        status_counts(&db).await,
-        "cancelled:1 dispatching:2 queued:3 succeeded:1"
+        db.status_counts().await,
+        "cancelled/abandoned:1 dispatching/dispatching:2 queued/claimed:3 succeeded/succeeded:1"
     );
     // The 3 queued runs left are the younger ones.
     assert_eq!(
