@@ -9,7 +9,7 @@ use qlsched::config::RetentionConfig;
 use qlsched::metrics::Metrics;
 use qlsched::retention::Pruner;
 use qlsched::store::admit::AdmitOutcome;
-use qlsched::store::{migrate, retention};
+use qlsched::store::retention;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
@@ -374,39 +374,6 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
         .unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
     owner.batch_execute("ROLLBACK").await.unwrap();
-}
-
-#[tokio::test]
-async fn db_check_expects_exactly_the_runtime_execute_grant() {
-    let db = TestDb::new().await;
-    let su = db.superuser().await;
-    let roles = [
-        ("qlsched_runtime", "runtime"),
-        ("qlsched_admin", "admin"),
-        ("qlsched_worker_ingress", "worker_ingress"),
-    ];
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        Vec::<String>::new()
-    );
-    su.batch_execute(
-        "GRANT EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) TO qlsched_admin",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_admin may EXECUTE function qlsched.prune_finished(bigint,integer,text,uuid), which it must not"]
-    );
-    su.batch_execute(
-        "REVOKE EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) FROM qlsched_admin, qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_runtime lacks EXECUTE on function qlsched.prune_finished(bigint,integer,text,uuid)"]
-    );
 }
 
 fn backfill(db: &TestDb, from: i64, to: i64) -> std::process::Output {

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use qlsched::store::admit::AdmitOutcome;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
-use qlsched::store::migrate;
 use qlsched::store::triggers::backfill_chunk;
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
@@ -355,40 +354,6 @@ async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_
         .unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
     owner.batch_execute("ROLLBACK").await.unwrap();
-}
-
-#[tokio::test]
-async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
-    let db = TestDb::new().await;
-    let su = db.superuser().await;
-    let roles = [
-        ("qlsched_runtime", "runtime"),
-        ("qlsched_admin", "admin"),
-        ("qlsched_worker_ingress", "worker_ingress"),
-        ("qlsched_dispatcher", "dispatcher"),
-    ];
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        Vec::<String>::new()
-    );
-    su.batch_execute(
-        "GRANT EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) TO qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_runtime may EXECUTE function qlsched.prune_queued(bigint,uuid[]), which it must not"]
-    );
-    su.batch_execute(
-        "REVOKE EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) FROM qlsched_admin, qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_admin lacks EXECUTE on function qlsched.prune_queued(bigint,uuid[])"]
-    );
 }
 
 #[tokio::test]
