@@ -6,6 +6,7 @@ pub mod cli;
 pub mod deadhost;
 pub mod delay;
 pub mod drive;
+pub mod http;
 pub mod invariants;
 pub mod netns;
 pub mod pg;
@@ -69,7 +70,7 @@ extern "C" fn remove_clusters_at_exit() {
 /// child of a thread that lives as long as the process, so its parent-death signal fires only
 /// when the test binary exits. `prepare` runs on the initialised data directory before the
 /// start; `root` is removed at exit. Returns the port.
-pub fn start_for_the_process(
+pub(crate) fn start_for_the_process(
     root: &std::path::Path,
     conf: String,
     what: &str,
@@ -97,7 +98,7 @@ pub fn start_for_the_process(
 
 /// Runs `f` to completion on a runtime and a thread of its own (so it can be called from
 /// inside a test's runtime), panicking with `what` if it panicked.
-pub fn on_own_runtime<F>(what: &str, f: F)
+pub(crate) fn on_own_runtime<F>(what: &str, f: F)
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -286,7 +287,7 @@ impl TestDb {
         }
     }
     /// (scheduled_for, queued_at) of the first run of `trigger`.
-    pub async fn first_run(&self, trigger: &str) -> (i64, i64) {
+    async fn first_run(&self, trigger: &str) -> (i64, i64) {
         let r = self
             .superuser()
             .await
@@ -554,6 +555,56 @@ impl TestDb {
             .batch_execute("ANALYZE")
             .await
             .unwrap();
+    }
+}
+
+/// The rows of `sql` (no parameters) as pairs of their first two columns.
+pub async fn pairs<A, B>(c: &tokio_postgres::Client, sql: &str) -> Vec<(A, B)>
+where
+    A: for<'a> tokio_postgres::types::FromSql<'a>,
+    B: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    c.query(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The backend pid of the session `c`.
+pub async fn backend_pid(c: &tokio_postgres::Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A `DELETE FROM qlsched.runs` on `c` is refused by the permanence guard; rolls back the
+/// transaction `c` is in.
+pub async fn assert_delete_refused(c: &tokio_postgres::Client) {
+    let err = c
+        .batch_execute("DELETE FROM qlsched.runs")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::RESTRICT_VIOLATION),
+        "{err}"
+    );
+    c.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// Each run's command ran once, with its own key: `dir` holds one file per run, named for
+/// its run id and holding its idempotency key (what the reference dispatchers' test command
+/// writes), and nothing else.
+pub async fn assert_each_run_wrote_its_key(su: &tokio_postgres::Client, dir: &std::path::Path) {
+    let runs: Vec<(uuid::Uuid, String)> =
+        pairs(su, "SELECT run_id, idempotency_key FROM qlsched.runs").await;
+    assert_eq!(std::fs::read_dir(dir).unwrap().count(), runs.len());
+    for (id, key) in &runs {
+        let written = std::fs::read_to_string(dir.join(id.to_string())).unwrap();
+        assert_eq!(written.trim(), key);
     }
 }
 

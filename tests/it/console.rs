@@ -3,49 +3,20 @@
 //! set, the auth rules hold, and the config refuses an unguarded console on a non-loopback
 //! address before PostgreSQL is opened.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::helpers::cli::{ok, ql};
+use crate::helpers::http::{self, header};
 use crate::helpers::replica::{binary, ReplicaProc};
 use crate::helpers::TestDb;
 
 /// One HTTP/1.0 GET with extra headers: (status, lower-cased headers, body).
-pub fn get(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, Vec<(String, String)>, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).unwrap();
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    (status, headers, body.to_owned())
-}
-
-fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+pub fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> http::Response {
+    http::get(addr, Some("localhost"), path, headers)
 }
 
 /// A project, a task and triggers: `con-a` every second (runs come), `con-b` daily,

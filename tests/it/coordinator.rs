@@ -256,11 +256,7 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
         .unwrap();
     assert_eq!(held.len(), 10);
     let expiry = held.iter().map(|c| c.fence.expires_at_ms).max().unwrap();
-    let pid: i32 = conn
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = crate::helpers::backend_pid(&conn).await;
     db.superuser()
         .await
         .execute("SELECT pg_terminate_backend($1)", &[&pid])

@@ -25,17 +25,12 @@ fn every_second(grace_ms: i64) -> TriggerSpec {
 /// last admitted instant.
 async fn duplicates_and_gaps(db: &TestDb) -> (Vec<(i64, i64)>, i64) {
     let su = db.superuser().await;
-    let dups = su
-        .query(
-            "SELECT scheduled_for_ms, count(*) FROM qlsched.runs WHERE trigger_id = 't'
+    let dups = crate::helpers::pairs(
+        &su,
+        "SELECT scheduled_for_ms, count(*) FROM qlsched.runs WHERE trigger_id = 't'
               GROUP BY 1 HAVING count(*) > 1 ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    )
+    .await;
     let gaps: i64 = su
         .query_one(
             "SELECT coalesce((max(scheduled_for_ms) - min(scheduled_for_ms)) / 1000 + 1

@@ -990,17 +990,7 @@ async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigte
         "every run finished through the functions with its command's exit status"
     );
     let su = db.superuser().await;
-    let runs = su
-        .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
-        .await
-        .unwrap();
-    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), runs.len());
-    for r in &runs {
-        let id: Uuid = r.get(0);
-        let key: String = r.get(1);
-        let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
-        assert_eq!(written.trim(), key);
-    }
+    crate::helpers::assert_each_run_wrote_its_key(&su, out.path()).await;
     db.assert_invariants().await;
 }
 

@@ -14,6 +14,7 @@ use qlsched::store::triggers::backfill_chunk;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
+use crate::helpers::drive::take;
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{wait_until, TestDb};
 
@@ -30,15 +31,6 @@ pub async fn queued_runs(db: &TestDb, n: usize) -> Vec<Uuid> {
     assert_eq!(c.admitted, n as u64);
     let su = db.superuser().await;
     su.query("SELECT run_id FROM qlsched.runs ORDER BY run_id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
-async fn take(c: &tokio_postgres::Client, batch: i64) -> Vec<Uuid> {
-    c.query(TAKE_SQL, &[&batch])
         .await
         .unwrap()
         .iter()
@@ -309,17 +301,7 @@ async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_si
         0
     );
     // Each run's command ran once, with its own key.
-    let runs = su
-        .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
-        .await
-        .unwrap();
-    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), runs.len());
-    for r in &runs {
-        let id: Uuid = r.get(0);
-        let key: String = r.get(1);
-        let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
-        assert_eq!(written.trim(), key);
-    }
+    crate::helpers::assert_each_run_wrote_its_key(&su, out.path()).await;
     db.assert_invariants().await;
 }
 

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use qlsched::actors::supervisor::{Drain, Probe};
 use qlsched::actors::Settings;
-use qlsched::metrics::Metrics;
 use qlsched::store::admit::{self, Refusal};
 use qlsched::store::{self, manage, recovery};
 
 use crate::helpers::claimed::{admission, Claimed};
-use crate::helpers::{discard_log, start_supervisor as start, wait_until, TestDb};
+use crate::helpers::drive;
+use crate::helpers::{start_supervisor as start, wait_until, TestDb};
 
 fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Settings {
     Settings {
@@ -467,7 +467,7 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
 /// a corrupt definition gets the reject back-off.
 #[tokio::test]
 async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_off() {
-    use qlsched::engine::{Action, Engine, Job, Kind, Outcome};
+    use qlsched::engine::{Action, Kind, Outcome};
     use qlsched::store::session::Session;
     let cases = [
         ("SELECT 1", None),
@@ -490,21 +490,13 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
         db.make_due(-100).await;
         let c = Claimed::new(&db, "a", 30_000).await;
         db.superuser().await.batch_execute(change).await.unwrap();
-        let mut engine = Engine {
-            session: Session::new(db.connector()),
-            log: discard_log(),
-            metrics: Metrics::default(),
-            admit_timeout: Duration::from_secs(2),
-            max_retries: 3,
-            reject_backoff: Duration::from_secs(60),
-        };
-        let job = Job {
-            action: Action::Admit(c.admission().occurrence()),
-            kind: Kind::Fire,
-            claim: c.row().clone(),
-            lease_deadline: Instant::now() + Duration::from_secs(20),
-            error_backoff: Duration::from_secs(1),
-        };
+        let mut engine = drive::engine(Session::new(db.connector()), Duration::from_secs(2));
+        let job = drive::job(
+            c.row(),
+            Action::Admit(c.admission().occurrence()),
+            Kind::Fire,
+            Instant::now() + Duration::from_secs(20),
+        );
         let out = engine.process(vec![job]).await.remove(0).unwrap();
         let wait = db
             .count(concat!(
@@ -541,7 +533,7 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
 /// be decided again in another round.
 #[tokio::test]
 async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_batch() {
-    use qlsched::engine::{Action, Engine, Job, Kind};
+    use qlsched::engine::{Action, Kind};
     use qlsched::store::session::Session;
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
@@ -552,21 +544,13 @@ async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_bat
         manage::publish_task(&mut db.admin().await, "proj", "task", "{\"v\":2}")
             .await
             .unwrap();
-    let mut engine = Engine {
-        session: Session::new(db.connector()),
-        log: discard_log(),
-        metrics: Metrics::default(),
-        admit_timeout: Duration::from_secs(2),
-        max_retries: 3,
-        reject_backoff: Duration::from_secs(60),
-    };
-    let job = Job {
-        action: Action::Admit(c.admission().occurrence()),
-        kind: Kind::Fire,
-        claim: c.row().clone(),
-        lease_deadline: Instant::now() + Duration::from_secs(20),
-        error_backoff: Duration::from_secs(1),
-    };
+    let mut engine = drive::engine(Session::new(db.connector()), Duration::from_secs(2));
+    let job = drive::job(
+        c.row(),
+        Action::Admit(c.admission().occurrence()),
+        Kind::Fire,
+        Instant::now() + Duration::from_secs(20),
+    );
     let out = engine.process(vec![job]).await.remove(0);
     let runs: Vec<(i64, uuid::Uuid, i64)> = db
         .superuser()
@@ -600,7 +584,7 @@ async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_bat
 #[tokio::test]
 async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     use crate::helpers::proxy::{Fault, Proxy};
-    use qlsched::engine::{Action, AdmitError, Engine, Job, Kind};
+    use qlsched::engine::{Action, AdmitError, Job, Kind};
     use qlsched::store::session::{Connector, Session};
     let db = TestDb::new().await;
     db.seed_bulk(50, "* * * * * *", -100).await;
@@ -609,28 +593,25 @@ async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     let proxy = Proxy::start(db.port).await;
     // Through the proxy (a config built for its port: `Config::port` would add a second).
     let pg = crate::helpers::pg_config(proxy.port, "qlsched_runtime", &db.name);
-    let mut engine = Engine {
-        session: Session::new(Connector {
+    let mut engine = drive::engine(
+        Session::new(Connector {
             pg: pg.into(),
             connect_timeout: Duration::from_secs(5),
         }),
-        log: discard_log(),
-        metrics: Metrics::default(),
-        admit_timeout: Duration::from_secs(1),
-        max_retries: 3,
-        reject_backoff: Duration::from_secs(60),
-    };
+        Duration::from_secs(1),
+    );
     proxy.arm(Fault::Partition, 1, 1);
     let deadline = Instant::now() + Duration::from_secs(4);
     let jobs: Vec<Job> = claims
         .rows
         .into_iter()
-        .map(|c| Job {
-            action: Action::Admit(admission(&c).occurrence()),
-            kind: Kind::Fire,
-            claim: c,
-            lease_deadline: deadline,
-            error_backoff: Duration::from_secs(1),
+        .map(|c| {
+            drive::job(
+                &c,
+                Action::Admit(admission(&c).occurrence()),
+                Kind::Fire,
+                deadline,
+            )
         })
         .collect();
     let started = Instant::now();

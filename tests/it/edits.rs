@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use qlsched::store::manage::{self, ManageError, TriggerSpec};
 use qlsched::store::triggers;
 
-use crate::helpers::cli::{command, ok, ql, refused};
+use crate::helpers::cli::{backfill_args, command, ok, ql, refused};
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{poll_until, wait_until, TestDb};
 
@@ -353,22 +353,11 @@ async fn a_backfill_whose_trigger_is_republished_while_it_waits_refuses() {
             .unwrap()
             .to_rfc3339()
     };
-    let child = command(
-        &db,
-        &[
-            "trigger",
-            "backfill",
-            "edit-6",
-            "--from",
-            &rfc(from),
-            "--to",
-            &rfc(to),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let child = command(&db, &backfill_args("edit-6", &rfc(from), &rfc(to), &[]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // The backfill now waits for the trigger row.
     poll_until(
         "the backfill waiting on the trigger row",

@@ -248,11 +248,7 @@ async fn a_dead_holder_whose_pid_another_role_reuses_is_taken_over_at_once() {
     db.seed(1, YEARLY).await;
     let successor = db.client("qlsched_runtime").await;
     let other = db.client("qlsched_worker_ingress").await;
-    let reused: i32 = other
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let reused = crate::helpers::backend_pid(&other).await;
     db.superuser()
         .await
         .execute(

@@ -16,6 +16,21 @@ use crate::helpers::drive::{admit_once, claim_due};
 use crate::helpers::roles;
 use crate::helpers::{wait_until, TestDb};
 
+/// `db migrate` of [`with_runs_column`] as the owner, which must not wait.
+async fn migrate_runs_column(
+    db: &TestDb,
+    opts: &MigrateOptions,
+) -> Result<Vec<String>, StoreError> {
+    migrate::migrate_set(
+        &db.config("qlsched_owner"),
+        &roles(),
+        &with_runs_column(),
+        opts,
+        &mut |w| panic!("unexpected wait: {w}"),
+    )
+    .await
+}
+
 /// An expand migration that needs ACCESS EXCLUSIVE on runs for a moment (a catalog change).
 fn with_runs_column() -> MigrationSet {
     MigrationSet::embedded()
@@ -77,15 +92,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
         },
     )
     .await;
-    let second = migrate::migrate_set(
-        &db.config("qlsched_owner"),
-        &roles(),
-        &with_runs_column(),
-        &opts,
-        &mut |w| panic!("unexpected wait: {w}"),
-    )
-    .await
-    .unwrap_err();
+    let second = migrate_runs_column(&db, &opts).await.unwrap_err();
     assert!(
         matches!(&second, StoreError::MigrateRunning(h) if h.0.iter().any(|h| h.pid > 0)),
         "{second}"
@@ -141,15 +148,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
     assert!(!has_note_column(&db).await);
     // The reader goes: the next run applies it.
     reader.batch_execute("COMMIT").await.unwrap();
-    let applied = migrate::migrate_set(
-        &db.config("qlsched_owner"),
-        &roles(),
-        &with_runs_column(),
-        &opts,
-        &mut |w| panic!("unexpected wait: {w}"),
-    )
-    .await
-    .unwrap();
+    let applied = migrate_runs_column(&db, &opts).await.unwrap();
     assert_eq!(applied, vec!["V90__runs_note"]);
     assert!(has_note_column(&db).await);
     db.assert_invariants().await;

@@ -9,7 +9,7 @@ use qlsched::schedule::MisfirePolicy;
 use qlsched::store::manage::{self, TriggerSpec};
 use qlsched::store::triggers;
 
-use crate::helpers::cli::{command, ok, ql, refused, stderr, stdout};
+use crate::helpers::cli::{backfill_args, command, ok, ql, refused, stderr, stdout};
 use crate::helpers::replica::{binary, ReplicaProc};
 use crate::helpers::{iso, wait_until, RunsLock, TestDb};
 
@@ -445,15 +445,12 @@ async fn delete_drops_the_trigger_from_list_for_good_and_keeps_its_runs_readable
     refused(
         ql(
             &db,
-            &[
-                "trigger",
-                "backfill",
+            &backfill_args(
                 "trg-00000",
-                "--from",
                 "2026-01-01T00:00:00Z",
-                "--to",
                 "2026-01-01T00:00:10Z",
-            ],
+                &[],
+            ),
         ),
         4,
         &["trg-00000 was deleted"],
@@ -509,18 +506,7 @@ async fn backfill_over_a_window_cron_partly_admitted_adds_only_the_missing_ones(
     let cron_in_window = runs_where(&db, id, "r.scheduled_for_ms <= $2", last_cron).await;
     let out: serde_json::Value = serde_json::from_str(&ok(ql(
         &db,
-        &[
-            "trigger",
-            "backfill",
-            id,
-            "--from",
-            &iso(from),
-            "--to",
-            &iso(to),
-            "--json",
-            "--chunk",
-            "7",
-        ],
+        &backfill_args(id, &iso(from), &iso(to), &["--json", "--chunk", "7"]),
     )))
     .unwrap();
     let expected = (to - from + 999) / 1000;
@@ -540,18 +526,7 @@ async fn backfill_over_a_window_cron_partly_admitted_adds_only_the_missing_ones(
         expected
     );
     // Running it again admits nothing.
-    let again = ok(ql(
-        &db,
-        &[
-            "trigger",
-            "backfill",
-            id,
-            "--from",
-            &iso(from),
-            "--to",
-            &iso(to),
-        ],
-    ));
+    let again = ok(ql(&db, &backfill_args(id, &iso(from), &iso(to), &[])));
     assert!(again.contains(" 0 admitted"), "{again}");
     assert!(a.terminate(Duration::from_secs(20)).await.success());
     db.assert_invariants().await;

@@ -14,7 +14,6 @@ use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::helpers::claimed::Claimed;
-use crate::helpers::iso;
 use crate::helpers::{discard_log, TestDb};
 
 const DAY_MS: i64 = 86_400_000;
@@ -368,27 +367,29 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
     retention::prune_batch(&owner, keep, 10, "o", lease.token)
         .await
         .unwrap();
-    let err = owner
-        .batch_execute("DELETE FROM qlsched.runs")
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
-    owner.batch_execute("ROLLBACK").await.unwrap();
+    crate::helpers::assert_delete_refused(&owner).await;
+}
+
+/// `n` bare runs (no attempts, no events; scheduled and queued at 1, 2, … ms), every
+/// `every`-th of status `some`, the others `rest`; then ANALYZE.
+async fn bare_runs(su: &tokio_postgres::Client, n: i64, every: i64, some: &str, rest: &str) {
+    su.execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                   task_revision, execution_revision_id, idempotency_key, status,
+                                   scheduled_for_ms, queued_at_ms, admitted_by)
+         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
+                'ql3:cron:v1:t:1:' || g, CASE WHEN g % $2 = 0 THEN $3 ELSE $4 END,
+                g, g, 'test'
+           FROM generate_series(1, $1) g",
+        &[&n, &every, &some, &rest],
+    )
+    .await
+    .unwrap();
+    su.batch_execute("ANALYZE qlsched.runs").await.unwrap();
 }
 
 fn backfill(db: &TestDb, from: i64, to: i64) -> std::process::Output {
-    crate::helpers::cli::ql(
-        db,
-        &[
-            "trigger",
-            "backfill",
-            "trg-00000",
-            "--from",
-            &iso(from),
-            "--to",
-            &iso(to),
-        ],
-    )
+    crate::helpers::cli::backfill(db, "trg-00000", from, to, &[])
 }
 
 #[tokio::test]
@@ -539,18 +540,7 @@ async fn a_running_replica_prunes_and_exports_the_retention_metrics() {
 async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                   task_revision, execution_revision_id, idempotency_key, status,
-                                   scheduled_for_ms, queued_at_ms, admitted_by)
-         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
-                'ql3:cron:v1:t:1:' || g, CASE WHEN g % 100 = 0 THEN 'succeeded' ELSE 'queued' END,
-                g, g, 'test'
-           FROM generate_series(1, 50000) g;
-         ANALYZE qlsched.runs;",
-    )
-    .await
-    .unwrap();
+    bare_runs(&su, 50000, 100, "succeeded", "queued").await;
     let plan = crate::helpers::plan(
         &su,
         "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
@@ -596,18 +586,7 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
 async fn the_old_queued_count_reads_the_queued_runs_only_and_is_capped() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                   task_revision, execution_revision_id, idempotency_key, status,
-                                   scheduled_for_ms, queued_at_ms, admitted_by)
-         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
-                'ql3:cron:v1:t:1:' || g, CASE WHEN g % 5000 = 0 THEN 'queued' ELSE 'succeeded' END,
-                g, g, 'test'
-           FROM generate_series(1, 100000) g;
-         ANALYZE qlsched.runs;",
-    )
-    .await
-    .unwrap();
+    bare_runs(&su, 100000, 5000, "queued", "succeeded").await;
     su.batch_execute("SET plan_cache_mode = force_generic_plan; BEGIN")
         .await
         .unwrap();

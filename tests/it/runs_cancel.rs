@@ -7,6 +7,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::helpers::cli::{ok, ql, refused};
+use crate::helpers::drive::take;
 use crate::helpers::TestDb;
 
 const FROM: &str = "2026-01-01T00:00:00Z";
@@ -74,13 +75,7 @@ async fn cancel_by_window_and_kind_leaves_other_kinds_and_taken_runs_alone_and_c
     runs(&db, 10, 0).await;
     let d = db.client("qlsched_dispatcher").await;
     // Two backfill runs taken and committed; one more held by a take still in progress.
-    let first: Vec<Uuid> = d
-        .query(TAKE_SQL, &[&2i64])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let first = take(&d, 2).await;
     assert_eq!(first.len(), 2);
     d.batch_execute("BEGIN").await.unwrap();
     assert_eq!(d.query(TAKE_SQL, &[&1i64]).await.unwrap().len(), 1);

@@ -14,7 +14,8 @@ use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::helpers::claimed::{admission, Claimed};
-use crate::helpers::cli::{ok, ql, refused};
+use crate::helpers::cli::{backfill_args, ok, ql, refused};
+use crate::helpers::drive::take;
 use crate::helpers::iso;
 use crate::helpers::TestDb;
 
@@ -76,13 +77,7 @@ async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_
     admit_minutes(&db, 0..12).await;
     let d = db.client("qlsched_dispatcher").await;
     // Two taken and committed; one of them finished (succeeded); one cancelled (finished).
-    let taken: Vec<Uuid> = d
-        .query(TAKE_SQL, &[&2i64])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let taken = take(&d, 2).await;
     assert_eq!(taken.len(), 2);
     d.query(START_SQL, &[&vec![taken[0]]]).await.unwrap();
     let done = d
@@ -158,18 +153,7 @@ async fn backfill_over_the_pruned_window_is_refused_afterwards() {
     let from = iso(FROM_MS);
     let to = iso(FROM_MS + 3_600_000);
     refused(
-        ql(
-            &db,
-            &[
-                "trigger",
-                "backfill",
-                "trg-00000",
-                "--from",
-                &from,
-                "--to",
-                &to,
-            ],
-        ),
+        ql(&db, &backfill_args("trg-00000", &from, &to, &[])),
         2,
         &[
             "retention horizon",
@@ -183,16 +167,7 @@ async fn backfill_over_the_pruned_window_is_refused_afterwards() {
     let (f, t) = (iso(before), iso(now));
     let out = json(ok(ql(
         &db,
-        &[
-            "trigger",
-            "backfill",
-            "trg-00000",
-            "--from",
-            &f,
-            "--to",
-            &t,
-            "--json",
-        ],
+        &backfill_args("trg-00000", &f, &t, &["--json"]),
     )));
     assert_eq!(
         out["admitted"].as_i64().unwrap(),
@@ -348,12 +323,7 @@ async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_
     );
     owner.batch_execute("BEGIN").await.unwrap();
     owner.query_one(&call, &[]).await.unwrap();
-    let err = owner
-        .batch_execute("DELETE FROM qlsched.runs")
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
-    owner.batch_execute("ROLLBACK").await.unwrap();
+    crate::helpers::assert_delete_refused(&owner).await;
 }
 
 #[tokio::test]
@@ -374,18 +344,7 @@ async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrenc
     let cli_db = db.clone();
     let (from, to) = (iso(FROM_MS), iso(FROM_MS + 180_000));
     let backfill = tokio::task::spawn_blocking(move || {
-        ql(
-            &cli_db,
-            &[
-                "trigger",
-                "backfill",
-                "trg-00000",
-                "--from",
-                &from,
-                "--to",
-                &to,
-            ],
-        )
+        ql(&cli_db, &backfill_args("trg-00000", &from, &to, &[]))
     });
     crate::helpers::wait_until(
         "the backfill's chunk waits for the trigger row",

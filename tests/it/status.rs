@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::helpers::cli::{ok, ql};
+use crate::helpers::cli::{backfill_args, ok, ql};
 use crate::helpers::iso;
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{wait_until, TestDb};
@@ -40,15 +40,7 @@ async fn status_splits_admissions_and_lag_by_cron_manual_and_backfill() {
     // 600 whole seconds before the first cron occurrence: [first - 600 s, first).
     ok(ql(
         &db,
-        &[
-            "trigger",
-            "backfill",
-            &id,
-            "--from",
-            &iso(first - 600_000),
-            "--to",
-            &iso(first - 1),
-        ],
+        &backfill_args(&id, &iso(first - 600_000), &iso(first - 1), &[]),
     ));
     for req in ["st-1", "st-2"] {
         ok(ql(&db, &["trigger", "fire", &id, "--request-id", req]));

@@ -13,51 +13,9 @@ use std::time::Duration;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, ServerName};
 
+use crate::helpers::http::{get, header, parse};
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::TestDb;
-
-/// One HTTP/1.0 GET with `Host: host` (none when `None`) and extra headers:
-/// (status, lower-cased headers, body).
-fn get(
-    addr: SocketAddr,
-    host: Option<&str>,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, Vec<(String, String)>, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!("GET {path} HTTP/1.0\r\n");
-    if let Some(h) = host {
-        req.push_str(&format!("Host: {h}\r\n"));
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    parse(&String::from_utf8_lossy(&buf))
-}
-
-fn parse(buf: &str) -> (u16, Vec<(String, String)>, String) {
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    (status, headers, body.to_owned())
-}
-
-fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-}
 
 fn secret_file(dir: &Path, name: &str, text: &str, mode: u32) -> String {
     let p = dir.join(name);

@@ -197,16 +197,11 @@ pub async fn check(sql: &Client, expect: &Expect) -> Figures {
         .unwrap();
     f.takeovers = row.get(0);
     f.early_takeovers = row.get(1);
-    f.by_replica = sql
-        .query(
-            "SELECT admitted_by, count(*) FROM qlsched.runs GROUP BY 1 ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    f.by_replica = crate::helpers::pairs(
+        sql,
+        "SELECT admitted_by, count(*) FROM qlsched.runs GROUP BY 1 ORDER BY 1",
+    )
+    .await;
     f
 }
 

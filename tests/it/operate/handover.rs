@@ -90,17 +90,12 @@ async fn arrange() -> Arranged {
         || async { count(&su, LEASES_OF, "b").await == (TRIGGERS - A_BUDGET) as i64 },
     )
     .await;
-    let held: Vec<(String, i64)> = su
-        .query(
-            "SELECT trigger_id, claim_expires_at_ms FROM qlsched.trigger_schedules
+    let held: Vec<(String, i64)> = crate::helpers::pairs(
+        &su,
+        "SELECT trigger_id, claim_expires_at_ms FROM qlsched.trigger_schedules
               WHERE claim_owner = 'a' ORDER BY trigger_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    )
+    .await;
     assert_eq!(held.len(), A_BUDGET);
     Arranged {
         db,
