@@ -73,3 +73,8 @@ pub fn backfill(db: &TestDb, trigger: &str, from_ms: i64, to_ms: i64, extra: &[&
     let (from, to) = (crate::iso(from_ms), crate::iso(to_ms));
     ql(db, &backfill_args(trigger, &from, &to, extra))
 }
+
+/// A command's `--json` output, parsed (panics showing it when it is not JSON).
+pub fn json(out: String) -> serde_json::Value {
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}

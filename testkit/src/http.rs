@@ -46,3 +46,32 @@ pub fn parse(buf: &str) -> Response {
 pub fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
+
+/// `check-config` of a replica file with this `[http]` section, written under `dir`:
+/// (success, stdout and stderr).
+pub fn check_config(dir: &std::path::Path, http: &str) -> (bool, String) {
+    let path = dir.join("r.toml");
+    std::fs::write(
+        &path,
+        format!("[replica]\nid = \"c\"\n[database]\ndsn = \"host=127.0.0.1 dbname=x\"\n[http]\n{http}\n"),
+    )
+    .unwrap();
+    let o = std::process::Command::new(crate::replica::binary())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+    )
+}
+
+/// Writes `text` to `dir/name` with permissions `mode` (a token or password file); its path.
+pub fn secret_file(dir: &std::path::Path, name: &str, text: &str, mode: u32) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    p.display().to_string()
+}

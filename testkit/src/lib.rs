@@ -5,6 +5,7 @@ pub mod claimed;
 pub mod cli;
 pub mod deadhost;
 pub mod delay;
+pub mod dispatchers;
 pub mod drive;
 pub mod http;
 pub mod invariants;
@@ -580,19 +581,14 @@ pub async fn backend_pid(c: &tokio_postgres::Client) -> i32 {
         .get(0)
 }
 
-/// A `DELETE FROM qlsched.runs` on `c` is refused by the permanence guard; rolls back the
-/// transaction `c` is in.
-pub async fn assert_delete_refused(c: &tokio_postgres::Client) {
-    let err = c
-        .batch_execute("DELETE FROM qlsched.runs")
-        .await
-        .unwrap_err();
+/// `sql` (a removal of admitted work) on `c` is refused by the permanence guard.
+pub async fn assert_removal_refused(c: &tokio_postgres::Client, sql: &str) {
+    let err = c.batch_execute(sql).await.unwrap_err();
     assert_eq!(
         err.code(),
         Some(&tokio_postgres::error::SqlState::RESTRICT_VIOLATION),
-        "{err}"
+        "`{sql}`: {err}"
     );
-    c.batch_execute("ROLLBACK").await.unwrap();
 }
 
 /// Each run's command ran once, with its own key: `dir` holds one file per run, named for
@@ -606,6 +602,62 @@ pub async fn assert_each_run_wrote_its_key(su: &tokio_postgres::Client, dir: &st
         let written = std::fs::read_to_string(dir.join(id.to_string())).unwrap();
         assert_eq!(written.trim(), key);
     }
+}
+
+/// Terminates the backends of the current database that match `filter` (an SQL condition on
+/// `pg_stat_activity`); how many.
+pub async fn terminate_backends(c: &tokio_postgres::Client, filter: &str) -> i64 {
+    let sql = format!(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND {filter}) t"
+    );
+    c.query_one(&sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .get(0)
+}
+
+/// Every schedule row due `secs` whole seconds ago by the database clock (on a second
+/// boundary, as an every-second cron would have it).
+pub async fn make_due_seconds_ago(c: &tokio_postgres::Client, secs: i64) {
+    c.execute(
+        "UPDATE qlsched.trigger_schedules
+            SET next_fire_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - $1) * 1000,
+                claimable_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - $1) * 1000,
+                state_version = state_version + 1",
+        &[&secs],
+    )
+    .await
+    .unwrap();
+}
+
+/// Runs written as an admission writes them (the run, events 1 `run.created` and 2
+/// `run.queued`, attempt 1), one per row of `rows`: a query of `run_id`, `trigger_id`,
+/// `execution_revision_id`, `status`, `scheduled_for_ms`, `queued_at_ms` and `admitted_by`
+/// (project `proj`, task `task`, revisions 1, a cron key). The attempt is `claimed` for a
+/// queued run and takes the run's status otherwise.
+pub async fn insert_runs(su: &tokio_postgres::Client, rows: &str) {
+    su.batch_execute(&format!(
+        "WITH spec AS ({rows}),
+              run AS (
+           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                     task_revision, execution_revision_id, idempotency_key,
+                                     status, scheduled_for_ms, queued_at_ms, admitted_by)
+           SELECT run_id, 'proj', trigger_id, 1, 'task', 1, execution_revision_id,
+                  'ql3:cron:v1:' || trigger_id || ':1:' || scheduled_for_ms, status,
+                  scheduled_for_ms, queued_at_ms, admitted_by
+             FROM spec
+           RETURNING run_id, queued_at_ms, status),
+              ev AS (
+           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+             FROM run, generate_series(1, 2) s)
+         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+         SELECT gen_random_uuid(), run_id, 1, 'remote_worker',
+                CASE status WHEN 'queued' THEN 'claimed' ELSE status END, queued_at_ms FROM run"
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("inserting runs of `{rows}`: {e:?}"));
 }
 
 /// The role names of the test cluster's install (prefix [`PREFIX`]).

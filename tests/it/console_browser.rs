@@ -304,32 +304,25 @@ async fn the_console_in_headless_chromium() {
 
     // Triggers: keyset paging of 2.
     c.goto(&go("/triggers?limit=2")).await.unwrap();
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["con-a", "con-b"]
-    );
-    c.find(Locator::Css("a[rel=next]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    await_url(&c, "page 2", |u| u.contains("after=con-b")).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["con-m", "con-x"]
-    );
-    c.find(Locator::Css("a[rel=next]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    await_url(&c, "page 3", |u| u.contains("after=con-x")).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["oth-1"]
-    );
+    let pages: [&[&str]; 3] = [&["con-a", "con-b"], &["con-m", "con-x"], &["oth-1"]];
+    for (n, page) in pages.iter().enumerate() {
+        if n > 0 {
+            c.find(Locator::Css("a[rel=next]"))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+            let after = format!("after={}", pages[n - 1].last().unwrap());
+            await_url(&c, &format!("page {}", n + 1), |u| u.contains(&after)).await;
+        }
+        assert_eq!(
+            texts(&c, "#triggers tbody tr td:first-child").await,
+            *page,
+            "page {}",
+            n + 1
+        );
+    }
     assert!(
         c.find(Locator::Css("a[rel=next]")).await.is_err(),
         "a last page has no next"

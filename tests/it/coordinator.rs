@@ -17,6 +17,25 @@ use crate::helpers::{discard_log, wait_until, TestDb};
 /// A yearly expression: each seeded row fires exactly once during a test.
 const ONCE: &str = "0 0 0 1 1 *";
 
+/// `n` due rows and a replica (cadence 100 ms) started while a superuser transaction holds
+/// `qlsched.{table}` locked ACCESS EXCLUSIVE; a ROLLBACK on the returned session releases it.
+async fn stuck_on(
+    n: usize,
+    table: &str,
+) -> (TestDb, tokio_postgres::Client, Addr<Supervisor>, Metrics) {
+    let db = TestDb::new().await;
+    db.seed_bulk(n, ONCE, -1000).await;
+    let blocker = db.superuser().await;
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE qlsched.{table} IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await
+        .unwrap();
+    let (sup, metrics) = start(&db, db.settings("a", 100, 30_000));
+    (db, blocker, sup, metrics)
+}
+
 fn start(_db: &TestDb, s: Settings) -> (Addr<Supervisor>, Metrics) {
     let metrics = Metrics::default();
     let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
@@ -87,14 +106,7 @@ async fn the_budget_bounds_each_round_and_a_backlog_drains_without_waiting_for_t
 /// with a `held` CTE), sampled while the first is stuck.
 #[actix_rt::test]
 async fn rounds_never_overlap_when_a_round_is_slow() {
-    let db = TestDb::new().await;
-    db.seed_bulk(50, ONCE, -1000).await;
-    let mut blocker = db.superuser().await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.batch_execute("LOCK TABLE qlsched.trigger_schedules IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let (sup, metrics) = start(&db, db.settings("a", 100, 30_000));
+    let (db, blocker, sup, metrics) = stuck_on(50, "trigger_schedules").await;
     let sampler = db.superuser().await;
     let in_flight = || async {
         sampler
@@ -116,7 +128,7 @@ async fn rounds_never_overlap_when_a_round_is_slow() {
     }
     assert_eq!(most, 1, "claim statements in flight at once");
     assert_eq!(metrics.ticks.get(), 1, "only the stuck round was started");
-    tx.rollback().await.unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     wait_until("all 50 admitted", Duration::from_secs(30), || async {
         runs(&db).await == 50
     })
@@ -129,14 +141,7 @@ async fn rounds_never_overlap_when_a_round_is_slow() {
 /// released (fence-safe) and nothing is admitted twice once the database unblocks.
 #[actix_rt::test]
 async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
-    let db = TestDb::new().await;
-    db.seed_bulk(20, ONCE, -1000).await;
-    let mut blocker = db.superuser().await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.batch_execute("LOCK TABLE qlsched.runs IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let (sup, _metrics) = start(&db, db.settings("a", 100, 30_000));
+    let (db, blocker, sup, _metrics) = stuck_on(20, "runs").await;
     wait_until("16 leases held", Duration::from_secs(10), || async {
         db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
             .await
@@ -159,7 +164,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
         let conn = store::conn(&pool).await.unwrap();
         release::release_all_owned(&conn, "a").await.unwrap()
     });
-    tx.rollback().await.unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     release.await.unwrap();
     wait_until("no lease of a left", Duration::from_secs(10), || async {
         db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
@@ -309,26 +314,19 @@ fn ids_are_minted_only_for_admissions() {
         },
     };
     let backoff = Duration::from_secs(60);
-    let init = plan(&row(None, "* * * * * *", "skip"), backoff).0;
-    assert!(
-        matches!(
-            init,
-            Action::Advance {
-                next_fire_at_ms: 1_001_000
-            }
-        ),
-        "{init:?}"
-    );
-    let skip = plan(&row(Some(0), "* * * * * *", "skip"), backoff).0;
-    assert!(
-        matches!(
-            skip,
-            Action::Advance {
-                next_fire_at_ms: 1_001_000
-            }
-        ),
-        "{skip:?}"
-    );
+    // A new row is initialised; a row 999 s behind skips to the next occurrence.
+    for cursor in [None, Some(0)] {
+        let action = plan(&row(cursor, "* * * * * *", "skip"), backoff).0;
+        assert!(
+            matches!(
+                action,
+                Action::Advance {
+                    next_fire_at_ms: 1_001_000
+                }
+            ),
+            "cursor {cursor:?}: {action:?}"
+        );
+    }
     let reject = plan(&row(Some(0), "not cron", "skip"), backoff).0;
     assert!(
         matches!(reject, Action::Release { backoff: b } if b == backoff),

@@ -461,29 +461,20 @@ async fn an_expired_attempt_is_retried_exactly_once_with_max_attempts_2() {
 /// replica's hash (so id order is replica order) while queued_at_ms interleaves them.
 async fn queued_by_three_replicas(db: &TestDb, n: i32) {
     db.seed(1, "* * * * * *").await;
-    db.superuser()
-        .await
-        .execute(
-            "WITH run AS (
-               INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                         task_revision, execution_revision_id, idempotency_key,
-                                         scheduled_for_ms, queued_at_ms, admitted_by)
-               SELECT (lpad(to_hex(g % 3), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
-                      'proj', 'trg-00000', 1, 'task', 1,
-                      (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
-                      'ql3:cron:v1:trg-00000:1:' || g, g, 1000000 + g, 'replica-' || g % 3
-                 FROM generate_series(1, $1) g
-               RETURNING run_id, queued_at_ms),
-                  ev AS (
-               INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-               SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
-                 FROM run, generate_series(1, 2) s)
-             INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-             SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run",
-            &[&n],
-        )
-        .await
-        .unwrap();
+    crate::helpers::insert_runs(
+        &db.superuser().await,
+        &format!(
+            "SELECT (lpad(to_hex(g % 3), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid
+                        AS run_id,
+                    'trg-00000' AS trigger_id,
+                    (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task')
+                        AS execution_revision_id,
+                    'queued' AS status, g::bigint AS scheduled_for_ms,
+                    1000000 + g::bigint AS queued_at_ms, 'replica-' || g % 3 AS admitted_by
+               FROM generate_series(1, {n}) g"
+        ),
+    )
+    .await;
 }
 
 /// Takes batches until none is left; the queued_at_ms of each run taken, in take order.
@@ -926,58 +917,18 @@ fn python_with_psycopg() -> &'static str {
 
 #[tokio::test]
 async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigterm() {
-    use crate::helpers::replica::ReplicaProc;
     let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
-    let mut replica = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "r1", "", &[]);
-    replica.wait_ready(std::time::Duration::from_secs(30)).await;
-    let out = tempfile::tempdir().unwrap();
-    let command = format!(
-        "echo \"$QLSCHED_IDEMPOTENCY_KEY\" > {}/\"$QLSCHED_RUN_ID\"; test \"$QLSCHED_TRIGGER_ID\" = trg-00000 || exit 3",
-        out.path().display()
-    );
+    let mut stage = crate::helpers::dispatchers::Stage::new(&db).await;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dispatcher.py");
     let mut child = tokio::process::Command::new(python_with_psycopg())
         .arg(&script)
         .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--idle-ms", "50"])
-        .args(["--command", &command])
+        .args(["--command", &stage.command])
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    crate::helpers::wait_until(
-        "3 finished runs of each trigger",
-        std::time::Duration::from_secs(30),
-        || async {
-            db.count(
-                "SELECT least(count(*) FILTER (WHERE trigger_id = 'trg-00000' AND status = 'succeeded'),
-                              count(*) FILTER (WHERE trigger_id = 'trg-00001' AND status = 'failed'))
-                   FROM qlsched.runs",
-            )
-            .await
-                >= 3
-        },
-    )
-    .await;
-    replica.terminate(std::time::Duration::from_secs(20)).await;
-    crate::helpers::wait_until(
-        "no unfinished run",
-        std::time::Duration::from_secs(20),
-        || async {
-            db.count(
-                "SELECT count(*) FROM qlsched.runs WHERE status NOT IN ('succeeded', 'failed')",
-            )
-            .await
-                == 0
-        },
-    )
-    .await;
-    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
-    let st = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait())
-        .await
-        .expect("the Python dispatcher stops on SIGTERM")
-        .unwrap();
-    assert!(st.success(), "{st}");
+    stage.finish(&db, &mut child).await;
     assert_eq!(
         db.count(
             "SELECT count(*) FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)
@@ -990,7 +941,7 @@ async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigte
         "every run finished through the functions with its command's exit status"
     );
     let su = db.superuser().await;
-    crate::helpers::assert_each_run_wrote_its_key(&su, out.path()).await;
+    crate::helpers::assert_each_run_wrote_its_key(&su, stage.out.path()).await;
     db.assert_invariants().await;
 }
 
@@ -1048,27 +999,16 @@ async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "WITH run AS (
-           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                     task_revision, execution_revision_id, idempotency_key,
-                                     status, scheduled_for_ms, queued_at_ms, admitted_by)
-           SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1,
-                  (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
-                  'ql3:cron:v1:trg-00000:1:' || g, CASE WHEN g <= 50000 THEN 'succeeded' ELSE 'queued' END,
-                  g, g, 'test'
-             FROM generate_series(1, 100000) g
-           RETURNING run_id, queued_at_ms, status),
-              ev AS (
-           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
-             FROM run, generate_series(1, 2) s)
-         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-         SELECT gen_random_uuid(), run_id, 1, 'remote_worker',
-                CASE status WHEN 'queued' THEN 'claimed' ELSE 'succeeded' END, queued_at_ms FROM run;",
+    crate::helpers::insert_runs(
+        &su,
+        "SELECT gen_random_uuid() AS run_id, 'trg-00000' AS trigger_id,
+                (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task')
+                    AS execution_revision_id,
+                CASE WHEN g <= 50000 THEN 'succeeded' ELSE 'queued' END AS status,
+                g::bigint AS scheduled_for_ms, g::bigint AS queued_at_ms, 'test' AS admitted_by
+           FROM generate_series(1, 100000) g",
     )
-    .await
-    .unwrap();
+    .await;
     for q in [
         "VACUUM ANALYZE qlsched.runs",
         "VACUUM ANALYZE qlsched.attempts",

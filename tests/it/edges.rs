@@ -21,6 +21,35 @@ fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Setting
     }
 }
 
+/// Waits (20 s) until each of the `n` triggers has a run.
+async fn every_trigger_admitted(db: &TestDb, n: i64) {
+    wait_until("first admissions", Duration::from_secs(20), || async {
+        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
+            .await
+            == n
+    })
+    .await;
+}
+
+/// `n` every-second rows due at `due_offset_ms`, `sql` run by the superuser (the test's
+/// rigging: a trigger on a table), then replica `a` started with cadence `cadence_ms`.
+async fn rigged(
+    n: usize,
+    due_offset_ms: i64,
+    sql: &str,
+    cadence_ms: u64,
+) -> (
+    TestDb,
+    actix::Addr<qlsched::actors::supervisor::Supervisor>,
+    qlsched::metrics::Metrics,
+) {
+    let db = TestDb::new().await;
+    db.seed_bulk(n, "* * * * * *", due_offset_ms).await;
+    db.superuser().await.batch_execute(sql).await.unwrap();
+    let (sup, metrics, _) = start(settings(&db, "a", cadence_ms, 30_000));
+    (db, sup, metrics)
+}
+
 /// Occurrences missing between each trigger's first and last run (every-second triggers).
 async fn holes(db: &TestDb) -> i64 {
     db.count(
@@ -46,12 +75,7 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
     let (a, ma, _) = start(settings(&db, "a", 200, 30_000));
     let (b, mb, _) = start(settings(&db, "b", 200, 30_000));
     let mut admin = db.admin().await;
-    wait_until("first admissions", Duration::from_secs(20), || async {
-        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
-            .await
-            == 200
-    })
-    .await;
+    every_trigger_admitted(&db, 200).await;
     // The task is republished 20 times within 10 s, twice a second. The replicas wake at
     // each whole second and admit within milliseconds of it: one deployment a second lands
     // just after a whole second (0-9 ms, varied), between their claims and their admissions;
@@ -140,12 +164,7 @@ async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     let db = TestDb::new().await;
     db.seed_bulk(100, "* * * * * *", 0).await;
     let (a, m, _) = start(settings(&db, "a", 200, 30_000));
-    wait_until("first admissions", Duration::from_secs(20), || async {
-        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
-            .await
-            == 100
-    })
-    .await;
+    every_trigger_admitted(&db, 100).await;
     assert_eq!(m.redecides.get(), 0, "re-decisions before any rewrite");
     let su = db.superuser().await;
     let mut rewrites = 0;
@@ -249,22 +268,19 @@ async fn leases_of_a_claim_round_whose_reply_never_came_are_released() {
 /// every cadence; the other rows are unaffected.
 #[actix_rt::test]
 async fn a_persistent_admission_error_backs_off_exponentially() {
-    let db = TestDb::new().await;
-    db.seed_bulk(2, "* * * * * *", 0).await;
-    db.superuser()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION qlsched.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+    let (db, sup, metrics) = rigged(
+        2,
+        0,
+        "CREATE FUNCTION qlsched.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
                IF NEW.trigger_id = 'trg-00000' THEN RAISE EXCEPTION 'refused for the test'; END IF;
                RETURN NEW;
              END $$;
              CREATE TRIGGER refuse_one BEFORE INSERT ON qlsched.runs
                FOR EACH ROW EXECUTE FUNCTION qlsched.refuse_one();",
-        )
-        .await
-        .unwrap();
-    let (sup, metrics, _) = start(settings(&db, "a", 100, 30_000));
+        100,
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
     let claims = db
@@ -299,12 +315,10 @@ async fn a_persistent_admission_error_backs_off_exponentially() {
 /// catch-up, and at least one must have happened.
 #[actix_rt::test]
 async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
-    let db = TestDb::new().await;
-    db.seed_bulk(1, "* * * * * *", -20_000).await;
-    db.superuser()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION qlsched.slow_admission() RETURNS trigger LANGUAGE plpgsql AS $$
+    let (db, sup, _) = rigged(
+        1,
+        -20_000,
+        "CREATE FUNCTION qlsched.slow_admission() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN PERFORM pg_sleep(0.25); RETURN NEW; END $$;
              CREATE TRIGGER slow_admission BEFORE INSERT ON qlsched.runs
                FOR EACH ROW EXECUTE FUNCTION qlsched.slow_admission();
@@ -326,10 +340,9 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
              END $$;
              CREATE TRIGGER log_schedule_update AFTER UPDATE ON qlsched.trigger_schedules
                FOR EACH STATEMENT EXECUTE FUNCTION qlsched.log_schedule_update();",
-        )
-        .await
-        .unwrap();
-    let (sup, _, _) = start(settings(&db, "a", 4_000, 30_000));
+        4_000,
+    )
+    .await;
     let started = Instant::now();
     wait_until(
         "the 20 missed occurrences",

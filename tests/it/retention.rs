@@ -324,25 +324,18 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
             c.batch_execute("BEGIN; SELECT set_config('qlsched.pruning', 'on', true)")
                 .await
                 .unwrap();
-            let err = c.batch_execute(d).await.unwrap_err();
-            assert_eq!(
-                err.code(),
-                Some(&SqlState::RESTRICT_VIOLATION),
-                "{role} {d}: {err}"
-            );
+            crate::helpers::assert_removal_refused(&c, d).await;
             c.batch_execute("ROLLBACK").await.unwrap();
         }
     }
     // Nor from inside another function (a DO block) that sets the setting itself.
     let owner = db.client("qlsched_owner").await;
-    let err = owner
-        .batch_execute(
-            "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
-                       DELETE FROM qlsched.runs; END $$",
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    crate::helpers::assert_removal_refused(
+        &owner,
+        "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
+                   DELETE FROM qlsched.runs; END $$",
+    )
+    .await;
     drop(owner);
     // The admin cannot call the function.
     let admin = db.admin().await;
@@ -367,7 +360,8 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
     retention::prune_batch(&owner, keep, 10, "o", lease.token)
         .await
         .unwrap();
-    crate::helpers::assert_delete_refused(&owner).await;
+    crate::helpers::assert_removal_refused(&owner, "DELETE FROM qlsched.runs").await;
+    owner.batch_execute("ROLLBACK").await.unwrap();
 }
 
 /// `n` bare runs (no attempts, no events; scheduled and queued at 1, 2, … ms), every

@@ -9,21 +9,37 @@ use std::time::Duration;
 use qlsched::store::admit::AdmitOutcome;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
 use qlsched::store::triggers::backfill_chunk;
-use serde_json::Value;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::helpers::claimed::{admission, Claimed};
-use crate::helpers::cli::{backfill_args, ok, ql, refused};
+use crate::helpers::cli::{backfill_args, json, ok, ql, refused};
 use crate::helpers::drive::take;
-use crate::helpers::iso;
 use crate::helpers::TestDb;
+use crate::helpers::{assert_removal_refused, iso};
 
 /// 2026-01-01T00:00:00Z in Unix ms.
 const FROM_MS: i64 = 1_767_225_600_000;
 
-fn json(out: String) -> Value {
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+/// A database with one every-second trigger, runs of [`admit_minutes`], and a bound after
+/// them ([`bound_after_admissions`]).
+async fn admitted(minutes: std::ops::Range<i64>) -> (TestDb, i64) {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, minutes).await;
+    let before = bound_after_admissions(&db).await;
+    (db, before)
+}
+
+/// One every-second trigger due 10 s ago; its cursor.
+async fn due_10_s_ago() -> (TestDb, i64) {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-10_000).await;
+    let cursor = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+        .await;
+    (db, cursor)
 }
 
 /// Backfill runs of trg-00000 at minutes `minutes` of 2026-01-01 (queued now).
@@ -143,10 +159,7 @@ async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_
 
 #[tokio::test]
 async fn backfill_over_the_pruned_window_is_refused_afterwards() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..5).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..5).await;
     let out = json(ok(prune(&db, before, &["--json"])));
     assert_eq!(out["removed"], 5, "{out}");
     // The window whose runs were removed: refused, nothing admitted again.
@@ -218,10 +231,7 @@ async fn a_pruned_cron_occurrence_is_never_admitted_again() {
 
 #[tokio::test]
 async fn over_max_and_bad_input_refuse_before_writing_anything() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..10).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..10).await;
     let snapshot = "SELECT sum(hashtext(x::text)) FROM (SELECT r, a FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)) x";
     let digest = db.count(snapshot).await;
     let b = iso(before);
@@ -256,10 +266,7 @@ async fn over_max_and_bad_input_refuse_before_writing_anything() {
 
 #[tokio::test]
 async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_deletes() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..2).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..2).await;
     let call =
         format!("SELECT qlsched.prune_queued({before}, ARRAY(SELECT run_id FROM qlsched.runs))");
     for role in [
@@ -283,32 +290,19 @@ async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_
     // from a DO block that sets the setting itself as from a plain statement.
     let owner = db.client("qlsched_owner").await;
     for table in ["runs", "attempts", "run_events"] {
-        let err = owner
-            .batch_execute(&format!(
+        assert_removal_refused(
+            &owner,
+            &format!(
                 "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
                            DELETE FROM qlsched.{table}; END $$"
-            ))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.code(),
-            Some(&SqlState::RESTRICT_VIOLATION),
-            "{table}: {err}"
-        );
-        owner.batch_execute("BEGIN").await.unwrap();
+            ),
+        )
+        .await;
         owner
-            .batch_execute("SELECT set_config('qlsched.pruning', 'on', true)")
+            .batch_execute("BEGIN; SELECT set_config('qlsched.pruning', 'on', true)")
             .await
             .unwrap();
-        let err = owner
-            .batch_execute(&format!("DELETE FROM qlsched.{table}"))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.code(),
-            Some(&SqlState::RESTRICT_VIOLATION),
-            "{table}: {err}"
-        );
+        assert_removal_refused(&owner, &format!("DELETE FROM qlsched.{table}")).await;
         owner.batch_execute("ROLLBACK").await.unwrap();
     }
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 2);
@@ -323,15 +317,13 @@ async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_
     );
     owner.batch_execute("BEGIN").await.unwrap();
     owner.query_one(&call, &[]).await.unwrap();
-    crate::helpers::assert_delete_refused(&owner).await;
+    assert_removal_refused(&owner, "DELETE FROM qlsched.runs").await;
+    owner.batch_execute("ROLLBACK").await.unwrap();
 }
 
 #[tokio::test]
 async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrence_again() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..3).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..3).await;
     // The backfill's first chunk is held at its trigger lock, after the command's horizon
     // check passed (nothing was pruned yet).
     let holder = db.superuser().await;
@@ -389,12 +381,7 @@ fn the_prune_lock_key_is_the_one_v12_takes() {
 /// admission moves past each of them without a run: a pruned occurrence never comes back.
 #[tokio::test]
 async fn a_pruned_backfill_ahead_of_the_cursor_is_not_admitted_again_by_the_cron() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-10_000).await;
-    let cursor = db
-        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
-        .await;
+    let (db, cursor) = due_10_s_ago().await;
     let ahead: Vec<i64> = (0..3).map(|i| cursor + i * 1000).collect();
     backfill_chunk(
         &mut db.admin().await,
@@ -469,12 +456,7 @@ async fn prune_queued_refuses_a_bound_in_the_future() {
 /// keeps its key, and the cron moves past the instant without a run.
 #[tokio::test]
 async fn a_run_ahead_of_a_claimed_cursor_is_left_for_a_later_prune() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-10_000).await;
-    let cursor = db
-        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
-        .await;
+    let (db, cursor) = due_10_s_ago().await;
     backfill_chunk(
         &mut db.admin().await,
         "trg-00000",

@@ -13,16 +13,9 @@ use std::time::Duration;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::helpers::http::{get, header, parse};
+use crate::helpers::http::{check_config, get, header, parse, secret_file};
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::TestDb;
-
-fn secret_file(dir: &Path, name: &str, text: &str, mode: u32) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-    p.display().to_string()
-}
 
 #[tokio::test]
 async fn a_wrong_host_gets_421_and_the_own_host_200() {
@@ -266,32 +259,13 @@ async fn a_plain_connection_to_the_tls_port_fails_and_a_replaced_certificate_is_
     assert!(log.contains("certificate reloaded"), "{log}");
 }
 
-/// `check-config` of a replica file with this `[http]` section: (success, output).
-fn check(dir: &Path, http: &str) -> (bool, String) {
-    let path = dir.join("r.toml");
-    std::fs::write(
-        &path,
-        format!("[replica]\nid = \"c\"\n[database]\ndsn = \"host=127.0.0.1 dbname=x\"\n[http]\n{http}\n"),
-    )
-    .unwrap();
-    let o = std::process::Command::new(crate::helpers::replica::binary())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
-    )
-}
-
 #[test]
 fn a_console_off_loopback_without_tls_is_refused_unless_plain_http_is_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let token = secret_file(dir.path(), "token", "0123456789abcdef0123\n", 0o600);
     // The install the docs described before: a token, plain HTTP on every address.
     let old = format!("bind = \"0.0.0.0:9187\"\nconsole_auth_file = \"{token}\"");
-    let (good, out) = check(dir.path(), &old);
+    let (good, out) = check_config(dir.path(), &old);
     assert!(
         !good,
         "a console off loopback without TLS was accepted: {out}"
@@ -299,17 +273,17 @@ fn a_console_off_loopback_without_tls_is_refused_unless_plain_http_is_allowed() 
     for needle in ["http.allow_plain_http", "tls_cert_file", "tls_key_file"] {
         assert!(out.contains(needle), "{needle}: {out}");
     }
-    let (good, out) = check(dir.path(), &format!("{old}\nallow_plain_http = true"));
+    let (good, out) = check_config(dir.path(), &format!("{old}\nallow_plain_http = true"));
     assert!(good, "{out}");
     // The console off: nothing to protect, no TLS needed.
-    let (good, out) = check(dir.path(), "bind = \"0.0.0.0:9187\"\nconsole = \"off\"");
+    let (good, out) = check_config(dir.path(), "bind = \"0.0.0.0:9187\"\nconsole = \"off\"");
     assert!(good, "{out}");
     // A key file others can read is refused, naming the key, the file and its mode.
     let ca = ca();
     let (cert, key) = (dir.path().join("c.crt"), dir.path().join("c.key"));
     issue(&ca, "c", &cert, &key);
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (good, out) = check(
+    let (good, out) = check_config(
         dir.path(),
         &format!("{old}\ntls_cert_file = {cert:?}\ntls_key_file = {key:?}"),
     );
@@ -321,7 +295,7 @@ fn a_console_off_loopback_without_tls_is_refused_unless_plain_http_is_allowed() 
         "{out}"
     );
     // Credentials required on loopback too when asked.
-    let (good, out) = check(dir.path(), "console_require_auth = true");
+    let (good, out) = check_config(dir.path(), "console_require_auth = true");
     assert!(!good && out.contains("http.console_require_auth"), "{out}");
 }
 

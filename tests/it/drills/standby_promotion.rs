@@ -34,18 +34,7 @@ async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_da
     let mut primary = OwnPg::start("primary", "fsync = off").await;
     primary.db.seed(TRIGGERS, EVERY_SECOND).await;
     // Initialised and due: every cursor on the last whole second.
-    primary
-        .db
-        .superuser()
-        .await
-        .batch_execute(
-            "UPDATE qlsched.trigger_schedules
-                SET next_fire_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - 1) * 1000,
-                    state_version = state_version + 1;
-             UPDATE qlsched.trigger_schedules SET claimable_at_ms = next_fire_at_ms",
-        )
-        .await
-        .unwrap();
+    crate::helpers::make_due_seconds_ago(&primary.db.superuser().await, 1).await;
 
     let mut expect = Expect::every_second();
     let mut timeline = timeline_of(&primary.db).await;

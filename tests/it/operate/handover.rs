@@ -213,13 +213,7 @@ async fn after_sigkill_another_replica_takes_the_leases_over_only_once_they_expi
     // The dead process's backend, blocked on the lock, would still run its pipelined COMMIT
     // once the lock goes (fenced, so harmless, but it would end one lease early). Cut it, as
     // TCP keepalive eventually does for a dead host.
-    x.su.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = current_database() AND application_name = 'handover-a'",
-        &[],
-    )
-    .await
-    .unwrap();
+    crate::helpers::terminate_backends(&x.su, "application_name = 'handover-a'").await;
     wait_until(
         "the killed replica's backends are gone",
         Duration::from_secs(10),
