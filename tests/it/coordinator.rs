@@ -36,6 +36,27 @@ async fn stuck_on(
     (db, blocker, sup, metrics)
 }
 
+/// One due every-second row whose cursor never moves: a trigger on the schedule table
+/// swallows every update of `next_fire_at_ms`, so each admission of the row is refused for a
+/// reason the re-read does not find (`Unexplained`).
+async fn cursor_never_moves() -> TestDb {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-100).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RETURN NULL; END $$;
+             CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
+               FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
+               EXECUTE FUNCTION qlsched.swallow();",
+        )
+        .await
+        .unwrap();
+    db
+}
+
 fn start(_db: &TestDb, s: Settings) -> (Addr<Supervisor>, Metrics) {
     let metrics = Metrics::default();
     let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
@@ -422,20 +443,7 @@ async fn suspending_a_project_fences_out_its_live_claims() {
 /// cadence every time.
 #[actix_rt::test]
 async fn the_back_off_of_an_unexplained_refusal_grows_with_each_refusal_in_a_row() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    db.superuser()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN RETURN NULL; END $$;
-             CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
-               FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
-               EXECUTE FUNCTION qlsched.swallow();",
-        )
-        .await
-        .unwrap();
+    let db = cursor_never_moves().await;
     let (_sup, metrics) = start(&db, db.settings("a", 200, 30_000));
     // Each release leaves the row free with claimable_at = now + its back-off.
     let mut backoffs: Vec<(i64, i64)> = Vec::new();
@@ -481,19 +489,8 @@ async fn the_back_off_of_an_unexplained_refusal_grows_with_each_refusal_in_a_row
 /// per-trigger entries are bounded by the triggers it has recently worked on.
 #[actix_rt::test]
 async fn the_strikes_of_a_row_no_longer_claimed_here_are_forgotten() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = cursor_never_moves().await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN RETURN NULL; END $$;
-         CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
-           FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
-           EXECUTE FUNCTION qlsched.swallow();",
-    )
-    .await
-    .unwrap();
     let s = Settings {
         reject_backoff: Duration::from_secs(1),
         admit_timeout: Duration::from_secs(1),

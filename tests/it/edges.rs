@@ -32,7 +32,8 @@ async fn every_trigger_admitted(db: &TestDb, n: i64) {
 }
 
 /// `n` every-second rows due at `due_offset_ms`, `sql` run by the superuser (the test's
-/// rigging: a trigger on a table), then replica `a` started with cadence `cadence_ms`.
+/// rigging, if any: a trigger on a table), then replica `a` started with cadence
+/// `cadence_ms`.
 async fn rigged(
     n: usize,
     due_offset_ms: i64,
@@ -70,9 +71,7 @@ async fn holes(db: &TestDb) -> i64 {
 async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
     // Lateness is asserted: not alongside the drills, which load both cores.
     let _one = crate::drills::exclusive().await;
-    let db = TestDb::new().await;
-    db.seed_bulk(200, "* * * * * *", 0).await;
-    let (a, ma, _) = start(settings(&db, "a", 200, 30_000));
+    let (db, a, ma) = rigged(200, 0, "", 200).await;
     let (b, mb, _) = start(settings(&db, "b", 200, 30_000));
     let mut admin = db.admin().await;
     every_trigger_admitted(&db, 200).await;
@@ -161,9 +160,7 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
 #[actix_rt::test]
 async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     let _one = crate::drills::exclusive().await;
-    let db = TestDb::new().await;
-    db.seed_bulk(100, "* * * * * *", 0).await;
-    let (a, m, _) = start(settings(&db, "a", 200, 30_000));
+    let (db, a, m) = rigged(100, 0, "", 200).await;
     every_trigger_admitted(&db, 100).await;
     assert_eq!(m.redecides.get(), 0, "re-decisions before any rewrite");
     let su = db.superuser().await;
