@@ -372,9 +372,9 @@ async fn bare_runs(su: &tokio_postgres::Client, n: i64, every: i64, some: &str, 
                                    task_revision, execution_revision_id, idempotency_key, status,
                                    scheduled_for_ms, queued_at_ms, admitted_by)
          SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
-                'ql3:cron:v1:t:1:' || g, CASE WHEN g % $2 = 0 THEN $3 ELSE $4 END,
+                'ql3:cron:v1:t:1:' || g, CASE WHEN g % $2::bigint = 0 THEN $3 ELSE $4 END,
                 g, g, 'test'
-           FROM generate_series(1, $1) g",
+           FROM generate_series(1, $1::bigint) g",
         &[&n, &every, &some, &rest],
     )
     .await

@@ -430,8 +430,13 @@ async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
 
     // The plan of the admission statement's schedule access.
     let su = db.superuser().await;
-    let tids =
-        crate::helpers::plan(&su, "SELECT ctid::text FROM qlsched.trigger_schedules", &[]).await;
+    let tids: Vec<String> = su
+        .query("SELECT ctid::text FROM qlsched.trigger_schedules", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     su.batch_execute("BEGIN; SET LOCAL enable_seqscan = off")
         .await
         .unwrap();
