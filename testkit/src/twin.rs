@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::{wait_until, TestDb};
 
 /// The claim token of every lease the twin holds.
-pub const TOKEN: &str = "00000000-0000-0000-0000-00000000beef";
+const TOKEN: &str = "00000000-0000-0000-0000-00000000beef";
 
 /// Waits until `rows` schedule rows are initialised (a cursor set) and unclaimed.
 pub async fn await_idle_schedule(db: &TestDb, rows: i64, within: Duration) {
