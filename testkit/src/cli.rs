@@ -55,3 +55,26 @@ pub fn refused(o: Output, code: i32, needles: &[&str]) -> String {
     }
     err
 }
+
+/// The arguments of `trigger backfill TRIGGER --from FROM --to TO`, then `extra`.
+pub fn backfill_args<'a>(
+    trigger: &'a str,
+    from: &'a str,
+    to: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["trigger", "backfill", trigger, "--from", from, "--to", to];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// `trigger backfill TRIGGER` over `[from_ms, to_ms)` (Unix ms), then `extra`.
+pub fn backfill(db: &TestDb, trigger: &str, from_ms: i64, to_ms: i64, extra: &[&str]) -> Output {
+    let (from, to) = (crate::iso(from_ms), crate::iso(to_ms));
+    ql(db, &backfill_args(trigger, &from, &to, extra))
+}
+
+/// A command's `--json` output, parsed (panics showing it when it is not JSON).
+pub fn json(out: String) -> serde_json::Value {
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}

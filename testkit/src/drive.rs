@@ -51,3 +51,49 @@ pub async fn advance_cursor(
 ) -> Result<bool, StoreError> {
     Ok(admission::advance_batch(conn, &[(c.clone(), next_fire_at_ms)]).await?[0])
 }
+
+/// Takes up to `batch` queued runs through the V10 contract's take ([`TAKE_SQL`]) on `c` (a
+/// dispatcher's connection); their run ids.
+///
+/// [`TAKE_SQL`]: qlsched::store::dispatch::TAKE_SQL
+pub async fn take(c: &tokio_postgres::Client, batch: i64) -> Vec<Uuid> {
+    c.query(qlsched::store::dispatch::TAKE_SQL, &[&batch])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// An engine on `session` with the replica's bounds: admission bound `admit_timeout`, 3
+/// serialization retries, a 60 s reject back-off.
+pub fn engine(
+    session: qlsched::db::session::Session,
+    admit_timeout: std::time::Duration,
+) -> qlsched::engine::Engine {
+    qlsched::engine::Engine {
+        session,
+        log: crate::discard_log(),
+        metrics: qlsched::metrics::Metrics::default(),
+        admit_timeout,
+        max_retries: 3,
+        reject_backoff: std::time::Duration::from_secs(60),
+    }
+}
+
+/// A job for the engine: `action` on the claimed row `claim`, under a lease ending at
+/// `deadline`, with a 1 s back-off after an error.
+pub fn job(
+    claim: &ClaimedRow,
+    action: qlsched::engine::Action,
+    kind: qlsched::engine::Kind,
+    deadline: std::time::Instant,
+) -> qlsched::engine::Job {
+    qlsched::engine::Job {
+        claim: claim.clone(),
+        action,
+        kind,
+        lease_deadline: deadline,
+        error_backoff: std::time::Duration::from_secs(1),
+    }
+}

@@ -5,13 +5,17 @@ pub mod claimed;
 pub mod cli;
 pub mod deadhost;
 pub mod delay;
+pub mod dispatchers;
 pub mod drive;
+pub mod http;
+pub mod invariants;
 pub mod netns;
 pub mod pg;
 pub mod pgbouncer;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
+pub mod twin;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -69,7 +73,7 @@ extern "C" fn remove_clusters_at_exit() {
 /// child of a thread that lives as long as the process, so its parent-death signal fires only
 /// when the test binary exits. `prepare` runs on the initialised data directory before the
 /// start; `root` is removed at exit. Returns the port.
-pub fn start_for_the_process(
+pub(crate) fn start_for_the_process(
     root: &std::path::Path,
     conf: String,
     what: &str,
@@ -97,7 +101,7 @@ pub fn start_for_the_process(
 
 /// Runs `f` to completion on a runtime and a thread of its own (so it can be called from
 /// inside a test's runtime), panicking with `what` if it panicked.
-pub fn on_own_runtime<F>(what: &str, f: F)
+pub(crate) fn on_own_runtime<F>(what: &str, f: F)
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -139,7 +143,7 @@ pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
 }
 
 pub async fn make_template(port: u16) {
-    let roles = Roles::with_prefix(PREFIX).unwrap();
+    let roles = roles();
     schema::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
         .await
         .expect("bootstrap");
@@ -286,7 +290,7 @@ impl TestDb {
         }
     }
     /// (scheduled_for, queued_at) of the first run of `trigger`.
-    pub async fn first_run(&self, trigger: &str) -> (i64, i64) {
+    async fn first_run(&self, trigger: &str) -> (i64, i64) {
         let r = self
             .superuser()
             .await
@@ -338,6 +342,50 @@ impl TestDb {
             backlog_interval: Duration::from_secs(10),
             connector: self.connector(),
         }
+    }
+
+    /// [`TestDb::actor_settings`] with the given cadence and lease.
+    pub fn settings(
+        &self,
+        owner: &str,
+        cadence_ms: u64,
+        lease_ms: u64,
+    ) -> qlsched::actors::Settings {
+        qlsched::actors::Settings {
+            cadence: Duration::from_millis(cadence_ms),
+            lease: Duration::from_millis(lease_ms),
+            ..self.actor_settings(owner)
+        }
+    }
+
+    /// Backends of this database waiting for a lock (any kind).
+    pub async fn lock_waiters(&self) -> i64 {
+        self.count(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+    }
+
+    /// Runs per status and state of their last attempt, `status/state:n` in order, space
+    /// separated (`queued/claimed:3 succeeded/succeeded:2`).
+    pub async fn status_counts(&self) -> String {
+        self.superuser()
+            .await
+            .query(
+                "SELECT r.status || '/' || a.state || ':' || count(*)
+                   FROM qlsched.runs r
+                   JOIN LATERAL (SELECT a.state FROM qlsched.attempts a WHERE a.run_id = r.run_id
+                                  ORDER BY a.attempt_no DESC LIMIT 1) a ON true
+                  GROUP BY r.status, a.state ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     pub fn runtime_pool(&self, size: u32) -> Pool {
@@ -402,80 +450,9 @@ impl TestDb {
             .get(0)
     }
 
-    /// The invariant every test and drill ends with: one run per key (the unique index),
-    /// every run with exactly one attempt and its two admission events, plus one event per
-    /// step it moved since (docs/dispatcher.md): queued 2, dispatching or cancelled 3,
-    /// running 4, succeeded 5, failed 4 (never started) or 5.
+    /// The exactly-once invariants every test ends with (`sql/invariants.sql`).
     pub async fn assert_invariants(&self) {
-        let bad = self
-            .count(
-                "SELECT count(*) FROM qlsched.runs r
-                  WHERE (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) <> 1
-                     OR (SELECT count(*) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
-                        NOT IN (CASE r.status WHEN 'queued' THEN 2 WHEN 'dispatching' THEN 3
-                                 WHEN 'cancelled' THEN 3 WHEN 'running' THEN 4 WHEN 'succeeded' THEN 5
-                                 ELSE 4 END,
-                                CASE r.status WHEN 'failed' THEN 5 ELSE 0 END)
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')",
-            )
-            .await;
-        assert_eq!(
-            bad, 0,
-            "runs without exactly 1 attempt and the events of their status"
-        );
-        // Occurrences (cron and backfill runs) once per instant. A manual fire is keyed by its
-        // request id and scheduled at the database clock of the fire, which can equal a cron
-        // instant (1 ms in 1,000 on an every-second trigger): it is one run per key above.
-        let dup = self
-            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d")
-            .await;
-        assert_eq!(dup, 0, "duplicate occurrences");
-        // No foreign keys guard these since V7: the admission's own verification and the
-        // permanence of definition rows and runs do (tests/it/integrity.rs).
-        let dangling = self
-            .count(
-                "SELECT (SELECT count(*) FROM qlsched.runs r
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.projects p WHERE p.project_id = r.project_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.triggers t WHERE t.trigger_id = r.trigger_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.tasks k WHERE k.task_id = r.task_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.execution_revisions e
-                                             WHERE e.execution_revision_id = r.execution_revision_id))
-                      + (SELECT count(*) FROM qlsched.attempts a
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = a.run_id))
-                      + (SELECT count(*) FROM qlsched.run_events e
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = e.run_id))",
-            )
-            .await;
-        assert_eq!(dangling, 0, "admitted rows referencing a missing row");
-    }
-}
-
-impl TestDb {
-    /// The invariant of runs moved through the dispatcher functions (V16): events numbered
-    /// 1, 2, … without gaps, the admission's two first, the last one the event of the run's
-    /// status; at most one live attempt per run, none on a finished run; one run per key.
-    pub async fn assert_invariants_after_protocol(&self) {
-        let bad = self
-            .count(
-                "SELECT count(*) FROM qlsched.runs r
-                  WHERE (SELECT count(*) <> max(e.seq) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')
-                     OR (SELECT e.kind FROM qlsched.run_events e WHERE e.run_id = r.run_id ORDER BY e.seq DESC LIMIT 1)
-                        <> CASE r.status WHEN 'queued' THEN 'run.queued' WHEN 'dispatching' THEN 'run.dispatching'
-                                         WHEN 'running' THEN 'run.started' WHEN 'cancelled' THEN 'run.cancelled'
-                                         ELSE 'run.finished' END
-                     OR (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id
-                            AND a.state IN ('claimed', 'dispatching', 'running'))
-                        <> CASE WHEN r.status IN ('queued', 'dispatching', 'running') THEN 1 ELSE 0 END",
-            )
-            .await;
-        assert_eq!(bad, 0, "runs whose events or attempts break the protocol");
-        let dup = self
-            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d")
-            .await;
-        assert_eq!(dup, 0, "duplicate occurrences");
+        invariants::assert_holds(&self.superuser().await).await;
     }
 }
 
@@ -582,6 +559,134 @@ impl TestDb {
             .await
             .unwrap();
     }
+}
+
+/// The rows of `sql` (no parameters) as pairs of their first two columns.
+pub async fn pairs<A, B>(c: &tokio_postgres::Client, sql: &str) -> Vec<(A, B)>
+where
+    A: for<'a> tokio_postgres::types::FromSql<'a>,
+    B: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    c.query(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The backend pid of the session `c`.
+pub async fn backend_pid(c: &tokio_postgres::Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `sql` (a removal of admitted work) on `c` is refused by the permanence guard.
+pub async fn assert_removal_refused(c: &tokio_postgres::Client, sql: &str) {
+    let err = c.batch_execute(sql).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::RESTRICT_VIOLATION),
+        "`{sql}`: {err}"
+    );
+}
+
+/// Each run's command ran once, with its own key: `dir` holds one file per run, named for
+/// its run id and holding its idempotency key (what the reference dispatchers' test command
+/// writes), and nothing else.
+pub async fn assert_each_run_wrote_its_key(su: &tokio_postgres::Client, dir: &std::path::Path) {
+    let runs: Vec<(uuid::Uuid, String)> =
+        pairs(su, "SELECT run_id, idempotency_key FROM qlsched.runs").await;
+    assert_eq!(std::fs::read_dir(dir).unwrap().count(), runs.len());
+    for (id, key) in &runs {
+        let written = std::fs::read_to_string(dir.join(id.to_string())).unwrap();
+        assert_eq!(written.trim(), key);
+    }
+}
+
+/// Terminates the backends of the current database that match `filter` (an SQL condition on
+/// `pg_stat_activity`); how many.
+pub async fn terminate_backends(c: &tokio_postgres::Client, filter: &str) -> i64 {
+    let sql = format!(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND {filter}) t"
+    );
+    c.query_one(&sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .get(0)
+}
+
+/// Every schedule row due `secs` whole seconds ago by the database clock (on a second
+/// boundary, as an every-second cron would have it).
+pub async fn make_due_seconds_ago(c: &tokio_postgres::Client, secs: i64) {
+    c.execute(
+        "UPDATE qlsched.trigger_schedules
+            SET next_fire_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - $1) * 1000,
+                claimable_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - $1) * 1000,
+                state_version = state_version + 1",
+        &[&secs],
+    )
+    .await
+    .unwrap();
+}
+
+/// Runs written as an admission writes them (the run, events 1 `run.created` and 2
+/// `run.queued`, attempt 1), one per row of `rows`: a query of `run_id`, `trigger_id`,
+/// `execution_revision_id`, `status`, `scheduled_for_ms`, `queued_at_ms` and `admitted_by`
+/// (project `proj`, task `task`, revisions 1, a cron key). The attempt is `claimed` for a
+/// queued run and takes the run's status otherwise.
+pub async fn insert_runs(su: &tokio_postgres::Client, rows: &str) {
+    su.batch_execute(&format!(
+        "WITH spec AS ({rows}),
+              run AS (
+           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                     task_revision, execution_revision_id, idempotency_key,
+                                     status, scheduled_for_ms, queued_at_ms, admitted_by)
+           SELECT run_id, 'proj', trigger_id, 1, 'task', 1, execution_revision_id,
+                  'ql3:cron:v1:' || trigger_id || ':1:' || scheduled_for_ms, status,
+                  scheduled_for_ms, queued_at_ms, admitted_by
+             FROM spec
+           RETURNING run_id, queued_at_ms, status),
+              ev AS (
+           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
+             FROM run, generate_series(1, 2) s)
+         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+         SELECT gen_random_uuid(), run_id, 1, 'remote_worker',
+                CASE status WHEN 'queued' THEN 'claimed' ELSE status END, queued_at_ms FROM run"
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("inserting runs of `{rows}`: {e:?}"));
+}
+
+/// The role names of the test cluster's install (prefix [`PREFIX`]).
+pub fn roles() -> Roles {
+    Roles::with_prefix(PREFIX).unwrap()
+}
+
+/// Unix ms as RFC 3339 UTC with milliseconds, the form the CLI takes.
+pub fn iso(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The plan `explain` (an `EXPLAIN …` statement) prints, one line per plan line.
+pub async fn plan(
+    c: &tokio_postgres::Client,
+    explain: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> String {
+    c.query(explain, params)
+        .await
+        .unwrap_or_else(|e| panic!("{explain}: {e:?}"))
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The pages an `EXPLAIN (ANALYZE, BUFFERS)` plan reports for one node: the sum of the

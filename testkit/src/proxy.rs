@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 /// Text that identifies the admission statement in a Parse message.
-pub const ADMISSION_MARKER: &str = "INSERT INTO qlsched.runs";
+const ADMISSION_MARKER: &str = "INSERT INTO qlsched.runs";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -76,7 +76,7 @@ struct Plan {
 
 struct Shared {
     upstream: SocketAddr,
-    /// Text that identifies the statement faults apply to ([`ADMISSION_MARKER`] by default).
+    /// Text that identifies the statement faults apply to (the run insert by default).
     marker: &'static str,
     plan: Mutex<Plan>,
     paused: watch::Sender<bool>,

@@ -227,12 +227,9 @@ async fn after_the_first_connection_a_replica_goes_to_the_good_host_first() {
     // Every backend of the replica goes away; it reconnects, to the good host directly.
     let backends = "SELECT count(*) FROM pg_stat_activity
                      WHERE datname = current_database() AND usename = 'qlsched_runtime'";
-    let killed = db
-        .count(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-              WHERE datname = current_database() AND usename = 'qlsched_runtime') t",
-        )
-        .await;
+    let killed =
+        crate::helpers::terminate_backends(&db.superuser().await, "usename = 'qlsched_runtime'")
+            .await;
     assert!(killed >= 2, "{killed} backends terminated");
     let runs = db.count("SELECT count(*) FROM qlsched.runs").await;
     wait_until(

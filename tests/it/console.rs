@@ -3,49 +3,19 @@
 //! set, the auth rules hold, and the config refuses an unguarded console on a non-loopback
 //! address before PostgreSQL is opened.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::os::unix::fs::PermissionsExt;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::helpers::cli::{ok, ql};
-use crate::helpers::replica::{binary, ReplicaProc};
+use crate::helpers::http::{self, check_config, header, secret_file};
+use crate::helpers::replica::ReplicaProc;
 use crate::helpers::TestDb;
 
 /// One HTTP/1.0 GET with extra headers: (status, lower-cased headers, body).
-pub fn get(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, Vec<(String, String)>, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).unwrap();
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    (status, headers, body.to_owned())
-}
-
-fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+pub fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> http::Response {
+    http::get(addr, Some("localhost"), path, headers)
 }
 
 /// A project, a task and triggers: `con-a` every second (runs come), `con-b` daily,
@@ -234,37 +204,10 @@ async fn console_json_is_the_clis_json_and_pages_escape_every_value() {
     r.terminate(Duration::from_secs(20)).await;
 }
 
-/// Writes `text` to a file of `mode` in `dir`; returns its path.
-fn secret_file(dir: &std::path::Path, name: &str, text: &str, mode: u32) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-    p.display().to_string()
-}
-
-/// `check-config` of a replica file with this `[http]` section: (success, output).
-fn check(dir: &std::path::Path, http: &str) -> (bool, String) {
-    let path = dir.join("r.toml");
-    std::fs::write(
-        &path,
-        format!("[replica]\nid = \"c\"\n[database]\ndsn = \"host=127.0.0.1 dbname=x\"\n[http]\n{http}\n"),
-    )
-    .unwrap();
-    let o = std::process::Command::new(binary())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
-    )
-}
-
 #[test]
 fn an_unguarded_console_off_loopback_is_refused_before_postgresql_is_opened() {
     let dir = tempfile::tempdir().unwrap();
-    let (good, out) = check(dir.path(), "bind = \"0.0.0.0:9187\"\nconsole = \"on\"");
+    let (good, out) = check_config(dir.path(), "bind = \"0.0.0.0:9187\"\nconsole = \"on\"");
     assert!(!good, "{out}");
     assert!(
         out.contains("http.console = on")
@@ -273,11 +216,11 @@ fn an_unguarded_console_off_loopback_is_refused_before_postgresql_is_opened() {
         "{out}"
     );
     // auto on a non-loopback address: valid, the console is simply off (served: see below).
-    let (good, out) = check(dir.path(), "bind = \"0.0.0.0:9187\"");
+    let (good, out) = check_config(dir.path(), "bind = \"0.0.0.0:9187\"");
     assert!(good, "{out}");
     // A secret file readable by others is refused, naming the file, the key and the bound.
     let loose = secret_file(dir.path(), "loose", "0123456789abcdef0123\n", 0o604);
-    let (good, out) = check(
+    let (good, out) = check_config(
         dir.path(),
         &format!("bind = \"0.0.0.0:9187\"\nconsole_auth_file = \"{loose}\""),
     );
@@ -290,7 +233,7 @@ fn an_unguarded_console_off_loopback_is_refused_before_postgresql_is_opened() {
     );
     // Too short a token; an unknown mode; a pool out of bounds.
     let short = secret_file(dir.path(), "short", "abc\n", 0o600);
-    let (good, out) = check(
+    let (good, out) = check_config(
         dir.path(),
         &format!("console_auth_file = \"{short}\"\nconsole = \"sometimes\"\nconsole_pool_size = 9"),
     );

@@ -153,6 +153,21 @@ async fn screenshot(c: &Client, name: &str) {
     std::fs::write(shots_dir().join(format!("{name}.png")), png).unwrap();
 }
 
+/// The text of the element `css` finds.
+async fn text_of(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The trigger ids the triggers table lists, in order.
+async fn trigger_ids(c: &Client) -> Vec<String> {
+    texts(c, "#triggers tbody tr td:first-child").await
+}
+
 async fn texts(c: &Client, css: &str) -> Vec<String> {
     let mut out = Vec::new();
     for e in c.find_all(Locator::Css(css)).await.unwrap() {
@@ -268,13 +283,7 @@ async fn the_console_in_headless_chromium() {
     // Overview.
     c.goto(&go("/")).await.unwrap();
     assert_eq!(texts(&c, "h1").await, ["Overview"]);
-    let body = c
-        .find(Locator::Css("main"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = text_of(&c, "main").await;
     for needle in [
         "web1",
         "Due backlog",
@@ -304,32 +313,20 @@ async fn the_console_in_headless_chromium() {
 
     // Triggers: keyset paging of 2.
     c.goto(&go("/triggers?limit=2")).await.unwrap();
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["con-a", "con-b"]
-    );
-    c.find(Locator::Css("a[rel=next]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    await_url(&c, "page 2", |u| u.contains("after=con-b")).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["con-m", "con-x"]
-    );
-    c.find(Locator::Css("a[rel=next]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    await_url(&c, "page 3", |u| u.contains("after=con-x")).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["oth-1"]
-    );
+    let pages: [&[&str]; 3] = [&["con-a", "con-b"], &["con-m", "con-x"], &["oth-1"]];
+    for (n, page) in pages.iter().enumerate() {
+        if n > 0 {
+            c.find(Locator::Css("a[rel=next]"))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+            let after = format!("after={}", pages[n - 1].last().unwrap());
+            await_url(&c, &format!("page {}", n + 1), |u| u.contains(&after)).await;
+        }
+        assert_eq!(trigger_ids(&c).await, *page, "page {}", n + 1);
+    }
     assert!(
         c.find(Locator::Css("a[rel=next]")).await.is_err(),
         "a last page has no next"
@@ -337,20 +334,11 @@ async fn the_console_in_headless_chromium() {
     // Filters: id prefix, project, state.
     c.goto(&go("/triggers")).await.unwrap();
     submit_filter(&c, &[("q", "con-")]).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["con-a", "con-b", "con-m", "con-x"]
-    );
+    assert_eq!(trigger_ids(&c).await, ["con-a", "con-b", "con-m", "con-x"]);
     submit_filter(&c, &[("q", ""), ("project", "other")]).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["oth-1"]
-    );
+    assert_eq!(trigger_ids(&c).await, ["oth-1"]);
     submit_filter(&c, &[("project", ""), ("state", "disabled")]).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["con-x"]
-    );
+    assert_eq!(trigger_ids(&c).await, ["con-x"]);
     // Keyboard: the main navigation first, then the filters, then the table's links.
     c.goto(&go("/triggers")).await.unwrap();
     let stops = focus_regions(&c, 9).await;
@@ -382,13 +370,7 @@ async fn the_console_in_headless_chromium() {
     screenshot(&c, "trigger").await;
     // The note holding a script is text, and nothing ran.
     c.goto(&go("/triggers/con-x")).await.unwrap();
-    let note = c
-        .find(Locator::Css("#disable-note"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let note = text_of(&c, "#disable-note").await;
     assert!(
         note.contains("<script>window.__xss=1</script> & <b>bold</b>")
             && note.contains("<img src=x onerror=alert(1)>"),
@@ -456,10 +438,7 @@ async fn the_console_in_headless_chromium() {
     }
     c.goto(&go("/triggers")).await.unwrap();
     submit_filter(&c, &[("q", "oth")]).await;
-    assert_eq!(
-        texts(&c, "#triggers tbody tr td:first-child").await,
-        ["oth-1"]
-    );
+    assert_eq!(trigger_ids(&c).await, ["oth-1"]);
     assert_clean_log(&c, "JavaScript off").await;
 
     c.close().await.unwrap();

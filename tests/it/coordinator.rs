@@ -18,13 +18,44 @@ use crate::helpers::{discard_log, wait_until, TestDb};
 /// A yearly expression: each seeded row fires exactly once during a test.
 const ONCE: &str = "0 0 0 1 1 *";
 
-fn settings(db: &TestDb, owner: &str, budget: u32, cadence_ms: u64, lease_ms: u64) -> Settings {
-    Settings {
-        claim_budget: budget,
-        lease: Duration::from_millis(lease_ms),
-        cadence: Duration::from_millis(cadence_ms),
-        ..db.actor_settings(owner)
-    }
+/// `n` due rows and a replica (cadence 100 ms) started while a superuser transaction holds
+/// `qlsched.{table}` locked ACCESS EXCLUSIVE; a ROLLBACK on the returned session releases it.
+async fn stuck_on(
+    n: usize,
+    table: &str,
+) -> (TestDb, tokio_postgres::Client, Addr<Supervisor>, Metrics) {
+    let db = TestDb::new().await;
+    db.seed_bulk(n, ONCE, -1000).await;
+    let blocker = db.superuser().await;
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE qlsched.{table} IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await
+        .unwrap();
+    let (sup, metrics) = start(&db, db.settings("a", 100, 30_000));
+    (db, blocker, sup, metrics)
+}
+
+/// One due every-second row whose cursor never moves: a trigger on the schedule table
+/// swallows every update of `next_fire_at_ms`, so each admission of the row is refused for a
+/// reason the re-read does not find (`Unexplained`).
+async fn cursor_never_moves() -> TestDb {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-100).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RETURN NULL; END $$;
+             CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
+               FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
+               EXECUTE FUNCTION qlsched.swallow();",
+        )
+        .await
+        .unwrap();
+    db
 }
 
 fn start(_db: &TestDb, s: Settings) -> (Addr<Supervisor>, Metrics) {
@@ -45,7 +76,7 @@ async fn the_budget_bounds_each_round_and_a_backlog_drains_without_waiting_for_t
     let db = TestDb::new().await;
     db.seed_bulk(1000, ONCE, -1000).await;
     let started = Instant::now();
-    let (sup, metrics) = start(&db, settings(&db, "a", 16, 60_000, 30_000));
+    let (sup, metrics) = start(&db, db.settings("a", 60_000, 30_000));
     let (mut max_claimed, mut max_live) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(60);
     while runs(&db).await < 1000 {
@@ -97,14 +128,7 @@ async fn the_budget_bounds_each_round_and_a_backlog_drains_without_waiting_for_t
 /// with a `held` CTE), sampled while the first is stuck.
 #[actix_rt::test]
 async fn rounds_never_overlap_when_a_round_is_slow() {
-    let db = TestDb::new().await;
-    db.seed_bulk(50, ONCE, -1000).await;
-    let mut blocker = db.superuser().await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.batch_execute("LOCK TABLE qlsched.trigger_schedules IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let (sup, metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
+    let (db, blocker, sup, metrics) = stuck_on(50, "trigger_schedules").await;
     let sampler = db.superuser().await;
     let in_flight = || async {
         sampler
@@ -126,7 +150,7 @@ async fn rounds_never_overlap_when_a_round_is_slow() {
     }
     assert_eq!(most, 1, "claim statements in flight at once");
     assert_eq!(metrics.ticks.get(), 1, "only the stuck round was started");
-    tx.rollback().await.unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     wait_until("all 50 admitted", Duration::from_secs(30), || async {
         runs(&db).await == 50
     })
@@ -139,14 +163,7 @@ async fn rounds_never_overlap_when_a_round_is_slow() {
 /// released (fence-safe) and nothing is admitted twice once the database unblocks.
 #[actix_rt::test]
 async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
-    let db = TestDb::new().await;
-    db.seed_bulk(20, ONCE, -1000).await;
-    let mut blocker = db.superuser().await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.batch_execute("LOCK TABLE qlsched.runs IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let (sup, _metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
+    let (db, blocker, sup, _metrics) = stuck_on(20, "runs").await;
     wait_until("16 leases held", Duration::from_secs(10), || async {
         db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
             .await
@@ -169,7 +186,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
         let conn = db::conn(&pool).await.unwrap();
         release::release_all_owned(&conn, "a").await.unwrap()
     });
-    tx.rollback().await.unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     release.await.unwrap();
     wait_until("no lease of a left", Duration::from_secs(10), || async {
         db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
@@ -188,7 +205,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
 async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
     let db = TestDb::new().await;
     db.seed_bulk(300, ONCE, -1000).await;
-    let (sup, metrics) = start(&db, settings(&db, "a", 16, 100, 5_000));
+    let (sup, metrics) = start(&db, db.settings("a", 100, 5_000));
     let mut stops = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while runs(&db).await < 300 {
@@ -222,8 +239,8 @@ async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
 async fn two_independent_replicas_racing_admit_every_occurrence_exactly_once() {
     let db = TestDb::new().await;
     db.seed_bulk(100, "* * * * * *", -500).await;
-    let (a, ma) = start(&db, settings(&db, "a", 16, 100, 5_000));
-    let (b, mb) = start(&db, settings(&db, "b", 16, 100, 5_000));
+    let (a, ma) = start(&db, db.settings("a", 100, 5_000));
+    let (b, mb) = start(&db, db.settings("b", 100, 5_000));
     tokio::time::sleep(Duration::from_secs(4)).await;
     a.send(Drain(Duration::from_secs(5))).await.unwrap();
     b.send(Drain(Duration::from_secs(5))).await.unwrap();
@@ -266,17 +283,13 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
         .unwrap();
     assert_eq!(held.len(), 10);
     let expiry = held.iter().map(|c| c.fence.expires_at_ms).max().unwrap();
-    let pid: i32 = conn
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = crate::helpers::backend_pid(&conn).await;
     db.superuser()
         .await
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
-    let (_b, _) = start(&db, settings(&db, "b", 16, 100, 5_000));
+    let (_b, _) = start(&db, db.settings("b", 100, 5_000));
     wait_until("b admitted all 10", Duration::from_secs(20), || async {
         runs(&db).await == 10
     })
@@ -323,26 +336,19 @@ fn ids_are_minted_only_for_admissions() {
         },
     };
     let backoff = Duration::from_secs(60);
-    let init = plan(&row(None, "* * * * * *", "skip"), backoff).0;
-    assert!(
-        matches!(
-            init,
-            Action::Advance {
-                next_fire_at_ms: 1_001_000
-            }
-        ),
-        "{init:?}"
-    );
-    let skip = plan(&row(Some(0), "* * * * * *", "skip"), backoff).0;
-    assert!(
-        matches!(
-            skip,
-            Action::Advance {
-                next_fire_at_ms: 1_001_000
-            }
-        ),
-        "{skip:?}"
-    );
+    // A new row is initialised; a row 999 s behind skips to the next occurrence.
+    for cursor in [None, Some(0)] {
+        let action = plan(&row(cursor, "* * * * * *", "skip"), backoff).0;
+        assert!(
+            matches!(
+                action,
+                Action::Advance {
+                    next_fire_at_ms: 1_001_000
+                }
+            ),
+            "cursor {cursor:?}: {action:?}"
+        );
+    }
     let reject = plan(&row(Some(0), "not cron", "skip"), backoff).0;
     assert!(
         matches!(reject, Action::Release { backoff: b } if b == backoff),
@@ -383,7 +389,7 @@ async fn a_corrupt_definition_at_admit_time_is_released_with_back_off() {
         .batch_execute("ALTER TABLE qlsched.execution_revisions DISABLE TRIGGER execution_revisions_are_immutable; UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'; ALTER TABLE qlsched.execution_revisions ENABLE TRIGGER execution_revisions_are_immutable")
         .await
         .unwrap();
-    let (_sup, metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
+    let (_sup, metrics) = start(&db, db.settings("a", 100, 30_000));
     wait_until("the reject", Duration::from_secs(10), || async {
         metrics.rejects.get() == 1
     })
@@ -440,21 +446,8 @@ async fn suspending_a_project_fences_out_its_live_claims() {
 /// cadence every time.
 #[actix_rt::test]
 async fn the_back_off_of_an_unexplained_refusal_grows_with_each_refusal_in_a_row() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
-    db.superuser()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN RETURN NULL; END $$;
-             CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
-               FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
-               EXECUTE FUNCTION qlsched.swallow();",
-        )
-        .await
-        .unwrap();
-    let (_sup, metrics) = start(&db, settings(&db, "a", 16, 200, 30_000));
+    let db = cursor_never_moves().await;
+    let (_sup, metrics) = start(&db, db.settings("a", 200, 30_000));
     // Each release leaves the row free with claimable_at = now + its back-off.
     let mut backoffs: Vec<(i64, i64)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -499,23 +492,12 @@ async fn the_back_off_of_an_unexplained_refusal_grows_with_each_refusal_in_a_row
 /// per-trigger entries are bounded by the triggers it has recently worked on.
 #[actix_rt::test]
 async fn the_strikes_of_a_row_no_longer_claimed_here_are_forgotten() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-100).await;
+    let db = cursor_never_moves().await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "CREATE FUNCTION qlsched.swallow() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN RETURN NULL; END $$;
-         CREATE TRIGGER swallow BEFORE UPDATE ON qlsched.trigger_schedules
-           FOR EACH ROW WHEN (OLD.next_fire_at_ms IS DISTINCT FROM NEW.next_fire_at_ms)
-           EXECUTE FUNCTION qlsched.swallow();",
-    )
-    .await
-    .unwrap();
     let s = Settings {
         reject_backoff: Duration::from_secs(1),
         admit_timeout: Duration::from_secs(1),
-        ..settings(&db, "a", 16, 200, 2_000)
+        ..db.settings("a", 200, 2_000)
     };
     let memory = s.strike_memory();
     let (sup, _) = start(&db, s);

@@ -23,19 +23,25 @@ fn every_second(grace_ms: i64) -> TriggerSpec {
 
 /// Instants of `t` admitted more than once (any revision), and the gaps between its first and
 /// last admitted instant.
+/// A database with `t` published (every second, grace 60 s), and the admin session that
+/// published it.
+async fn published() -> (TestDb, tokio_postgres::Client) {
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    manage::publish_trigger(&mut admin, &every_second(60_000))
+        .await
+        .unwrap();
+    (db, admin)
+}
+
 async fn duplicates_and_gaps(db: &TestDb) -> (Vec<(i64, i64)>, i64) {
     let su = db.superuser().await;
-    let dups = su
-        .query(
-            "SELECT scheduled_for_ms, count(*) FROM qlsched.runs WHERE trigger_id = 't'
+    let dups = crate::helpers::pairs(
+        &su,
+        "SELECT scheduled_for_ms, count(*) FROM qlsched.runs WHERE trigger_id = 't'
               GROUP BY 1 HAVING count(*) > 1 ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    )
+    .await;
     let gaps: i64 = su
         .query_one(
             "SELECT coalesce((max(scheduled_for_ms) - min(scheduled_for_ms)) / 1000 + 1
@@ -56,11 +62,7 @@ async fn duplicates_and_gaps(db: &TestDb) -> (Vec<(i64, i64)>, i64) {
 /// cursor to the instant just admitted, and that instant was admitted twice.
 #[actix_rt::test]
 async fn a_republish_racing_an_admission_admits_the_instant_once() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    manage::publish_trigger(&mut admin, &every_second(60_000))
-        .await
-        .unwrap();
+    let (db, _admin) = published().await;
     let (sup, _, _) = start_supervisor(qlsched::actors::Settings {
         cadence: Duration::from_millis(100),
         ..db.actor_settings("a")
@@ -240,11 +242,7 @@ async fn a_clock_stepped_back_moves_no_cursor_before_an_admitted_instant() {
 /// by the republish drill (9 occurrences lost in 67 republishes before).
 #[actix_rt::test]
 async fn a_republish_keeps_an_occurrence_that_is_due_and_not_admitted() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    manage::publish_trigger(&mut admin, &every_second(60_000))
-        .await
-        .unwrap();
+    let (db, mut admin) = published().await;
     let cursor = "SELECT next_fire_at_ms FROM qlsched.trigger_schedules WHERE trigger_id = 't'";
     let due = db.count(cursor).await;
     wait_until(
@@ -295,11 +293,7 @@ async fn the_documented_query_lists_an_instant_admitted_under_two_revisions() {
         .expect("docs/operations.md has the duplicate-occurrences query");
     let query = &after[..after.find("```").unwrap()];
 
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    manage::publish_trigger(&mut admin, &every_second(60_000))
-        .await
-        .unwrap();
+    let (db, _admin) = published().await;
     let (sup, _, _) = start_supervisor(db.actor_settings("a"));
     wait_until("two admitted runs", Duration::from_secs(15), || async {
         db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 't'")

@@ -356,7 +356,7 @@ async fn the_protocol_takes_starts_heartbeats_and_finishes_under_its_lease() {
     let again = take_leases(&d, "w2", 2, 30_000).await;
     let back = again.iter().find(|l| l.run_id == taken[1].run_id).unwrap();
     assert_ne!(back.token, taken[1].token);
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -461,29 +461,20 @@ async fn an_expired_attempt_is_retried_exactly_once_with_max_attempts_2() {
 /// replica's hash (so id order is replica order) while queued_at_ms interleaves them.
 async fn queued_by_three_replicas(db: &TestDb, n: i32) {
     db.seed(1, "* * * * * *").await;
-    db.superuser()
-        .await
-        .execute(
-            "WITH run AS (
-               INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                         task_revision, execution_revision_id, idempotency_key,
-                                         scheduled_for_ms, queued_at_ms, admitted_by)
-               SELECT (lpad(to_hex(g % 3), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
-                      'proj', 'trg-00000', 1, 'task', 1,
-                      (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
-                      'ql3:cron:v1:trg-00000:1:' || g, g, 1000000 + g, 'replica-' || g % 3
-                 FROM generate_series(1, $1) g
-               RETURNING run_id, queued_at_ms),
-                  ev AS (
-               INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-               SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
-                 FROM run, generate_series(1, 2) s)
-             INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-             SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run",
-            &[&n],
-        )
-        .await
-        .unwrap();
+    crate::helpers::insert_runs(
+        &db.superuser().await,
+        &format!(
+            "SELECT (lpad(to_hex(g % 3), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid
+                        AS run_id,
+                    'trg-00000' AS trigger_id,
+                    (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task')
+                        AS execution_revision_id,
+                    'queued' AS status, g::bigint AS scheduled_for_ms,
+                    1000000 + g::bigint AS queued_at_ms, 'replica-' || g % 3 AS admitted_by
+               FROM generate_series(1, {n}) g"
+        ),
+    )
+    .await;
 }
 
 /// Takes batches until none is left; the queued_at_ms of each run taken, in take order.
@@ -534,7 +525,7 @@ async fn two_dispatchers_racing_over_10000_runs_take_each_once_in_queued_at_orde
         (10_000, 10_000),
         "each run taken exactly once"
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -566,7 +557,7 @@ async fn a_concurrent_cancel_and_take_exclude_each_other() {
         .unwrap();
     assert_eq!(cancelled, 10);
     assert!(take_leases(&d, "w", 100, 30_000).await.is_empty());
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -589,7 +580,7 @@ async fn a_corrupt_pinned_spec_is_failed_at_take_never_handed_out() {
             .await,
         1
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -768,7 +759,7 @@ async fn a_call_that_waited_for_the_run_lock_rechecks_the_lease_after_it() {
             .await,
         1
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 /// One dispatcher pass over `ids` until the connection fails: take, start, finish each run
@@ -886,7 +877,7 @@ async fn a_postgresql_restart_mid_protocol_leaves_every_run_with_one_recorded_ou
         .unwrap()
         .get(0);
     assert_eq!(bad, 0, "runs without exactly one recorded outcome");
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -926,58 +917,18 @@ fn python_with_psycopg() -> &'static str {
 
 #[tokio::test]
 async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigterm() {
-    use crate::helpers::replica::ReplicaProc;
     let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
-    let mut replica = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "r1", "", &[]);
-    replica.wait_ready(std::time::Duration::from_secs(30)).await;
-    let out = tempfile::tempdir().unwrap();
-    let command = format!(
-        "echo \"$QLSCHED_IDEMPOTENCY_KEY\" > {}/\"$QLSCHED_RUN_ID\"; test \"$QLSCHED_TRIGGER_ID\" = trg-00000 || exit 3",
-        out.path().display()
-    );
+    let mut stage = crate::helpers::dispatchers::Stage::new(&db).await;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dispatcher.py");
     let mut child = tokio::process::Command::new(python_with_psycopg())
         .arg(&script)
         .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--idle-ms", "50"])
-        .args(["--command", &command])
+        .args(["--command", &stage.command])
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    crate::helpers::wait_until(
-        "3 finished runs of each trigger",
-        std::time::Duration::from_secs(30),
-        || async {
-            db.count(
-                "SELECT least(count(*) FILTER (WHERE trigger_id = 'trg-00000' AND status = 'succeeded'),
-                              count(*) FILTER (WHERE trigger_id = 'trg-00001' AND status = 'failed'))
-                   FROM qlsched.runs",
-            )
-            .await
-                >= 3
-        },
-    )
-    .await;
-    replica.terminate(std::time::Duration::from_secs(20)).await;
-    crate::helpers::wait_until(
-        "no unfinished run",
-        std::time::Duration::from_secs(20),
-        || async {
-            db.count(
-                "SELECT count(*) FROM qlsched.runs WHERE status NOT IN ('succeeded', 'failed')",
-            )
-            .await
-                == 0
-        },
-    )
-    .await;
-    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
-    let st = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait())
-        .await
-        .expect("the Python dispatcher stops on SIGTERM")
-        .unwrap();
-    assert!(st.success(), "{st}");
+    stage.finish(&db, &mut child).await;
     assert_eq!(
         db.count(
             "SELECT count(*) FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)
@@ -990,18 +941,8 @@ async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigte
         "every run finished through the functions with its command's exit status"
     );
     let su = db.superuser().await;
-    let runs = su
-        .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
-        .await
-        .unwrap();
-    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), runs.len());
-    for r in &runs {
-        let id: Uuid = r.get(0);
-        let key: String = r.get(1);
-        let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
-        assert_eq!(written.trim(), key);
-    }
-    db.assert_invariants_after_protocol().await;
+    crate::helpers::assert_each_run_wrote_its_key(&su, stage.out.path()).await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -1045,7 +986,7 @@ async fn a_requested_cancel_reaches_the_holders_heartbeat_and_stops_retries() {
             .await,
         2
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 /// The take behind 50,000 finished runs and 50,000 queued ones reads about the runs it takes:
@@ -1058,27 +999,16 @@ async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "WITH run AS (
-           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                     task_revision, execution_revision_id, idempotency_key,
-                                     status, scheduled_for_ms, queued_at_ms, admitted_by)
-           SELECT gen_random_uuid(), 'proj', 'trg-00000', 1, 'task', 1,
-                  (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task'),
-                  'ql3:cron:v1:trg-00000:1:' || g, CASE WHEN g <= 50000 THEN 'succeeded' ELSE 'queued' END,
-                  g, g, 'test'
-             FROM generate_series(1, 100000) g
-           RETURNING run_id, queued_at_ms, status),
-              ev AS (
-           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
-             FROM run, generate_series(1, 2) s)
-         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-         SELECT gen_random_uuid(), run_id, 1, 'remote_worker',
-                CASE status WHEN 'queued' THEN 'claimed' ELSE 'succeeded' END, queued_at_ms FROM run;",
+    crate::helpers::insert_runs(
+        &su,
+        "SELECT gen_random_uuid() AS run_id, 'trg-00000' AS trigger_id,
+                (SELECT execution_revision_id FROM qlsched.tasks WHERE task_id = 'task')
+                    AS execution_revision_id,
+                CASE WHEN g <= 50000 THEN 'succeeded' ELSE 'queued' END AS status,
+                g::bigint AS scheduled_for_ms, g::bigint AS queued_at_ms, 'test' AS admitted_by
+           FROM generate_series(1, 100000) g",
     )
-    .await
-    .unwrap();
+    .await;
     for q in [
         "VACUUM ANALYZE qlsched.runs",
         "VACUUM ANALYZE qlsched.attempts",
@@ -1089,19 +1019,14 @@ async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
     su.batch_execute("BEGIN; SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)")
         .await
         .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
              SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     // PostgreSQL 18 prints actual rows with two decimals.
     assert!(
         plan.contains(" rows=16 loops=1)") || plan.contains(" rows=16.00 loops=1)"),
@@ -1163,5 +1088,5 @@ async fn the_reference_dispatcher_stops_a_run_an_operator_cancels() {
         .expect("the dispatcher stops on SIGTERM")
         .unwrap();
     assert!(st.success(), "{st}");
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use qlsched::schema;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
@@ -14,8 +13,9 @@ use qlsched::store::triggers::backfill_chunk;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-use crate::helpers::replica::ReplicaProc;
-use crate::helpers::{wait_until, TestDb};
+use crate::helpers::dispatchers::Stage;
+use crate::helpers::drive::take;
+use crate::helpers::TestDb;
 
 /// `n` queued runs of trg-00000 (every second), admitted by the admin role as a backfill
 /// of instants one minute apart, starting a day ago.
@@ -30,15 +30,6 @@ pub async fn queued_runs(db: &TestDb, n: usize) -> Vec<Uuid> {
     assert_eq!(c.admitted, n as u64);
     let su = db.superuser().await;
     su.query("SELECT run_id FROM qlsched.runs ORDER BY run_id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
-async fn take(c: &tokio_postgres::Client, batch: i64) -> Vec<Uuid> {
-    c.query(TAKE_SQL, &[&batch])
         .await
         .unwrap()
         .iter()
@@ -237,51 +228,15 @@ pub fn example_binary() -> &'static PathBuf {
 #[tokio::test]
 async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigterm() {
     let db = TestDb::new().await;
-    db.seed(2, "* * * * * *").await;
-    let mut replica = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "r1", "", &[]);
-    replica.wait_ready(Duration::from_secs(30)).await;
-    let out = tempfile::tempdir().unwrap();
-    // trg-00001's runs fail (exit 3), trg-00000's succeed; each writes its run id.
-    let command = format!(
-        "echo \"$QLSCHED_IDEMPOTENCY_KEY\" > {}/\"$QLSCHED_RUN_ID\"; test \"$QLSCHED_TRIGGER_ID\" = trg-00000 || exit 3",
-        out.path().display()
-    );
+    let mut stage = Stage::new(&db).await;
     let mut child = tokio::process::Command::new(example_binary())
         .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--batch", "5"])
-        .args(["--idle-ms", "50", "--command", &command])
+        .args(["--idle-ms", "50", "--command", &stage.command])
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    wait_until(
-        "3 finished runs of each trigger",
-        Duration::from_secs(30),
-        || async {
-            db.count(
-            "SELECT least(count(*) FILTER (WHERE trigger_id = 'trg-00000' AND status = 'succeeded'),
-                          count(*) FILTER (WHERE trigger_id = 'trg-00001' AND status = 'failed'))
-               FROM qlsched.runs",
-        )
-        .await
-            >= 3
-        },
-    )
-    .await;
-    replica.terminate(Duration::from_secs(20)).await;
-    // Whatever the replica admitted before it stopped is finished too.
-    wait_until("no unfinished run", Duration::from_secs(20), || async {
-        db.count("SELECT count(*) FROM qlsched.runs WHERE status NOT IN ('succeeded', 'failed')")
-            .await
-            == 0
-    })
-    .await;
-    let pid = child.id().unwrap() as i32;
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let st = tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .expect("the dispatcher stops on SIGTERM")
-        .unwrap();
-    assert!(st.success(), "{st}");
+    stage.finish(&db, &mut child).await;
     let su = db.superuser().await;
     let wrong = su
         .query_one(
@@ -309,17 +264,7 @@ async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_si
         0
     );
     // Each run's command ran once, with its own key.
-    let runs = su
-        .query("SELECT run_id, idempotency_key FROM qlsched.runs", &[])
-        .await
-        .unwrap();
-    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), runs.len());
-    for r in &runs {
-        let id: Uuid = r.get(0);
-        let key: String = r.get(1);
-        let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
-        assert_eq!(written.trim(), key);
-    }
+    crate::helpers::assert_each_run_wrote_its_key(&su, stage.out.path()).await;
     db.assert_invariants().await;
 }
 
@@ -367,25 +312,17 @@ async fn an_install_from_before_the_dispatcher_gets_its_role_from_a_second_boots
 async fn a_take_behind_a_large_backlog_reads_only_the_runs_it_takes() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "WITH run AS (
-           INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                     task_revision, execution_revision_id, idempotency_key,
-                                     scheduled_for_ms, queued_at_ms, admitted_by)
-           SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
-                  'ql3:cron:v1:t:1:' || g, g, g, 'test'
-             FROM generate_series(1, 50000) g
-           RETURNING run_id, queued_at_ms),
-              ev AS (
-           INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-           SELECT run_id, s, CASE s WHEN 1 THEN 'run.created' ELSE 'run.queued' END, queued_at_ms
-             FROM run, generate_series(1, 2) s)
-         INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
-         SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM run;
-         ANALYZE qlsched.runs; ANALYZE qlsched.attempts;",
+    crate::helpers::insert_runs(
+        &su,
+        "SELECT gen_random_uuid() AS run_id, 't' AS trigger_id,
+                gen_random_uuid() AS execution_revision_id, 'queued' AS status,
+                g::bigint AS scheduled_for_ms, g::bigint AS queued_at_ms, 'test' AS admitted_by
+           FROM generate_series(1, 50000) g",
     )
-    .await
-    .unwrap();
+    .await;
+    su.batch_execute("ANALYZE qlsched.runs; ANALYZE qlsched.attempts")
+        .await
+        .unwrap();
     let d = db.client("qlsched_dispatcher").await;
     // Warm the plan cache as a long-running dispatcher does (a generic plan after five).
     for _ in 0..6 {
@@ -398,18 +335,13 @@ async fn a_take_behind_a_large_backlog_reads_only_the_runs_it_takes() {
     ))
     .await
     .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE take(16)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE take(16)",
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     for table in ["runs", "attempts"] {
         assert!(!plan.contains(&format!("Seq Scan on {table}")), "{plan}");
     }

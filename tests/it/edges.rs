@@ -7,21 +7,49 @@ use std::time::{Duration, Instant};
 use qlsched::actors::supervisor::{Drain, Probe};
 use qlsched::actors::Settings;
 use qlsched::db;
-use qlsched::metrics::Metrics;
 use qlsched::store::admission::{self, Refusal};
 use qlsched::store::{manage, recovery};
 
 use crate::helpers::claimed::{admission, Claimed};
-use crate::helpers::{discard_log, start_supervisor as start, wait_until, TestDb};
+use crate::helpers::drive;
+use crate::helpers::{start_supervisor as start, wait_until, TestDb};
 
 fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Settings {
     Settings {
         claim_budget: 64,
-        lease: Duration::from_millis(lease_ms),
-        cadence: Duration::from_millis(cadence_ms),
         admit_timeout: Duration::from_secs(1),
-        ..db.actor_settings(owner)
+        ..db.settings(owner, cadence_ms, lease_ms)
     }
+}
+
+/// Waits (20 s) until each of the `n` triggers has a run.
+async fn every_trigger_admitted(db: &TestDb, n: i64) {
+    wait_until("first admissions", Duration::from_secs(20), || async {
+        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
+            .await
+            == n
+    })
+    .await;
+}
+
+/// `n` every-second rows due at `due_offset_ms`, `sql` run by the superuser (the test's
+/// rigging, if any: a trigger on a table), then replica `a` started with cadence
+/// `cadence_ms`.
+async fn rigged(
+    n: usize,
+    due_offset_ms: i64,
+    sql: &str,
+    cadence_ms: u64,
+) -> (
+    TestDb,
+    actix::Addr<qlsched::actors::supervisor::Supervisor>,
+    qlsched::metrics::Metrics,
+) {
+    let db = TestDb::new().await;
+    db.seed_bulk(n, "* * * * * *", due_offset_ms).await;
+    db.superuser().await.batch_execute(sql).await.unwrap();
+    let (sup, metrics, _) = start(settings(&db, "a", cadence_ms, 30_000));
+    (db, sup, metrics)
 }
 
 /// Occurrences missing between each trigger's first and last run (every-second triggers).
@@ -44,17 +72,10 @@ async fn holes(db: &TestDb) -> i64 {
 async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
     // Lateness is asserted: not alongside the drills, which load both cores.
     let _one = crate::drills::exclusive().await;
-    let db = TestDb::new().await;
-    db.seed_bulk(200, "* * * * * *", 0).await;
-    let (a, ma, _) = start(settings(&db, "a", 200, 30_000));
+    let (db, a, ma) = rigged(200, 0, "", 200).await;
     let (b, mb, _) = start(settings(&db, "b", 200, 30_000));
     let mut admin = db.admin().await;
-    wait_until("first admissions", Duration::from_secs(20), || async {
-        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
-            .await
-            == 200
-    })
-    .await;
+    every_trigger_admitted(&db, 200).await;
     // The task is republished 20 times within 10 s, twice a second. The replicas wake at
     // each whole second and admit within milliseconds of it: one deployment a second lands
     // just after a whole second (0-9 ms, varied), between their claims and their admissions;
@@ -140,15 +161,8 @@ async fn a_task_deployed_under_running_replicas_drops_no_occurrence() {
 #[actix_rt::test]
 async fn a_schedule_table_rewritten_during_operation_loses_nothing() {
     let _one = crate::drills::exclusive().await;
-    let db = TestDb::new().await;
-    db.seed_bulk(100, "* * * * * *", 0).await;
-    let (a, m, _) = start(settings(&db, "a", 200, 30_000));
-    wait_until("first admissions", Duration::from_secs(20), || async {
-        db.count("SELECT count(DISTINCT trigger_id) FROM qlsched.runs")
-            .await
-            == 100
-    })
-    .await;
+    let (db, a, m) = rigged(100, 0, "", 200).await;
+    every_trigger_admitted(&db, 100).await;
     assert_eq!(m.redecides.get(), 0, "re-decisions before any rewrite");
     let su = db.superuser().await;
     let mut rewrites = 0;
@@ -252,22 +266,19 @@ async fn leases_of_a_claim_round_whose_reply_never_came_are_released() {
 /// every cadence; the other rows are unaffected.
 #[actix_rt::test]
 async fn a_persistent_admission_error_backs_off_exponentially() {
-    let db = TestDb::new().await;
-    db.seed_bulk(2, "* * * * * *", 0).await;
-    db.superuser()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION qlsched.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+    let (db, sup, metrics) = rigged(
+        2,
+        0,
+        "CREATE FUNCTION qlsched.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
                IF NEW.trigger_id = 'trg-00000' THEN RAISE EXCEPTION 'refused for the test'; END IF;
                RETURN NEW;
              END $$;
              CREATE TRIGGER refuse_one BEFORE INSERT ON qlsched.runs
                FOR EACH ROW EXECUTE FUNCTION qlsched.refuse_one();",
-        )
-        .await
-        .unwrap();
-    let (sup, metrics, _) = start(settings(&db, "a", 100, 30_000));
+        100,
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let _ = sup.send(Drain(Duration::from_secs(2))).await;
     let claims = db
@@ -302,12 +313,10 @@ async fn a_persistent_admission_error_backs_off_exponentially() {
 /// catch-up, and at least one must have happened.
 #[actix_rt::test]
 async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
-    let db = TestDb::new().await;
-    db.seed_bulk(1, "* * * * * *", -20_000).await;
-    db.superuser()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION qlsched.slow_admission() RETURNS trigger LANGUAGE plpgsql AS $$
+    let (db, sup, _) = rigged(
+        1,
+        -20_000,
+        "CREATE FUNCTION qlsched.slow_admission() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN PERFORM pg_sleep(0.25); RETURN NEW; END $$;
              CREATE TRIGGER slow_admission BEFORE INSERT ON qlsched.runs
                FOR EACH ROW EXECUTE FUNCTION qlsched.slow_admission();
@@ -329,10 +338,9 @@ async fn catch_up_survives_a_timer_round_that_overlaps_the_admission() {
              END $$;
              CREATE TRIGGER log_schedule_update AFTER UPDATE ON qlsched.trigger_schedules
                FOR EACH STATEMENT EXECUTE FUNCTION qlsched.log_schedule_update();",
-        )
-        .await
-        .unwrap();
-    let (sup, _, _) = start(settings(&db, "a", 4_000, 30_000));
+        4_000,
+    )
+    .await;
     let started = Instant::now();
     wait_until(
         "the 20 missed occurrences",
@@ -456,14 +464,7 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
     ))
     .await
     .unwrap();
-    let plan: Vec<String> = su
-        .query("EXPLAIN (COSTS OFF) EXECUTE recovery(10)", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+    let plan = crate::helpers::plan(&su, "EXPLAIN (COSTS OFF) EXECUTE recovery(10)", &[]).await;
     assert_eq!(
         plan.matches("runs_unfinished_idx on runs").count(),
         2,
@@ -478,7 +479,7 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
 #[tokio::test]
 async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_off() {
     use qlsched::db::session::Session;
-    use qlsched::engine::{Action, Engine, Job, Kind, Outcome};
+    use qlsched::engine::{Action, Kind, Outcome};
     let cases = [
         ("SELECT 1", None),
         (
@@ -500,21 +501,13 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
         db.make_due(-100).await;
         let c = Claimed::new(&db, "a", 30_000).await;
         db.superuser().await.batch_execute(change).await.unwrap();
-        let mut engine = Engine {
-            session: Session::new(db.connector()),
-            log: discard_log(),
-            metrics: Metrics::default(),
-            admit_timeout: Duration::from_secs(2),
-            max_retries: 3,
-            reject_backoff: Duration::from_secs(60),
-        };
-        let job = Job {
-            action: Action::Admit(c.admission().occurrence()),
-            kind: Kind::Fire,
-            claim: c.row().clone(),
-            lease_deadline: Instant::now() + Duration::from_secs(20),
-            error_backoff: Duration::from_secs(1),
-        };
+        let mut engine = drive::engine(Session::new(db.connector()), Duration::from_secs(2));
+        let job = drive::job(
+            c.row(),
+            Action::Admit(c.admission().occurrence()),
+            Kind::Fire,
+            Instant::now() + Duration::from_secs(20),
+        );
         let out = engine.process(vec![job]).await.remove(0).unwrap();
         let wait = db
             .count(concat!(
@@ -552,7 +545,7 @@ async fn the_engine_releases_a_moved_on_row_at_once_and_a_corrupt_one_with_back_
 #[tokio::test]
 async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_batch() {
     use qlsched::db::session::Session;
-    use qlsched::engine::{Action, Engine, Job, Kind};
+    use qlsched::engine::{Action, Kind};
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     db.make_due(-100).await;
@@ -562,21 +555,13 @@ async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_bat
         manage::publish_task(&mut db.admin().await, "proj", "task", "{\"v\":2}")
             .await
             .unwrap();
-    let mut engine = Engine {
-        session: Session::new(db.connector()),
-        log: discard_log(),
-        metrics: Metrics::default(),
-        admit_timeout: Duration::from_secs(2),
-        max_retries: 3,
-        reject_backoff: Duration::from_secs(60),
-    };
-    let job = Job {
-        action: Action::Admit(c.admission().occurrence()),
-        kind: Kind::Fire,
-        claim: c.row().clone(),
-        lease_deadline: Instant::now() + Duration::from_secs(20),
-        error_backoff: Duration::from_secs(1),
-    };
+    let mut engine = drive::engine(Session::new(db.connector()), Duration::from_secs(2));
+    let job = drive::job(
+        c.row(),
+        Action::Admit(c.admission().occurrence()),
+        Kind::Fire,
+        Instant::now() + Duration::from_secs(20),
+    );
     let out = engine.process(vec![job]).await.remove(0);
     let runs: Vec<(i64, uuid::Uuid, i64)> = db
         .superuser()
@@ -611,7 +596,7 @@ async fn a_task_deployed_between_claim_and_admission_is_admitted_in_the_same_bat
 async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     use crate::helpers::proxy::{Fault, Proxy};
     use qlsched::db::session::{Connector, Session};
-    use qlsched::engine::{Action, AdmitError, Engine, Job, Kind};
+    use qlsched::engine::{Action, AdmitError, Job, Kind};
     let db = TestDb::new().await;
     db.seed_bulk(50, "* * * * * *", -100).await;
     let claims = Claimed::up_to(&db, "a", 30_000, 50).await;
@@ -619,28 +604,25 @@ async fn a_database_outage_during_a_batch_ends_at_the_lease_deadline() {
     let proxy = Proxy::start(db.port).await;
     // Through the proxy (a config built for its port: `Config::port` would add a second).
     let pg = crate::helpers::pg_config(proxy.port, "qlsched_runtime", &db.name);
-    let mut engine = Engine {
-        session: Session::new(Connector {
+    let mut engine = drive::engine(
+        Session::new(Connector {
             pg: pg.into(),
             connect_timeout: Duration::from_secs(5),
         }),
-        log: discard_log(),
-        metrics: Metrics::default(),
-        admit_timeout: Duration::from_secs(1),
-        max_retries: 3,
-        reject_backoff: Duration::from_secs(60),
-    };
+        Duration::from_secs(1),
+    );
     proxy.arm(Fault::Partition, 1, 1);
     let deadline = Instant::now() + Duration::from_secs(4);
     let jobs: Vec<Job> = claims
         .rows
         .into_iter()
-        .map(|c| Job {
-            action: Action::Admit(admission(&c).occurrence()),
-            kind: Kind::Fire,
-            claim: c,
-            lease_deadline: deadline,
-            error_backoff: Duration::from_secs(1),
+        .map(|c| {
+            drive::job(
+                &c,
+                Action::Admit(admission(&c).occurrence()),
+                Kind::Fire,
+                deadline,
+            )
         })
         .collect();
     let started = Instant::now();

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use qlsched::store::manage::{self, ManageError, TriggerSpec};
 use qlsched::store::triggers;
 
-use crate::helpers::cli::{command, ok, ql, refused};
+use crate::helpers::cli::{backfill_args, command, ok, ql, refused};
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{poll_until, wait_until, TestDb};
 
@@ -103,12 +103,30 @@ async fn changed_at(db: &TestDb, trigger: &str) -> i64 {
         .get(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_republish_5_ms_before_an_occurrence_admits_that_occurrence() {
+/// The publisher publishes `spec` enabled: a change of the definition.
+async fn publish_enabled(admin: &mut tokio_postgres::Client, spec: &mut TriggerSpec) {
+    spec.enabled = true;
+    assert!(manage::publish_trigger(admin, spec).await.unwrap().changed);
+}
+
+/// A database with trigger `id` (project `proj`, task `task`, `cron` in UTC) published
+/// enabled or not; the admin session that published it and its spec.
+async fn published(
+    id: &str,
+    cron: &str,
+    enabled: bool,
+) -> (TestDb, tokio_postgres::Client, TriggerSpec) {
     let db = TestDb::new().await;
     let mut admin = db.admin_with_project().await;
-    let mut spec = TriggerSpec::new("edit-1", "proj", "task", EVERY_SECOND, "UTC");
+    let mut spec = TriggerSpec::new(id, "proj", "task", cron, "UTC");
+    spec.enabled = enabled;
     manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    (db, admin, spec)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_republish_5_ms_before_an_occurrence_admits_that_occurrence() {
+    let (db, mut admin, mut spec) = published("edit-1", EVERY_SECOND, true).await;
     let (mut tries, mut lead) = (0, 0);
     let boundary = loop {
         let boundary = until_just_before_a_second(&db, lead).await;
@@ -140,10 +158,7 @@ async fn a_republish_5_ms_before_an_occurrence_admits_that_occurrence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enable_5_ms_before_an_occurrence_admits_that_occurrence() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    let spec = TriggerSpec::new("edit-2", "proj", "task", EVERY_SECOND, "UTC");
-    manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    let (db, mut admin, _) = published("edit-2", EVERY_SECOND, true).await;
     let (mut tries, mut lead) = (0, 0);
     let boundary = loop {
         triggers::disable(&mut admin, "edit-2", Some("maintenance"), "tester")
@@ -182,10 +197,7 @@ async fn spec_revision(db: &TestDb, trigger: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fire_retried_after_a_republish_admits_no_second_run() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    let mut spec = TriggerSpec::new("edit-3", "proj", "task", "0 2 * * *", "UTC");
-    manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    let (db, mut admin, mut spec) = published("edit-3", "0 2 * * *", true).await;
     let fire = || {
         serde_json::from_str::<serde_json::Value>(&ok(ql(
             &db,
@@ -265,11 +277,7 @@ async fn claimable(db: &TestDb, trigger: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trigger_published_disabled_is_started_only_by_its_publisher() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    let mut spec = TriggerSpec::new("edit-4", "proj", "task", EVERY_SECOND, "UTC");
-    spec.enabled = false;
-    manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    let (db, mut admin, mut spec) = published("edit-4", EVERY_SECOND, false).await;
     // The operator cannot override the publisher's --disabled ...
     refused(
         ql(&db, &["trigger", "enable", "edit-4"]),
@@ -283,24 +291,14 @@ async fn a_trigger_published_disabled_is_started_only_by_its_publisher() {
     assert_eq!(state(&db, "edit-4").await, (false, false, false));
     assert!(!claimable(&db, "edit-4").await);
     // The publisher turns it on.
-    spec.enabled = true;
-    assert!(
-        manage::publish_trigger(&mut admin, &spec)
-            .await
-            .unwrap()
-            .changed
-    );
+    publish_enabled(&mut admin, &mut spec).await;
     assert_eq!(state(&db, "edit-4").await, (true, true, false));
     assert!(claimable(&db, "edit-4").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_disable_of_a_publish_disabled_trigger_survives_the_publish_that_enables_it() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    let mut spec = TriggerSpec::new("edit-5", "proj", "task", EVERY_SECOND, "UTC");
-    spec.enabled = false;
-    manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    let (db, mut admin, mut spec) = published("edit-5", EVERY_SECOND, false).await;
     let out = ok(ql(
         &db,
         &[
@@ -315,13 +313,7 @@ async fn an_operator_disable_of_a_publish_disabled_trigger_survives_the_publish_
     assert!(out.contains("\"changed\": true"), "recorded: {out}");
     assert_eq!(state(&db, "edit-5").await, (false, false, true));
     // The publisher's enable does not start what the operator stopped.
-    spec.enabled = true;
-    assert!(
-        manage::publish_trigger(&mut admin, &spec)
-            .await
-            .unwrap()
-            .changed
-    );
+    publish_enabled(&mut admin, &mut spec).await;
     assert_eq!(state(&db, "edit-5").await, (false, true, true));
     assert!(!claimable(&db, "edit-5").await);
     // The operator's enable does.
@@ -332,10 +324,7 @@ async fn an_operator_disable_of_a_publish_disabled_trigger_survives_the_publish_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_whose_trigger_is_republished_while_it_waits_refuses() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    let spec = TriggerSpec::new("edit-6", "proj", "task", "* * * * *", "UTC");
-    manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    let (db, _, _) = published("edit-6", "* * * * *", true).await;
     // A republish in flight: the definition changes, the revision is bumped, not committed.
     let mut holder = db.superuser().await;
     let bump = holder.transaction().await.unwrap();
@@ -353,22 +342,11 @@ async fn a_backfill_whose_trigger_is_republished_while_it_waits_refuses() {
             .unwrap()
             .to_rfc3339()
     };
-    let child = command(
-        &db,
-        &[
-            "trigger",
-            "backfill",
-            "edit-6",
-            "--from",
-            &rfc(from),
-            "--to",
-            &rfc(to),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let child = command(&db, &backfill_args("edit-6", &rfc(from), &rfc(to), &[]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // The backfill now waits for the trigger row.
     poll_until(
         "the backfill waiting on the trigger row",
@@ -400,10 +378,7 @@ async fn a_backfill_whose_trigger_is_republished_while_it_waits_refuses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_on_a_corrupt_execution_revision_refuses_like_fire() {
-    let db = TestDb::new().await;
-    let mut admin = db.admin_with_project().await;
-    let spec = TriggerSpec::new("edit-7", "proj", "task", "* * * * *", "UTC");
-    manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    let (db, _, _) = published("edit-7", "* * * * *", true).await;
     db.superuser()
         .await
         .batch_execute("ALTER TABLE qlsched.execution_revisions DISABLE TRIGGER execution_revisions_are_immutable; UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'; ALTER TABLE qlsched.execution_revisions ENABLE TRIGGER execution_revisions_are_immutable")

@@ -18,30 +18,14 @@ use qlsched::store::claim;
 use qlsched::store::claim::ClaimedRow;
 
 use crate::helpers::claimed::{admission, Claimed};
+use crate::helpers::drive::{self, job};
 use crate::helpers::proxy::{Fault, Proxy};
 use crate::helpers::{discard_log, wait_until, TestDb};
 
 /// An engine on `connector` with the replica's bounds: admission bound `admit_timeout`,
 /// 3 serialization retries, a 60 s reject back-off.
 fn engine(connector: Connector, admit_timeout: Duration) -> Engine {
-    Engine {
-        session: Session::bounded(connector, admit_timeout),
-        log: discard_log(),
-        metrics: Metrics::default(),
-        admit_timeout,
-        max_retries: 3,
-        reject_backoff: Duration::from_secs(60),
-    }
-}
-
-fn job(claim: &ClaimedRow, action: Action, kind: Kind, deadline: Instant) -> Job {
-    Job {
-        claim: claim.clone(),
-        action,
-        kind,
-        lease_deadline: deadline,
-        error_backoff: Duration::from_secs(1),
-    }
+    drive::engine(Session::bounded(connector, admit_timeout), admit_timeout)
 }
 
 fn admit_job(claim: &ClaimedRow, kind: Kind, deadline: Instant) -> Job {

@@ -7,17 +7,28 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use qlsched::db;
-use qlsched::db::StoreError;
-use qlsched::schema::{self, ConcurrentIndex, MigrateOptions, MigrationSet, Roles};
+use qlsched::db::{self, StoreError};
+use qlsched::schema::{self, ConcurrentIndex, MigrateOptions, MigrationSet};
 
 use crate::helpers::claimed::admission;
 use crate::helpers::cli::{command, ok, refused};
 use crate::helpers::drive::{admit_once, claim_due};
-use crate::helpers::{wait_until, TestDb, PREFIX};
+use crate::helpers::roles;
+use crate::helpers::{wait_until, TestDb};
 
-fn roles() -> Roles {
-    Roles::with_prefix(PREFIX).unwrap()
+/// `db migrate` of [`with_runs_column`] as the owner, which must not wait.
+async fn migrate_runs_column(
+    db: &TestDb,
+    opts: &MigrateOptions,
+) -> Result<Vec<String>, StoreError> {
+    schema::migrate_set(
+        &db.config("qlsched_owner"),
+        &roles(),
+        &with_runs_column(),
+        opts,
+        &mut |w| panic!("unexpected wait: {w}"),
+    )
+    .await
 }
 
 /// An expand migration that needs ACCESS EXCLUSIVE on runs for a moment (a catalog change).
@@ -81,15 +92,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
         },
     )
     .await;
-    let second = schema::migrate_set(
-        &db.config("qlsched_owner"),
-        &roles(),
-        &with_runs_column(),
-        &opts,
-        &mut |w| panic!("unexpected wait: {w}"),
-    )
-    .await
-    .unwrap_err();
+    let second = migrate_runs_column(&db, &opts).await.unwrap_err();
     assert!(
         matches!(&second, StoreError::MigrateRunning(h) if h.0.iter().any(|h| h.pid > 0)),
         "{second}"
@@ -145,15 +148,7 @@ async fn a_migration_behind_a_long_reader_never_blocks_admissions_and_gives_up_t
     assert!(!has_note_column(&db).await);
     // The reader goes: the next run applies it.
     reader.batch_execute("COMMIT").await.unwrap();
-    let applied = schema::migrate_set(
-        &db.config("qlsched_owner"),
-        &roles(),
-        &with_runs_column(),
-        &opts,
-        &mut |w| panic!("unexpected wait: {w}"),
-    )
-    .await
-    .unwrap();
+    let applied = migrate_runs_column(&db, &opts).await.unwrap();
     assert_eq!(applied, vec!["V90__runs_note"]);
     assert!(has_note_column(&db).await);
     db.assert_invariants().await;

@@ -7,24 +7,19 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use qlsched::schema::{self, Roles};
+use qlsched::schema;
 use qlsched::store::queued_prune::PRUNE_QUEUED_LOCK;
 use qlsched::store::triggers::backfill_chunk;
 
-use crate::helpers::cli::{command, stderr, stdout};
-use crate::helpers::{start_supervisor, wait_until, TestDb, PREFIX};
+use crate::helpers::cli::{backfill_args, command, stderr, stdout};
+use crate::helpers::iso;
+use crate::helpers::{start_supervisor, wait_until, TestDb};
 
 /// `db migrate`'s session lock ("qlsmigr" in ASCII, src/schema/apply.rs).
 const MIGRATE_LOCK: i64 = 0x0071_6c73_6d69_6772;
 
 /// 2026-01-01T00:00:00Z in Unix ms.
 const FROM_MS: i64 = 1_767_225_600_000;
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 /// A session of `role` named `application` that has run `sql` (taking a lock and keeping
 /// it while the client lives), with its backend pid.
@@ -69,6 +64,26 @@ async fn run_within(mut cmd: Command, within: Duration, what: &str) -> Output {
 }
 
 /// Asserts that `text` names the session: its pid, role and application.
+/// Runs `cmd` (bounded by 40 s): it exits 1 within `within`, naming the worker_ingress
+/// session `application` (backend `pid`) that holds its lock.
+async fn gives_up_naming(cmd: Command, what: &str, within: Duration, pid: i32, application: &str) {
+    let started = Instant::now();
+    let out = run_within(cmd, Duration::from_secs(40), what).await;
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stderr: {err}\nstdout: {}",
+        stdout(&out)
+    );
+    names_the_holder(&err, pid, "qlsched_worker_ingress", application);
+    assert!(
+        started.elapsed() < within,
+        "{what}: {:?}",
+        started.elapsed()
+    );
+}
+
 fn names_the_holder(text: &str, pid: i32, role: &str, application: &str) {
     eprintln!("refused: {text}");
     for needle in [
@@ -97,33 +112,14 @@ async fn a_backfill_behind_a_foreign_holder_of_the_prune_lock_gives_up_naming_it
     )
     .await;
     let (from, to) = (iso(FROM_MS), iso(FROM_MS + 180_000));
-    let started = Instant::now();
-    let out = run_within(
-        command(
-            &db,
-            &[
-                "trigger",
-                "backfill",
-                "trg-00000",
-                "--from",
-                &from,
-                "--to",
-                &to,
-            ],
-        ),
-        Duration::from_secs(40),
+    gives_up_naming(
+        command(&db, &backfill_args("trg-00000", &from, &to, &[])),
         "`trigger backfill` behind a foreign holder of the prune lock",
+        Duration::from_secs(30),
+        pid,
+        "squatter-backfill",
     )
     .await;
-    let err = stderr(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stderr: {err}\nstdout: {}",
-        stdout(&out)
-    );
-    names_the_holder(&err, pid, "qlsched_worker_ingress", "squatter-backfill");
-    assert!(started.elapsed() < Duration::from_secs(30));
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 0);
 }
 
@@ -159,22 +155,14 @@ async fn runs_prune_behind_a_foreign_holder_of_the_prune_lock_gives_up_naming_it
         "QLSCHED_DSN",
         format!("{} options='-c lock_timeout=1000'", db.dsn("qlsched_admin")),
     );
-    let started = Instant::now();
-    let out = run_within(
+    gives_up_naming(
         cmd,
-        Duration::from_secs(40),
         "`runs prune` behind a foreign holder of the prune lock",
+        Duration::from_secs(10),
+        pid,
+        "squatter-prune",
     )
     .await;
-    let err = stderr(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stderr: {err}\nstdout: {}",
-        stdout(&out)
-    );
-    names_the_holder(&err, pid, "qlsched_worker_ingress", "squatter-prune");
-    assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 3);
 }
 
@@ -190,7 +178,7 @@ async fn db_migrate_behind_a_foreign_holder_of_its_lock_names_it() {
         &format!("SELECT pg_advisory_lock({MIGRATE_LOCK})"),
     )
     .await;
-    let roles = Roles::with_prefix(PREFIX).unwrap();
+    let roles = crate::helpers::roles();
     let err = tokio::time::timeout(
         Duration::from_secs(30),
         schema::migrate(&db.config("qlsched_owner"), &roles),

@@ -13,10 +13,8 @@ use crate::helpers::{wait_until, FirstRun, TestDb};
 
 fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
     Settings {
-        lease: Duration::from_secs(cadence_s * 3),
-        cadence: Duration::from_secs(cadence_s),
         listen,
-        ..db.actor_settings("a")
+        ..db.settings("a", cadence_s * 1000, cadence_s * 3000)
     }
 }
 
@@ -183,12 +181,9 @@ async fn a_lost_listener_falls_back_to_the_cadence_and_comes_back() {
         db.listeners().await >= 1
     })
     .await;
-    let cut = db
-        .count(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-              WHERE datname = current_database() AND query = 'LISTEN qlsched_wake') t",
-        )
-        .await;
+    let cut =
+        crate::helpers::terminate_backends(&db.superuser().await, "query = 'LISTEN qlsched_wake'")
+            .await;
     assert_eq!(cut, 1, "one listener backend terminated");
     let run = db
         .publish_and_await_first_run(&mut admin, "in-gap", Duration::from_secs(cadence_s + 5))

@@ -8,7 +8,6 @@ use std::time::Duration;
 use qlsched::config::RetentionConfig;
 use qlsched::metrics::Metrics;
 use qlsched::retention::Pruner;
-use qlsched::schema;
 use qlsched::store::admission::AdmitOutcome;
 use qlsched::store::retention;
 use tokio_postgres::error::SqlState;
@@ -325,25 +324,18 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
             c.batch_execute("BEGIN; SELECT set_config('qlsched.pruning', 'on', true)")
                 .await
                 .unwrap();
-            let err = c.batch_execute(d).await.unwrap_err();
-            assert_eq!(
-                err.code(),
-                Some(&SqlState::RESTRICT_VIOLATION),
-                "{role} {d}: {err}"
-            );
+            crate::helpers::assert_removal_refused(&c, d).await;
             c.batch_execute("ROLLBACK").await.unwrap();
         }
     }
     // Nor from inside another function (a DO block) that sets the setting itself.
     let owner = db.client("qlsched_owner").await;
-    let err = owner
-        .batch_execute(
-            "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
-                       DELETE FROM qlsched.runs; END $$",
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    crate::helpers::assert_removal_refused(
+        &owner,
+        "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
+                   DELETE FROM qlsched.runs; END $$",
+    )
+    .await;
     drop(owner);
     // The admin cannot call the function.
     let admin = db.admin().await;
@@ -368,66 +360,30 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
     retention::prune_batch(&owner, keep, 10, "o", lease.token)
         .await
         .unwrap();
-    let err = owner
-        .batch_execute("DELETE FROM qlsched.runs")
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    crate::helpers::assert_removal_refused(&owner, "DELETE FROM qlsched.runs").await;
     owner.batch_execute("ROLLBACK").await.unwrap();
 }
 
-#[tokio::test]
-async fn db_check_expects_exactly_the_runtime_execute_grant() {
-    let db = TestDb::new().await;
-    let su = db.superuser().await;
-    let roles = [
-        ("qlsched_runtime", "runtime"),
-        ("qlsched_admin", "admin"),
-        ("qlsched_worker_ingress", "worker_ingress"),
-    ];
-    assert_eq!(
-        schema::check(&su, &roles).await.unwrap(),
-        Vec::<String>::new()
-    );
-    su.batch_execute(
-        "GRANT EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) TO qlsched_admin",
+/// `n` bare runs (no attempts, no events; scheduled and queued at 1, 2, … ms), every
+/// `every`-th of status `some`, the others `rest`; then ANALYZE.
+async fn bare_runs(su: &tokio_postgres::Client, n: i64, every: i64, some: &str, rest: &str) {
+    su.execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                   task_revision, execution_revision_id, idempotency_key, status,
+                                   scheduled_for_ms, queued_at_ms, admitted_by)
+         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
+                'ql3:cron:v1:t:1:' || g, CASE WHEN g % $2::bigint = 0 THEN $3 ELSE $4 END,
+                g, g, 'test'
+           FROM generate_series(1, $1::bigint) g",
+        &[&n, &every, &some, &rest],
     )
     .await
     .unwrap();
-    assert_eq!(
-        schema::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_admin may EXECUTE function qlsched.prune_finished(bigint,integer,text,uuid), which it must not"]
-    );
-    su.batch_execute(
-        "REVOKE EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) FROM qlsched_admin, qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        schema::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_runtime lacks EXECUTE on function qlsched.prune_finished(bigint,integer,text,uuid)"]
-    );
-}
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    su.batch_execute("ANALYZE qlsched.runs").await.unwrap();
 }
 
 fn backfill(db: &TestDb, from: i64, to: i64) -> std::process::Output {
-    crate::helpers::cli::ql(
-        db,
-        &[
-            "trigger",
-            "backfill",
-            "trg-00000",
-            "--from",
-            &iso(from),
-            "--to",
-            &iso(to),
-        ],
-    )
+    crate::helpers::cli::backfill(db, "trg-00000", from, to, &[])
 }
 
 #[tokio::test]
@@ -578,21 +534,10 @@ async fn a_running_replica_prunes_and_exports_the_retention_metrics() {
 async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                   task_revision, execution_revision_id, idempotency_key, status,
-                                   scheduled_for_ms, queued_at_ms, admitted_by)
-         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
-                'ql3:cron:v1:t:1:' || g, CASE WHEN g % 100 = 0 THEN 'succeeded' ELSE 'queued' END,
-                g, g, 'test'
-           FROM generate_series(1, 50000) g;
-         ANALYZE qlsched.runs;",
-    )
-    .await
-    .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+    bare_runs(&su, 50000, 100, "succeeded", "queued").await;
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
              SELECT r.run_id FROM qlsched.runs r
               WHERE r.queued_at_ms < 40000 AND r.scheduled_for_ms < 40000
                 AND r.status IN ('succeeded', 'failed', 'cancelled')
@@ -601,14 +546,9 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
                 AND NOT EXISTS (SELECT 1 FROM qlsched.run_events e
                                  WHERE e.run_id = r.run_id AND e.at_ms >= 40000)
               ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE OF r SKIP LOCKED",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+        &[],
+    )
+    .await;
     assert!(plan.contains("runs_finished_idx"), "{plan}");
     // The same statement the function runs selects exactly the 100 oldest finished runs.
     let keep = Duration::from_millis(u64::try_from(db.now_ms().await - 40_000).unwrap());
@@ -640,36 +580,20 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
 async fn the_old_queued_count_reads_the_queued_runs_only_and_is_capped() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    su.batch_execute(
-        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                                   task_revision, execution_revision_id, idempotency_key, status,
-                                   scheduled_for_ms, queued_at_ms, admitted_by)
-         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1, gen_random_uuid(),
-                'ql3:cron:v1:t:1:' || g, CASE WHEN g % 5000 = 0 THEN 'queued' ELSE 'succeeded' END,
-                g, g, 'test'
-           FROM generate_series(1, 100000) g;
-         ANALYZE qlsched.runs;",
-    )
-    .await
-    .unwrap();
+    bare_runs(&su, 100000, 5000, "queued", "succeeded").await;
     su.batch_execute("SET plan_cache_mode = force_generic_plan; BEGIN")
         .await
         .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            &format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
-                retention::OLD_QUEUED_SQL.replace("$1", "3600000")
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan = crate::helpers::plan(
+        &su,
+        &format!(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+            retention::OLD_QUEUED_SQL.replace("$1", "3600000")
+        ),
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     let buffers = crate::helpers::plan_buffers(&plan, "");
     assert!(
         buffers < 200,

@@ -3,10 +3,12 @@
 
 use qlsched::store::dispatch::TAKE_SQL;
 use qlsched::store::triggers::{backfill_chunk, fire};
-use serde_json::Value;
+use std::process::Output;
+
 use uuid::Uuid;
 
-use crate::helpers::cli::{ok, ql, refused};
+use crate::helpers::cli::{json, ok, ql, refused};
+use crate::helpers::drive::take;
 use crate::helpers::TestDb;
 
 const FROM: &str = "2026-01-01T00:00:00Z";
@@ -30,26 +32,21 @@ async fn runs(db: &TestDb, b: i64, c: i64) {
         .unwrap();
 }
 
-fn json(out: String) -> Value {
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+/// `runs cancel ARGS`.
+fn cancel(db: &TestDb, args: &[&str]) -> Output {
+    ql(db, &[&["runs", "cancel"], args].concat())
 }
 
-async fn status_counts(db: &TestDb) -> String {
-    let rows = db
-        .superuser()
-        .await
-        .query(
-            "SELECT r.status || '/' || a.state || ':' || count(*)
-               FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)
-              GROUP BY r.status, a.state ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// `runs cancel --trigger trg-00000 --from FROM --to TO ARGS`.
+fn cancel_window(db: &TestDb, args: &[&str]) -> Output {
+    cancel(
+        db,
+        &[
+            &["--trigger", "trg-00000", "--from", FROM, "--to", TO],
+            args,
+        ]
+        .concat(),
+    )
 }
 
 #[tokio::test]
@@ -61,9 +58,9 @@ async fn cancel_by_run_cancels_one_untouched_run_and_a_repeat_changes_nothing() 
         .await
         .unwrap();
     let id = f.run_id.to_string();
-    let out = json(ok(ql(&db, &["runs", "cancel", "--run", &id, "--json"])));
+    let out = json(ok(cancel(&db, &["--run", &id, "--json"])));
     assert_eq!(out["cancelled"], 1, "{out}");
-    assert_eq!(status_counts(&db).await, "cancelled/abandoned:1");
+    assert_eq!(db.status_counts().await, "cancelled/abandoned:1");
     let su = db.superuser().await;
     let r = su
         .query_one(
@@ -77,7 +74,7 @@ async fn cancel_by_run_cancels_one_untouched_run_and_a_repeat_changes_nothing() 
     assert!(r.get::<_, bool>(0));
     assert!(r.get::<_, bool>(1));
     assert_eq!(r.get::<_, String>(2), "run.cancelled");
-    let again = json(ok(ql(&db, &["runs", "cancel", "--run", &id, "--json"])));
+    let again = json(ok(cancel(&db, &["--run", &id, "--json"])));
     assert_eq!(again["cancelled"], 0);
     assert_eq!(again["already_cancelled"], 1);
     // A dispatcher never takes a cancelled run.
@@ -92,13 +89,7 @@ async fn cancel_by_window_and_kind_leaves_other_kinds_and_taken_runs_alone_and_c
     runs(&db, 10, 0).await;
     let d = db.client("qlsched_dispatcher").await;
     // Two backfill runs taken and committed; one more held by a take still in progress.
-    let first: Vec<Uuid> = d
-        .query(TAKE_SQL, &[&2i64])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let first = take(&d, 2).await;
     assert_eq!(first.len(), 2);
     d.batch_execute("BEGIN").await.unwrap();
     assert_eq!(d.query(TAKE_SQL, &[&1i64]).await.unwrap().len(), 1);
@@ -111,61 +102,19 @@ async fn cancel_by_window_and_kind_leaves_other_kinds_and_taken_runs_alone_and_c
     fire(&mut admin, "trg-00000", "keep", "tester")
         .await
         .unwrap();
-    let out = json(ok(ql(
-        &db,
-        &[
-            "runs",
-            "cancel",
-            "--trigger",
-            "trg-00000",
-            "--from",
-            FROM,
-            "--to",
-            TO,
-            "--kind",
-            "backfill",
-            "--json",
-        ],
-    )));
+    let out = json(ok(cancel_window(&db, &["--kind", "backfill", "--json"])));
     d.batch_execute("COMMIT").await.unwrap();
     assert_eq!(out["matched"], 10, "{out}");
     assert_eq!(out["cancelled"], 7, "{out}");
     assert_eq!(out["left_alone"], 3, "2 taken + 1 being taken: {out}");
     assert_eq!(
-        status_counts(&db).await,
+        db.status_counts().await,
         "cancelled/abandoned:7 dispatching/dispatching:3 queued/claimed:6"
     );
     // The cron kind next, then everything: the manual run (outside the window) stays.
-    let out = json(ok(ql(
-        &db,
-        &[
-            "runs",
-            "cancel",
-            "--trigger",
-            "trg-00000",
-            "--from",
-            FROM,
-            "--to",
-            TO,
-            "--kind",
-            "cron",
-            "--json",
-        ],
-    )));
+    let out = json(ok(cancel_window(&db, &["--kind", "cron", "--json"])));
     assert_eq!(out["cancelled"], 5, "{out}");
-    let text = ok(ql(
-        &db,
-        &[
-            "runs",
-            "cancel",
-            "--trigger",
-            "trg-00000",
-            "--from",
-            FROM,
-            "--to",
-            TO,
-        ],
-    ));
+    let text = ok(cancel_window(&db, &[]));
     assert!(
         text.contains(
             "15 matched, 0 cancelled, 3 left alone (taken by a dispatcher), 12 already cancelled"
@@ -187,21 +136,7 @@ async fn over_max_refuses_before_writing_anything() {
     let snapshot = "SELECT sum(hashtext(x::text)) FROM (SELECT r, a FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)) x";
     let before = db.count(snapshot).await;
     refused(
-        ql(
-            &db,
-            &[
-                "runs",
-                "cancel",
-                "--trigger",
-                "trg-00000",
-                "--from",
-                FROM,
-                "--to",
-                TO,
-                "--max",
-                "9",
-            ],
-        ),
+        cancel_window(&db, &["--max", "9"]),
         2,
         &["more than 9 queued runs match (--max 9); nothing was written"],
     );
@@ -211,22 +146,7 @@ async fn over_max_refuses_before_writing_anything() {
         20
     );
     // Exactly --max is fine.
-    let out = json(ok(ql(
-        &db,
-        &[
-            "runs",
-            "cancel",
-            "--trigger",
-            "trg-00000",
-            "--from",
-            FROM,
-            "--to",
-            TO,
-            "--max",
-            "10",
-            "--json",
-        ],
-    )));
+    let out = json(ok(cancel_window(&db, &["--max", "10", "--json"])));
     assert_eq!(out["cancelled"], 10);
     db.assert_invariants().await;
 }
@@ -236,96 +156,37 @@ async fn exit_codes_name_bad_input_unknown_ids_and_a_taken_run() {
     let db = TestDb::new().await;
     runs(&db, 1, 0).await;
     let unknown = Uuid::new_v4().to_string();
+    refused(cancel(&db, &["--run", &unknown]), 3, &[&unknown]);
     refused(
-        ql(&db, &["runs", "cancel", "--run", &unknown]),
-        3,
-        &[&unknown],
-    );
-    refused(
-        ql(
-            &db,
-            &[
-                "runs",
-                "cancel",
-                "--trigger",
-                "nope",
-                "--from",
-                FROM,
-                "--to",
-                TO,
-            ],
-        ),
+        cancel(&db, &["--trigger", "nope", "--from", FROM, "--to", TO]),
         3,
         &["trigger nope does not exist"],
     );
+    refused(cancel(&db, &["--run", "not-a-uuid"]), 2, &["not-a-uuid"]);
     refused(
-        ql(&db, &["runs", "cancel", "--run", "not-a-uuid"]),
-        2,
-        &["not-a-uuid"],
-    );
-    refused(
-        ql(
-            &db,
-            &[
-                "runs",
-                "cancel",
-                "--trigger",
-                "trg-00000",
-                "--from",
-                TO,
-                "--to",
-                FROM,
-            ],
-        ),
+        cancel(&db, &["--trigger", "trg-00000", "--from", TO, "--to", FROM]),
         2,
         &["is not before"],
     );
     refused(
-        ql(
+        cancel(
             &db,
-            &[
-                "runs",
-                "cancel",
-                "--trigger",
-                "trg-00000",
-                "--from",
-                "yesterday",
-                "--to",
-                TO,
-            ],
+            &["--trigger", "trg-00000", "--from", "yesterday", "--to", TO],
         ),
         2,
         &["yesterday"],
     );
-    refused(
-        ql(
-            &db,
-            &[
-                "runs",
-                "cancel",
-                "--trigger",
-                "trg-00000",
-                "--from",
-                FROM,
-                "--to",
-                TO,
-                "--max",
-                "0",
-            ],
-        ),
-        2,
-        &["--max 0"],
-    );
-    refused(ql(&db, &["runs", "cancel"]), 2, &[]);
+    refused(cancel_window(&db, &["--max", "0"]), 2, &["--max 0"]);
+    refused(cancel(&db, &[]), 2, &[]);
     let d = db.client("qlsched_dispatcher").await;
     let taken: Uuid = d.query_one(TAKE_SQL, &[&1i64]).await.unwrap().get(0);
     let id = taken.to_string();
     refused(
-        ql(&db, &["runs", "cancel", "--run", &id]),
+        cancel(&db, &["--run", &id]),
         4,
         &["taken by a dispatcher", "nothing was written"],
     );
-    assert_eq!(status_counts(&db).await, "dispatching/dispatching:1");
+    assert_eq!(db.status_counts().await, "dispatching/dispatching:1");
     db.assert_invariants().await;
 }
 

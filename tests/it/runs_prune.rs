@@ -6,29 +6,40 @@
 
 use std::time::Duration;
 
-use qlsched::schema;
 use qlsched::store::admission::AdmitOutcome;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
 use qlsched::store::triggers::backfill_chunk;
-use serde_json::Value;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::helpers::claimed::{admission, Claimed};
-use crate::helpers::cli::{ok, ql, refused};
+use crate::helpers::cli::{backfill_args, json, ok, ql, refused};
+use crate::helpers::drive::take;
 use crate::helpers::TestDb;
+use crate::helpers::{assert_removal_refused, iso};
 
 /// 2026-01-01T00:00:00Z in Unix ms.
 const FROM_MS: i64 = 1_767_225_600_000;
 
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+/// A database with one every-second trigger, runs of [`admit_minutes`], and a bound after
+/// them ([`bound_after_admissions`]).
+async fn admitted(minutes: std::ops::Range<i64>) -> (TestDb, i64) {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    admit_minutes(&db, minutes).await;
+    let before = bound_after_admissions(&db).await;
+    (db, before)
 }
 
-fn json(out: String) -> Value {
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+/// One every-second trigger due 10 s ago; its cursor.
+async fn due_10_s_ago() -> (TestDb, i64) {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    db.make_due(-10_000).await;
+    let cursor = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
+        .await;
+    (db, cursor)
 }
 
 /// Backfill runs of trg-00000 at minutes `minutes` of 2026-01-01 (queued now).
@@ -63,22 +74,6 @@ fn prune(db: &TestDb, before: i64, extra: &[&str]) -> std::process::Output {
     ql(db, &args)
 }
 
-async fn status_counts(db: &TestDb) -> String {
-    let rows = db
-        .superuser()
-        .await
-        .query(
-            "SELECT r.status || ':' || count(*) FROM qlsched.runs r GROUP BY r.status ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 async fn pruned_through(db: &TestDb) -> Option<i64> {
     db.superuser()
         .await
@@ -98,13 +93,7 @@ async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_
     admit_minutes(&db, 0..12).await;
     let d = db.client("qlsched_dispatcher").await;
     // Two taken and committed; one of them finished (succeeded); one cancelled (finished).
-    let taken: Vec<Uuid> = d
-        .query(TAKE_SQL, &[&2i64])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let taken = take(&d, 2).await;
     assert_eq!(taken.len(), 2);
     d.query(START_SQL, &[&vec![taken[0]]]).await.unwrap();
     let done = d
@@ -140,8 +129,8 @@ async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_
     assert_eq!(out["left_alone"], 1, "the run being taken: {out}");
     assert_eq!(out["backfill_refused_before_ms"], before, "{out}");
     assert_eq!(
-        status_counts(&db).await,
-        "cancelled:1 dispatching:2 queued:3 succeeded:1"
+        db.status_counts().await,
+        "cancelled/abandoned:1 dispatching/dispatching:2 queued/claimed:3 succeeded/succeeded:1"
     );
     // The 3 queued runs left are the younger ones.
     assert_eq!(
@@ -170,28 +159,14 @@ async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_
 
 #[tokio::test]
 async fn backfill_over_the_pruned_window_is_refused_afterwards() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..5).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..5).await;
     let out = json(ok(prune(&db, before, &["--json"])));
     assert_eq!(out["removed"], 5, "{out}");
     // The window whose runs were removed: refused, nothing admitted again.
     let from = iso(FROM_MS);
     let to = iso(FROM_MS + 3_600_000);
     refused(
-        ql(
-            &db,
-            &[
-                "trigger",
-                "backfill",
-                "trg-00000",
-                "--from",
-                &from,
-                "--to",
-                &to,
-            ],
-        ),
+        ql(&db, &backfill_args("trg-00000", &from, &to, &[])),
         2,
         &[
             "retention horizon",
@@ -205,16 +180,7 @@ async fn backfill_over_the_pruned_window_is_refused_afterwards() {
     let (f, t) = (iso(before), iso(now));
     let out = json(ok(ql(
         &db,
-        &[
-            "trigger",
-            "backfill",
-            "trg-00000",
-            "--from",
-            &f,
-            "--to",
-            &t,
-            "--json",
-        ],
+        &backfill_args("trg-00000", &f, &t, &["--json"]),
     )));
     assert_eq!(
         out["admitted"].as_i64().unwrap(),
@@ -265,10 +231,7 @@ async fn a_pruned_cron_occurrence_is_never_admitted_again() {
 
 #[tokio::test]
 async fn over_max_and_bad_input_refuse_before_writing_anything() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..10).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..10).await;
     let snapshot = "SELECT sum(hashtext(x::text)) FROM (SELECT r, a FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)) x";
     let digest = db.count(snapshot).await;
     let b = iso(before);
@@ -303,10 +266,7 @@ async fn over_max_and_bad_input_refuse_before_writing_anything() {
 
 #[tokio::test]
 async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_deletes() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..2).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..2).await;
     let call =
         format!("SELECT qlsched.prune_queued({before}, ARRAY(SELECT run_id FROM qlsched.runs))");
     for role in [
@@ -330,32 +290,19 @@ async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_
     // from a DO block that sets the setting itself as from a plain statement.
     let owner = db.client("qlsched_owner").await;
     for table in ["runs", "attempts", "run_events"] {
-        let err = owner
-            .batch_execute(&format!(
+        assert_removal_refused(
+            &owner,
+            &format!(
                 "DO $$ BEGIN PERFORM set_config('qlsched.pruning', 'on', true);
                            DELETE FROM qlsched.{table}; END $$"
-            ))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.code(),
-            Some(&SqlState::RESTRICT_VIOLATION),
-            "{table}: {err}"
-        );
-        owner.batch_execute("BEGIN").await.unwrap();
+            ),
+        )
+        .await;
         owner
-            .batch_execute("SELECT set_config('qlsched.pruning', 'on', true)")
+            .batch_execute("BEGIN; SELECT set_config('qlsched.pruning', 'on', true)")
             .await
             .unwrap();
-        let err = owner
-            .batch_execute(&format!("DELETE FROM qlsched.{table}"))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.code(),
-            Some(&SqlState::RESTRICT_VIOLATION),
-            "{table}: {err}"
-        );
+        assert_removal_refused(&owner, &format!("DELETE FROM qlsched.{table}")).await;
         owner.batch_execute("ROLLBACK").await.unwrap();
     }
     assert_eq!(db.count("SELECT count(*) FROM qlsched.runs").await, 2);
@@ -370,54 +317,13 @@ async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_
     );
     owner.batch_execute("BEGIN").await.unwrap();
     owner.query_one(&call, &[]).await.unwrap();
-    let err = owner
-        .batch_execute("DELETE FROM qlsched.runs")
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
+    assert_removal_refused(&owner, "DELETE FROM qlsched.runs").await;
     owner.batch_execute("ROLLBACK").await.unwrap();
 }
 
 #[tokio::test]
-async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
-    let db = TestDb::new().await;
-    let su = db.superuser().await;
-    let roles = [
-        ("qlsched_runtime", "runtime"),
-        ("qlsched_admin", "admin"),
-        ("qlsched_worker_ingress", "worker_ingress"),
-        ("qlsched_dispatcher", "dispatcher"),
-    ];
-    assert_eq!(
-        schema::check(&su, &roles).await.unwrap(),
-        Vec::<String>::new()
-    );
-    su.batch_execute(
-        "GRANT EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) TO qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        schema::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_runtime may EXECUTE function qlsched.prune_queued(bigint,uuid[]), which it must not"]
-    );
-    su.batch_execute(
-        "REVOKE EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) FROM qlsched_admin, qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        schema::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_admin lacks EXECUTE on function qlsched.prune_queued(bigint,uuid[])"]
-    );
-}
-
-#[tokio::test]
 async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrence_again() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    admit_minutes(&db, 0..3).await;
-    let before = bound_after_admissions(&db).await;
+    let (db, before) = admitted(0..3).await;
     // The backfill's first chunk is held at its trigger lock, after the command's horizon
     // check passed (nothing was pruned yet).
     let holder = db.superuser().await;
@@ -430,18 +336,7 @@ async fn a_backfill_racing_a_prune_of_its_window_never_admits_a_pruned_occurrenc
     let cli_db = db.clone();
     let (from, to) = (iso(FROM_MS), iso(FROM_MS + 180_000));
     let backfill = tokio::task::spawn_blocking(move || {
-        ql(
-            &cli_db,
-            &[
-                "trigger",
-                "backfill",
-                "trg-00000",
-                "--from",
-                &from,
-                "--to",
-                &to,
-            ],
-        )
+        ql(&cli_db, &backfill_args("trg-00000", &from, &to, &[]))
     });
     crate::helpers::wait_until(
         "the backfill's chunk waits for the trigger row",
@@ -486,12 +381,7 @@ fn the_prune_lock_key_is_the_one_v12_takes() {
 /// admission moves past each of them without a run: a pruned occurrence never comes back.
 #[tokio::test]
 async fn a_pruned_backfill_ahead_of_the_cursor_is_not_admitted_again_by_the_cron() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-10_000).await;
-    let cursor = db
-        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
-        .await;
+    let (db, cursor) = due_10_s_ago().await;
     let ahead: Vec<i64> = (0..3).map(|i| cursor + i * 1000).collect();
     backfill_chunk(
         &mut db.admin().await,
@@ -566,12 +456,7 @@ async fn prune_queued_refuses_a_bound_in_the_future() {
 /// keeps its key, and the cron moves past the instant without a run.
 #[tokio::test]
 async fn a_run_ahead_of_a_claimed_cursor_is_left_for_a_later_prune() {
-    let db = TestDb::new().await;
-    db.seed(1, "* * * * * *").await;
-    db.make_due(-10_000).await;
-    let cursor = db
-        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules")
-        .await;
+    let (db, cursor) = due_10_s_ago().await;
     backfill_chunk(
         &mut db.admin().await,
         "trg-00000",

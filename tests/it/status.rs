@@ -3,15 +3,10 @@
 
 use std::time::Duration;
 
-use crate::helpers::cli::{ok, ql};
+use crate::helpers::cli::{backfill_args, ok, ql};
+use crate::helpers::iso;
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{wait_until, TestDb};
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 /// A replica admits a few every-second occurrences (lag: milliseconds); then a backfill of
 /// the ten minutes before them (lag: up to ten minutes) and two manual fires. The cron lag
@@ -45,15 +40,7 @@ async fn status_splits_admissions_and_lag_by_cron_manual_and_backfill() {
     // 600 whole seconds before the first cron occurrence: [first - 600 s, first).
     ok(ql(
         &db,
-        &[
-            "trigger",
-            "backfill",
-            &id,
-            "--from",
-            &iso(first - 600_000),
-            "--to",
-            &iso(first - 1),
-        ],
+        &backfill_args(&id, &iso(first - 600_000), &iso(first - 1), &[]),
     ));
     for req in ["st-1", "st-2"] {
         ok(ql(&db, &["trigger", "fire", &id, "--request-id", req]));

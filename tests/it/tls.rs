@@ -32,6 +32,17 @@ fn tls_dsn(extra: &str) -> String {
     )
 }
 
+/// The user a session over `dsn` is (connecting must succeed: `what` otherwise).
+async fn user_of(dsn: &str, what: &str) -> String {
+    db::connect(&parse_dsn_with_password(dsn).unwrap())
+        .await
+        .expect(what)
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 #[tokio::test]
 async fn every_sslmode_connects_to_a_tls_server_and_encrypts_unless_disabled() {
     let ca = tls_cluster().ca();
@@ -78,8 +89,9 @@ async fn against_a_plain_server_prefer_falls_back_and_require_modes_say_what_to_
         ))
         .await
         .unwrap_err();
-        assert!(err.contains("server did not offer TLS"), "{mode}: {err}");
-        assert!(err.contains("turn on ssl"), "{mode}: {err}");
+        for part in ["server did not offer TLS", "turn on ssl"] {
+            assert!(err.contains(part), "{mode}: {part:?} not in {err}");
+        }
     }
 }
 
@@ -135,15 +147,10 @@ async fn cert_authentication_accepts_the_client_certificate_and_refuses_without_
         c.client_cert().display(),
         c.client_key().display()
     );
-    let client = db::connect(&parse_dsn_with_password(&with).unwrap())
-        .await
-        .expect("client certificate accepted");
-    let who: String = client
-        .query_one("SELECT current_user::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(who, CERT_USER);
+    assert_eq!(
+        user_of(&with, "client certificate accepted").await,
+        CERT_USER
+    );
 
     let err = session_ssl(&base).await.unwrap_err();
     assert!(err.contains("certificate"), "{err}");
@@ -245,15 +252,10 @@ async fn an_encrypted_client_key_authenticates_with_sslpassword() {
         c.client_cert().display(),
         key.display()
     );
-    let client = db::connect(&parse_dsn_with_password(&dsn).unwrap())
-        .await
-        .expect("the decrypted key authenticates");
-    let who: String = client
-        .query_one("SELECT current_user::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(who, CERT_USER);
+    assert_eq!(
+        user_of(&dsn, "the decrypted key authenticates").await,
+        CERT_USER
+    );
     let without = dsn.replace("sslpassword='pass phrase'", "");
     let e = parse_dsn_with_password(&without).unwrap_err().to_string();
     assert!(e.contains("give its passphrase as sslpassword"), "{e}");

@@ -13,58 +13,9 @@ use std::time::Duration;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, ServerName};
 
+use crate::helpers::http::{check_config, get, header, parse, secret_file};
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::TestDb;
-
-/// One HTTP/1.0 GET with `Host: host` (none when `None`) and extra headers:
-/// (status, lower-cased headers, body).
-fn get(
-    addr: SocketAddr,
-    host: Option<&str>,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, Vec<(String, String)>, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!("GET {path} HTTP/1.0\r\n");
-    if let Some(h) = host {
-        req.push_str(&format!("Host: {h}\r\n"));
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    parse(&String::from_utf8_lossy(&buf))
-}
-
-fn parse(buf: &str) -> (u16, Vec<(String, String)>, String) {
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    (status, headers, body.to_owned())
-}
-
-fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-}
-
-fn secret_file(dir: &Path, name: &str, text: &str, mode: u32) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-    p.display().to_string()
-}
 
 #[tokio::test]
 async fn a_wrong_host_gets_421_and_the_own_host_200() {
@@ -308,32 +259,13 @@ async fn a_plain_connection_to_the_tls_port_fails_and_a_replaced_certificate_is_
     assert!(log.contains("certificate reloaded"), "{log}");
 }
 
-/// `check-config` of a replica file with this `[http]` section: (success, output).
-fn check(dir: &Path, http: &str) -> (bool, String) {
-    let path = dir.join("r.toml");
-    std::fs::write(
-        &path,
-        format!("[replica]\nid = \"c\"\n[database]\ndsn = \"host=127.0.0.1 dbname=x\"\n[http]\n{http}\n"),
-    )
-    .unwrap();
-    let o = std::process::Command::new(crate::helpers::replica::binary())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
-    )
-}
-
 #[test]
 fn a_console_off_loopback_without_tls_is_refused_unless_plain_http_is_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let token = secret_file(dir.path(), "token", "0123456789abcdef0123\n", 0o600);
     // The install the docs described before: a token, plain HTTP on every address.
     let old = format!("bind = \"0.0.0.0:9187\"\nconsole_auth_file = \"{token}\"");
-    let (good, out) = check(dir.path(), &old);
+    let (good, out) = check_config(dir.path(), &old);
     assert!(
         !good,
         "a console off loopback without TLS was accepted: {out}"
@@ -341,17 +273,17 @@ fn a_console_off_loopback_without_tls_is_refused_unless_plain_http_is_allowed() 
     for needle in ["http.allow_plain_http", "tls_cert_file", "tls_key_file"] {
         assert!(out.contains(needle), "{needle}: {out}");
     }
-    let (good, out) = check(dir.path(), &format!("{old}\nallow_plain_http = true"));
+    let (good, out) = check_config(dir.path(), &format!("{old}\nallow_plain_http = true"));
     assert!(good, "{out}");
     // The console off: nothing to protect, no TLS needed.
-    let (good, out) = check(dir.path(), "bind = \"0.0.0.0:9187\"\nconsole = \"off\"");
+    let (good, out) = check_config(dir.path(), "bind = \"0.0.0.0:9187\"\nconsole = \"off\"");
     assert!(good, "{out}");
     // A key file others can read is refused, naming the key, the file and its mode.
     let ca = ca();
     let (cert, key) = (dir.path().join("c.crt"), dir.path().join("c.key"));
     issue(&ca, "c", &cert, &key);
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (good, out) = check(
+    let (good, out) = check_config(
         dir.path(),
         &format!("{old}\ntls_cert_file = {cert:?}\ntls_key_file = {key:?}"),
     );
@@ -363,7 +295,7 @@ fn a_console_off_loopback_without_tls_is_refused_unless_plain_http_is_allowed() 
         "{out}"
     );
     // Credentials required on loopback too when asked.
-    let (good, out) = check(dir.path(), "console_require_auth = true");
+    let (good, out) = check_config(dir.path(), "console_require_auth = true");
     assert!(!good && out.contains("http.console_require_auth"), "{out}");
 }
 

@@ -99,7 +99,7 @@ async fn a_shell_run_succeeds_and_its_output_tail_is_recorded() {
         .contains("qlsched_worker_execution_seconds_count 1"));
     assert_eq!(w.get("/healthz").map(|r| r.0), Some(200));
     stop(&mut w).await;
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -704,7 +704,7 @@ async fn sigterm_lets_a_running_attempt_finish_within_the_drain_timeout() {
     let o = run_outcome(&db, runs[0]).await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     assert_eq!(o.output_tail.as_deref(), Some("done\n"));
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]

@@ -72,13 +72,7 @@ async fn pooled_connections_whose_backend_was_terminated_are_not_handed_out() {
         }
     }
     assert_eq!(pool.state().idle_connections, 4);
-    sql.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = current_database() AND usename = 'qlsched_runtime'",
-        &[],
-    )
-    .await
-    .unwrap();
+    crate::helpers::terminate_backends(&sql, "usename = 'qlsched_runtime'").await;
     wait_runtime_backends_gone(
         &sql,
         "the terminated backends gone",
@@ -168,14 +162,7 @@ async fn a_graceful_stop_during_a_claim_round_leaves_no_lease_behind() {
 #[tokio::test]
 async fn a_trigger_behind_its_schedule_catches_up_at_admission_speed() {
     let mut stage = Stage::new(1, "").await;
-    stage.sql.batch_execute(
-        "UPDATE qlsched.trigger_schedules
-            SET next_fire_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - 20) * 1000,
-                state_version = state_version + 1;
-         UPDATE qlsched.trigger_schedules SET claimable_at_ms = next_fire_at_ms",
-    )
-    .await
-    .unwrap();
+    crate::helpers::make_due_seconds_ago(&stage.sql, 20).await;
     stage.fleet.start(&["a"]).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let behind_ms = scalar(

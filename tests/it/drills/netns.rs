@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use super::check::{self, Expect};
 use super::partition::wait_taken_over_by;
-use super::{db_now, exclusive, metric, scalar, wait_all_admitting, Fleet, OwnPg, Params, Report};
+use super::{db_now, exclusive, scalar, wait_all_admitting, Fleet, OwnPg, Params, Report};
 use super::{tail, Rng, EVERY_SECOND};
 use crate::helpers::netns::{require_root, NetNs};
 use crate::helpers::wait_until;
@@ -59,6 +59,16 @@ async fn pg_for(ns: &NetNs) -> OwnPg {
 }
 
 /// Replica `a` inside the namespace, `b` direct, both admitting.
+/// [`TRIGGERS`] every-second triggers on `own`, replicas started as [`start`] does, every
+/// trigger admitting; a superuser session and the two fleets.
+async fn admitting(ns: &NetNs, own: &OwnPg) -> (tokio_postgres::Client, Fleet, Fleet) {
+    own.db.seed(TRIGGERS, EVERY_SECOND).await;
+    let sql = own.db.superuser().await;
+    let (inside, direct) = start(ns, own).await;
+    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+    (sql, inside, direct)
+}
+
 async fn start(ns: &NetNs, own: &OwnPg) -> (Fleet, Fleet) {
     let dsn = format!(
         "host={} port={} user=qlsched_runtime dbname=qlsched",
@@ -174,10 +184,7 @@ async fn a_replica_cut_off_at_the_kernel_notices_within_its_user_timeout_and_is_
     );
     let ns = NetNs::create("p");
     let own = pg_for(&ns).await;
-    own.db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = own.db.superuser().await;
-    let (mut inside, mut direct) = start(&ns, &own).await;
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+    let (sql, mut inside, mut direct) = admitting(&ns, &own).await;
 
     let mut expect = Expect::every_second();
     let (mut detect_ms, mut resume_ms, mut down_ms) = (Vec::new(), Vec::new(), Vec::new());
@@ -239,8 +246,14 @@ async fn a_replica_cut_off_at_the_kernel_notices_within_its_user_timeout_and_is_
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
-    let fenced = metric(inside.get("a"), "qlsched_fence_losses_total").unwrap_or(0.0);
-    let unknown = metric(inside.get("a"), "qlsched_unknown_outcomes_total").unwrap_or(0.0);
+    let fenced = inside
+        .get("a")
+        .metric("qlsched_fence_losses_total")
+        .unwrap_or(0.0);
+    let unknown = inside
+        .get("a")
+        .metric("qlsched_unknown_outcomes_total")
+        .unwrap_or(0.0);
     inside.stop_all().await;
     direct.stop_all().await;
     report.note(format!(
@@ -278,10 +291,7 @@ async fn a_flapping_link_loses_and_duplicates_nothing_and_the_replica_resumes() 
     );
     let ns = NetNs::create("f");
     let own = pg_for(&ns).await;
-    own.db.seed(TRIGGERS, EVERY_SECOND).await;
-    let sql = own.db.superuser().await;
-    let (mut inside, mut direct) = start(&ns, &own).await;
-    wait_all_admitting(&sql, TRIGGERS as i64, Duration::from_secs(30)).await;
+    let (sql, mut inside, mut direct) = admitting(&ns, &own).await;
 
     let mut expect = Expect::every_second();
     let mut downs = Vec::new();

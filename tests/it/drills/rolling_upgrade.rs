@@ -410,11 +410,16 @@ fn build_new_binary() -> PathBuf {
         // dependencies (rustls, ring …); as plain dependencies here they do the same, so
         // the copy reuses those builds instead of rebuilding them with other features (and
         // overwriting them: the file names do not depend on the features).
-        .replacen("[dev-dependencies]\n", "", 1);
+        .replacen("[dev-dependencies]\n", "", 1)
+        // The copy is the scheduler alone: not the test kit (a workspace member and a
+        // dev-dependency of this tree, which depends on the package the copy renames).
+        .replacen("members = [\".\", \"testkit\"]", "members = [\".\"]", 1)
+        .replacen("qlsched-testkit = { path = \"testkit\" }\n", "", 1);
     assert!(
         manifest.contains("qlsched-drill-next\"\nversion")
             && manifest.contains("name = \"qlsched\"\npath")
-            && !manifest.contains("[dev-dependencies]"),
+            && !manifest.contains("[dev-dependencies]")
+            && !manifest.contains("testkit\""),
         "Cargo.toml changed shape: the drill cannot rename the copied package"
     );
     sync_file(&tree.join("Cargo.toml"), manifest.as_bytes());

@@ -34,18 +34,7 @@ async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_da
     let mut primary = OwnPg::start("primary", "fsync = off").await;
     primary.db.seed(TRIGGERS, EVERY_SECOND).await;
     // Initialised and due: every cursor on the last whole second.
-    primary
-        .db
-        .superuser()
-        .await
-        .batch_execute(
-            "UPDATE qlsched.trigger_schedules
-                SET next_fire_at_ms = ((extract(epoch FROM clock_timestamp()) * 1000)::bigint / 1000 - 1) * 1000,
-                    state_version = state_version + 1;
-             UPDATE qlsched.trigger_schedules SET claimable_at_ms = next_fire_at_ms",
-        )
-        .await
-        .unwrap();
+    crate::helpers::make_due_seconds_ago(&primary.db.superuser().await, 1).await;
 
     let mut expect = Expect::every_second();
     let mut timeline = timeline_of(&primary.db).await;
@@ -102,17 +91,7 @@ async fn a_claim_held_across_a_standby_promotion_is_taken_over_only_after_its_da
         drop(on_standby);
 
         // Fence the primary for good, promote the standby.
-        primary.server.stop("immediate");
-        promote(&standby.server);
-        let promoted = standby.db.superuser().await;
-        wait_until("the standby promoted", Duration::from_secs(30), || async {
-            !promoted
-                .query_one("SELECT pg_is_in_recovery()", &[])
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-        })
-        .await;
+        let promoted = fail_over(&mut primary, &standby).await;
         let new_timeline = timeline_of(&standby.db).await;
         assert!(
             new_timeline > timeline,
@@ -281,6 +260,23 @@ async fn make_standby(primary: &OwnPg) -> OwnPg {
     }
 }
 
+/// Stops the primary for good (immediate) and promotes the standby; a superuser session on
+/// the promoted server once it is out of recovery.
+async fn fail_over(primary: &mut OwnPg, standby: &OwnPg) -> tokio_postgres::Client {
+    primary.server.stop("immediate");
+    promote(&standby.server);
+    let promoted = standby.db.superuser().await;
+    wait_until("the standby promoted", Duration::from_secs(30), || async {
+        !promoted
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    })
+    .await;
+    promoted
+}
+
 fn promote(standby: &Server) {
     let out = server_command(&standby.bindir.join("pg_ctl"), false)
         .args(["promote", "-w", "-t", "60", "-D"])
@@ -330,17 +326,7 @@ async fn replicas_whose_dsn_lists_both_servers_follow_the_promotion_without_a_re
     drop(old);
 
     let mut primary = primary;
-    primary.server.stop("immediate");
-    promote(&standby.server);
-    let promoted = standby.db.superuser().await;
-    wait_until("the standby promoted", Duration::from_secs(30), || async {
-        !promoted
-            .query_one("SELECT pg_is_in_recovery()", &[])
-            .await
-            .unwrap()
-            .get::<_, bool>(0)
-    })
-    .await;
+    let promoted = fail_over(&mut primary, &standby).await;
     let promoted_at = db_now(&promoted).await;
     let first_admission = crate::helpers::poll_until(
         "an admission on the promoted server",

@@ -90,17 +90,12 @@ async fn arrange() -> Arranged {
         || async { count(&su, LEASES_OF, "b").await == (TRIGGERS - A_BUDGET) as i64 },
     )
     .await;
-    let held: Vec<(String, i64)> = su
-        .query(
-            "SELECT trigger_id, claim_expires_at_ms FROM qlsched.trigger_schedules
+    let held: Vec<(String, i64)> = crate::helpers::pairs(
+        &su,
+        "SELECT trigger_id, claim_expires_at_ms FROM qlsched.trigger_schedules
               WHERE claim_owner = 'a' ORDER BY trigger_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    )
+    .await;
     assert_eq!(held.len(), A_BUDGET);
     Arranged {
         db,
@@ -218,13 +213,7 @@ async fn after_sigkill_another_replica_takes_the_leases_over_only_once_they_expi
     // The dead process's backend, blocked on the lock, would still run its pipelined COMMIT
     // once the lock goes (fenced, so harmless, but it would end one lease early). Cut it, as
     // TCP keepalive eventually does for a dead host.
-    x.su.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = current_database() AND application_name = 'handover-a'",
-        &[],
-    )
-    .await
-    .unwrap();
+    crate::helpers::terminate_backends(&x.su, "application_name = 'handover-a'").await;
     wait_until(
         "the killed replica's backends are gone",
         Duration::from_secs(10),
