@@ -20,7 +20,9 @@
 //!   6 herd boundaries; about 17 min
 //! - `smoke`: every row of every mode at toy size, no minute-boundary wait; in CI
 //! - `lag`, `wal`, `tls`: only those rows; `herd100k`, `capacity`: the scale rows H and C;
-//!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side
+//!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side (with
+//!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
+//!   `console`: rows K, the web console at 100k triggers and 10 M runs
 //!
 //! Environment: `QLSCHED_BIN` (the replica binary, else the one beside this program),
 //! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
@@ -29,6 +31,7 @@
 mod capacity;
 mod ceiling;
 mod claim;
+mod console;
 mod drain;
 mod env;
 mod herd;
@@ -37,6 +40,7 @@ mod lag;
 mod load;
 mod replicas;
 mod report;
+mod retention;
 mod run;
 mod sizes;
 mod stats;
@@ -64,6 +68,9 @@ pub enum Mode {
     Herd100k,
     Capacity,
     StockVsTuned,
+    Retention,
+    RetentionQuick,
+    Console,
 }
 
 #[derive(Subcommand)]

@@ -45,6 +45,9 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Herd100k => "herd100k",
         Mode::Capacity => "capacity",
         Mode::StockVsTuned => "stock-vs-tuned",
+        Mode::Retention => "retention",
+        Mode::RetentionQuick => "retention-quick",
+        Mode::Console => "console",
     }
 }
 
@@ -67,6 +70,9 @@ async fn run_mode(mode: Mode) -> ExitCode {
         _ => Sizes::quick(),
     };
     let tls = matches!(mode, Mode::Tls | Mode::Smoke);
+    // The smoke mode runs a second lane on a stock server beside the first (toy sizes leave
+    // the machine mostly idle): S, C, R and K there, everything else on the tuned server.
+    let stock_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     say(&format!(
         "starting a private durable PostgreSQL (tuned settings{})",
         if tls { ", ssl = on" } else { "" }
@@ -74,36 +80,28 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let srv = BenchServer::start(TUNED, tls);
     let mut b = Bench::new(srv, sizes.clone()).await;
     match mode {
-        Mode::Quick | Mode::Full | Mode::Smoke => {
-            crate::ceiling::rows(&mut b).await;
-            crate::drain::isolation_probe(&mut b).await;
-            crate::drain::rows(&mut b).await;
-            crate::claim::rows(&mut b).await;
-            crate::idle::rows(&mut b).await;
-            crate::lag::rows(&mut b).await;
-            let second_n = if sizes.smoke { sizes.second_n } else { 0 };
-            let key = if sizes.smoke {
-                "herd_smoke"
-            } else {
-                "herd_10000"
+        Mode::Smoke => {
+            let rx = stock_srv.expect("started above");
+            let lane_b = async {
+                let srv = tokio::task::spawn_blocking(move || rx.recv().expect("the stock server"))
+                    .await
+                    .unwrap();
+                let mut st = Bench::new(srv, sizes.clone()).await;
+                crate::stock::smoke_rows(&mut st).await;
+                crate::capacity::rows(&mut st).await;
+                crate::retention::rows(&mut st, true).await;
+                crate::console::rows(&mut st).await;
+                st
             };
-            crate::herd::row(
-                &mut b,
-                Herd {
-                    key,
-                    n: sizes.herd_n,
-                    boundaries: sizes.herd_b,
-                    second_n,
-                },
-            )
-            .await;
-            if sizes.smoke {
-                crate::drain::tls_rows(&mut b).await;
-                crate::drain::wal_rows(&mut b).await;
-                crate::capacity::rows(&mut b).await;
-                crate::stock::rows(&mut b).await;
-            }
+            let (_, mut st) = tokio::join!(core_rows(&mut b, true), lane_b);
+            b.rows.append(&mut st.rows);
+            b.notes.append(&mut st.notes);
+            b.violations.append(&mut st.violations);
         }
+        Mode::Quick | Mode::Full => core_rows(&mut b, false).await,
+        Mode::Retention => crate::retention::rows(&mut b, false).await,
+        Mode::RetentionQuick => crate::retention::rows(&mut b, true).await,
+        Mode::Console => crate::console::rows(&mut b).await,
         Mode::Lag => crate::lag::rows(&mut b).await,
         Mode::Wal => crate::drain::wal_rows(&mut b).await,
         Mode::Tls => crate::drain::tls_rows(&mut b).await,
@@ -127,7 +125,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
         Mode::StockVsTuned => crate::stock::rows(&mut b).await,
     }
     let settings = b.settings().await;
-    let version = b.srv.version();
+    let version = b.text("current_setting('server_version')").await;
     let (commit, dirty) = git_commit();
     let file = ResultFile {
         schema: SCHEMA,
@@ -172,6 +170,37 @@ async fn run_mode(mode: Mode) -> ExitCode {
             b.violations.join("; ")
         );
         ExitCode::from(1)
+    }
+}
+
+/// Rows 1–8 (and, in the smoke mode, T and W on the same server).
+async fn core_rows(b: &mut Bench, smoke: bool) {
+    crate::ceiling::rows(b).await;
+    crate::drain::isolation_probe(b).await;
+    crate::drain::rows(b).await;
+    crate::claim::rows(b).await;
+    crate::idle::rows(b).await;
+    crate::lag::rows(b).await;
+    let s = b.sizes.clone();
+    // The smoke herd carries every-second triggers too: the 100k herd's rows at toy size.
+    let (key, second_n) = if smoke {
+        ("herd_smoke", s.second_n)
+    } else {
+        ("herd_10000", 0)
+    };
+    crate::herd::row(
+        b,
+        Herd {
+            key,
+            n: s.herd_n,
+            boundaries: s.herd_b,
+            second_n,
+        },
+    )
+    .await;
+    if smoke {
+        crate::drain::tls_rows(b).await;
+        crate::drain::wal_rows(b).await;
     }
 }
 

@@ -85,6 +85,21 @@ impl BenchServer {
         }
     }
 
+    /// [`BenchServer::start`] on a thread that then lives as long as the process (the
+    /// server's parent-death signal follows the thread that started it), so that a caller
+    /// can do other work meanwhile; the server arrives on the returned channel.
+    pub fn start_in_background(conf: &str, tls: bool) -> std::sync::mpsc::Receiver<BenchServer> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let conf = conf.to_string();
+        std::thread::spawn(move || {
+            let _ = tx.send(BenchServer::start(&conf, tls));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx
+    }
+
     pub fn port(&self) -> u16 {
         self.server.port
     }
@@ -142,19 +157,6 @@ impl BenchServer {
     /// The postmaster's pid.
     pub fn postmaster_pid(&self) -> u32 {
         self.server.child.as_ref().map(|c| c.id()).unwrap_or(0)
-    }
-
-    /// `postgres --version`'s number, e.g. "15.18".
-    pub fn version(&self) -> String {
-        let out = std::process::Command::new(self.server.bindir.join("postgres"))
-            .arg("--version")
-            .output()
-            .expect("postgres --version");
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .last()
-            .unwrap_or("?")
-            .to_string()
     }
 }
 
