@@ -7,12 +7,14 @@ pub mod cli;
 pub mod deadhost;
 pub mod delay;
 pub mod drive;
+pub mod invariants;
 pub mod netns;
 pub mod pg;
 pub mod pgbouncer;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
+pub mod twin;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -138,7 +140,7 @@ pub fn pg_config(port: u16, user: &str, db: &str) -> tokio_postgres::Config {
 }
 
 pub async fn make_template(port: u16) {
-    let roles = Roles::with_prefix(PREFIX).unwrap();
+    let roles = roles();
     migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, TEMPLATE)
         .await
         .expect("bootstrap");
@@ -339,6 +341,50 @@ impl TestDb {
         }
     }
 
+    /// [`TestDb::actor_settings`] with the given cadence and lease.
+    pub fn settings(
+        &self,
+        owner: &str,
+        cadence_ms: u64,
+        lease_ms: u64,
+    ) -> qlsched::actors::Settings {
+        qlsched::actors::Settings {
+            cadence: Duration::from_millis(cadence_ms),
+            lease: Duration::from_millis(lease_ms),
+            ..self.actor_settings(owner)
+        }
+    }
+
+    /// Backends of this database waiting for a lock (any kind).
+    pub async fn lock_waiters(&self) -> i64 {
+        self.count(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+    }
+
+    /// Runs per status and state of their last attempt, `status/state:n` in order, space
+    /// separated (`queued/claimed:3 succeeded/succeeded:2`).
+    pub async fn status_counts(&self) -> String {
+        self.superuser()
+            .await
+            .query(
+                "SELECT r.status || '/' || a.state || ':' || count(*)
+                   FROM qlsched.runs r
+                   JOIN LATERAL (SELECT a.state FROM qlsched.attempts a WHERE a.run_id = r.run_id
+                                  ORDER BY a.attempt_no DESC LIMIT 1) a ON true
+                  GROUP BY r.status, a.state ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     pub fn runtime_pool(&self, size: u32) -> Pool {
         store::build_pool(
             self.config("qlsched_runtime"),
@@ -401,80 +447,9 @@ impl TestDb {
             .get(0)
     }
 
-    /// The invariant every test and drill ends with: one run per key (the unique index),
-    /// every run with exactly one attempt and its two admission events, plus one event per
-    /// step it moved since (docs/dispatcher.md): queued 2, dispatching or cancelled 3,
-    /// running 4, succeeded 5, failed 4 (never started) or 5.
+    /// The exactly-once invariants every test ends with (`sql/invariants.sql`).
     pub async fn assert_invariants(&self) {
-        let bad = self
-            .count(
-                "SELECT count(*) FROM qlsched.runs r
-                  WHERE (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) <> 1
-                     OR (SELECT count(*) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
-                        NOT IN (CASE r.status WHEN 'queued' THEN 2 WHEN 'dispatching' THEN 3
-                                 WHEN 'cancelled' THEN 3 WHEN 'running' THEN 4 WHEN 'succeeded' THEN 5
-                                 ELSE 4 END,
-                                CASE r.status WHEN 'failed' THEN 5 ELSE 0 END)
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')",
-            )
-            .await;
-        assert_eq!(
-            bad, 0,
-            "runs without exactly 1 attempt and the events of their status"
-        );
-        // Occurrences (cron and backfill runs) once per instant. A manual fire is keyed by its
-        // request id and scheduled at the database clock of the fire, which can equal a cron
-        // instant (1 ms in 1,000 on an every-second trigger): it is one run per key above.
-        let dup = self
-            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d")
-            .await;
-        assert_eq!(dup, 0, "duplicate occurrences");
-        // No foreign keys guard these since V7: the admission's own verification and the
-        // permanence of definition rows and runs do (tests/it/integrity.rs).
-        let dangling = self
-            .count(
-                "SELECT (SELECT count(*) FROM qlsched.runs r
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.projects p WHERE p.project_id = r.project_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.triggers t WHERE t.trigger_id = r.trigger_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.tasks k WHERE k.task_id = r.task_id)
-                             OR NOT EXISTS (SELECT 1 FROM qlsched.execution_revisions e
-                                             WHERE e.execution_revision_id = r.execution_revision_id))
-                      + (SELECT count(*) FROM qlsched.attempts a
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = a.run_id))
-                      + (SELECT count(*) FROM qlsched.run_events e
-                          WHERE NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.run_id = e.run_id))",
-            )
-            .await;
-        assert_eq!(dangling, 0, "admitted rows referencing a missing row");
-    }
-}
-
-impl TestDb {
-    /// The invariant of runs moved through the dispatcher functions (V16): events numbered
-    /// 1, 2, … without gaps, the admission's two first, the last one the event of the run's
-    /// status; at most one live attempt per run, none on a finished run; one run per key.
-    pub async fn assert_invariants_after_protocol(&self) {
-        let bad = self
-            .count(
-                "SELECT count(*) FROM qlsched.runs r
-                  WHERE (SELECT count(*) <> max(e.seq) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
-                     OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')
-                     OR (SELECT e.kind FROM qlsched.run_events e WHERE e.run_id = r.run_id ORDER BY e.seq DESC LIMIT 1)
-                        <> CASE r.status WHEN 'queued' THEN 'run.queued' WHEN 'dispatching' THEN 'run.dispatching'
-                                         WHEN 'running' THEN 'run.started' WHEN 'cancelled' THEN 'run.cancelled'
-                                         ELSE 'run.finished' END
-                     OR (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id
-                            AND a.state IN ('claimed', 'dispatching', 'running'))
-                        <> CASE WHEN r.status IN ('queued', 'dispatching', 'running') THEN 1 ELSE 0 END",
-            )
-            .await;
-        assert_eq!(bad, 0, "runs whose events or attempts break the protocol");
-        let dup = self
-            .count("SELECT count(*) FROM (SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d")
-            .await;
-        assert_eq!(dup, 0, "duplicate occurrences");
+        invariants::assert_holds(&self.superuser().await).await;
     }
 }
 
@@ -581,6 +556,33 @@ impl TestDb {
             .await
             .unwrap();
     }
+}
+
+/// The role names of the test cluster's install (prefix [`PREFIX`]).
+pub fn roles() -> Roles {
+    Roles::with_prefix(PREFIX).unwrap()
+}
+
+/// Unix ms as RFC 3339 UTC with milliseconds, the form the CLI takes.
+pub fn iso(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The plan `explain` (an `EXPLAIN …` statement) prints, one line per plan line.
+pub async fn plan(
+    c: &tokio_postgres::Client,
+    explain: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> String {
+    c.query(explain, params)
+        .await
+        .unwrap_or_else(|e| panic!("{explain}: {e:?}"))
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The pages an `EXPLAIN (ANALYZE, BUFFERS)` plan reports for one node: the sum of the

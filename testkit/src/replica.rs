@@ -187,6 +187,12 @@ impl ReplicaProc {
         http_get(self.http, path)
     }
 
+    /// A counter or gauge from the replica's `/metrics` (None if the replica does not answer
+    /// or does not export it).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        metric(&self.get("/metrics")?.1, name)
+    }
+
     /// Waits until `/readyz` answers 200; panics with the log on time-out or early exit.
     pub async fn wait_ready(&mut self, within: Duration) {
         let deadline = Instant::now() + within;
@@ -284,4 +290,11 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Some((status, body))
+}
+
+/// The value of the sample `name` (without labels) in a Prometheus text body.
+pub fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
 }

@@ -17,15 +17,6 @@ use crate::helpers::{discard_log, wait_until, TestDb};
 /// A yearly expression: each seeded row fires exactly once during a test.
 const ONCE: &str = "0 0 0 1 1 *";
 
-fn settings(db: &TestDb, owner: &str, budget: u32, cadence_ms: u64, lease_ms: u64) -> Settings {
-    Settings {
-        claim_budget: budget,
-        lease: Duration::from_millis(lease_ms),
-        cadence: Duration::from_millis(cadence_ms),
-        ..db.actor_settings(owner)
-    }
-}
-
 fn start(_db: &TestDb, s: Settings) -> (Addr<Supervisor>, Metrics) {
     let metrics = Metrics::default();
     let sup = Supervisor::new(s, metrics.clone(), &discard_log(), None, Health::default()).start();
@@ -44,7 +35,7 @@ async fn the_budget_bounds_each_round_and_a_backlog_drains_without_waiting_for_t
     let db = TestDb::new().await;
     db.seed_bulk(1000, ONCE, -1000).await;
     let started = Instant::now();
-    let (sup, metrics) = start(&db, settings(&db, "a", 16, 60_000, 30_000));
+    let (sup, metrics) = start(&db, db.settings("a", 60_000, 30_000));
     let (mut max_claimed, mut max_live) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(60);
     while runs(&db).await < 1000 {
@@ -103,7 +94,7 @@ async fn rounds_never_overlap_when_a_round_is_slow() {
     tx.batch_execute("LOCK TABLE qlsched.trigger_schedules IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let (sup, metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
+    let (sup, metrics) = start(&db, db.settings("a", 100, 30_000));
     let sampler = db.superuser().await;
     let in_flight = || async {
         sampler
@@ -145,7 +136,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
     tx.batch_execute("LOCK TABLE qlsched.runs IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let (sup, _metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
+    let (sup, _metrics) = start(&db, db.settings("a", 100, 30_000));
     wait_until("16 leases held", Duration::from_secs(10), || async {
         db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'a'")
             .await
@@ -187,7 +178,7 @@ async fn drain_finishes_within_its_bound_and_unfinished_leases_are_released() {
 async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
     let db = TestDb::new().await;
     db.seed_bulk(300, ONCE, -1000).await;
-    let (sup, metrics) = start(&db, settings(&db, "a", 16, 100, 5_000));
+    let (sup, metrics) = start(&db, db.settings("a", 100, 5_000));
     let mut stops = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while runs(&db).await < 300 {
@@ -221,8 +212,8 @@ async fn a_stopped_admit_actor_is_restarted_and_nothing_is_admitted_twice() {
 async fn two_independent_replicas_racing_admit_every_occurrence_exactly_once() {
     let db = TestDb::new().await;
     db.seed_bulk(100, "* * * * * *", -500).await;
-    let (a, ma) = start(&db, settings(&db, "a", 16, 100, 5_000));
-    let (b, mb) = start(&db, settings(&db, "b", 16, 100, 5_000));
+    let (a, ma) = start(&db, db.settings("a", 100, 5_000));
+    let (b, mb) = start(&db, db.settings("b", 100, 5_000));
     tokio::time::sleep(Duration::from_secs(4)).await;
     a.send(Drain(Duration::from_secs(5))).await.unwrap();
     b.send(Drain(Duration::from_secs(5))).await.unwrap();
@@ -275,7 +266,7 @@ async fn a_killed_holders_claims_are_taken_over_only_after_the_database_expiry()
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
-    let (_b, _) = start(&db, settings(&db, "b", 16, 100, 5_000));
+    let (_b, _) = start(&db, db.settings("b", 100, 5_000));
     wait_until("b admitted all 10", Duration::from_secs(20), || async {
         runs(&db).await == 10
     })
@@ -382,7 +373,7 @@ async fn a_corrupt_definition_at_admit_time_is_released_with_back_off() {
         .batch_execute("ALTER TABLE qlsched.execution_revisions DISABLE TRIGGER execution_revisions_are_immutable; UPDATE qlsched.execution_revisions SET spec = spec || 'tampered'; ALTER TABLE qlsched.execution_revisions ENABLE TRIGGER execution_revisions_are_immutable")
         .await
         .unwrap();
-    let (_sup, metrics) = start(&db, settings(&db, "a", 16, 100, 30_000));
+    let (_sup, metrics) = start(&db, db.settings("a", 100, 30_000));
     wait_until("the reject", Duration::from_secs(10), || async {
         metrics.rejects.get() == 1
     })
@@ -451,7 +442,7 @@ async fn the_back_off_of_an_unexplained_refusal_grows_with_each_refusal_in_a_row
         )
         .await
         .unwrap();
-    let (_sup, metrics) = start(&db, settings(&db, "a", 16, 200, 30_000));
+    let (_sup, metrics) = start(&db, db.settings("a", 200, 30_000));
     // Each release leaves the row free with claimable_at = now + its back-off.
     let mut backoffs: Vec<(i64, i64)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -512,7 +503,7 @@ async fn the_strikes_of_a_row_no_longer_claimed_here_are_forgotten() {
     let s = Settings {
         reject_backoff: Duration::from_secs(1),
         admit_timeout: Duration::from_secs(1),
-        ..settings(&db, "a", 16, 200, 2_000)
+        ..db.settings("a", 200, 2_000)
     };
     let memory = s.strike_memory();
     let (sup, _) = start(&db, s);

@@ -356,7 +356,7 @@ async fn the_protocol_takes_starts_heartbeats_and_finishes_under_its_lease() {
     let again = take_leases(&d, "w2", 2, 30_000).await;
     let back = again.iter().find(|l| l.run_id == taken[1].run_id).unwrap();
     assert_ne!(back.token, taken[1].token);
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -534,7 +534,7 @@ async fn two_dispatchers_racing_over_10000_runs_take_each_once_in_queued_at_orde
         (10_000, 10_000),
         "each run taken exactly once"
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -566,7 +566,7 @@ async fn a_concurrent_cancel_and_take_exclude_each_other() {
         .unwrap();
     assert_eq!(cancelled, 10);
     assert!(take_leases(&d, "w", 100, 30_000).await.is_empty());
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -589,7 +589,7 @@ async fn a_corrupt_pinned_spec_is_failed_at_take_never_handed_out() {
             .await,
         1
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -768,7 +768,7 @@ async fn a_call_that_waited_for_the_run_lock_rechecks_the_lease_after_it() {
             .await,
         1
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 /// One dispatcher pass over `ids` until the connection fails: take, start, finish each run
@@ -886,7 +886,7 @@ async fn a_postgresql_restart_mid_protocol_leaves_every_run_with_one_recorded_ou
         .unwrap()
         .get(0);
     assert_eq!(bad, 0, "runs without exactly one recorded outcome");
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -1001,7 +1001,7 @@ async fn the_python_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigte
         let written = std::fs::read_to_string(out.path().join(id.to_string())).unwrap();
         assert_eq!(written.trim(), key);
     }
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
@@ -1045,7 +1045,7 @@ async fn a_requested_cancel_reaches_the_holders_heartbeat_and_stops_retries() {
             .await,
         2
     );
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 /// The take behind 50,000 finished runs and 50,000 queued ones reads about the runs it takes:
@@ -1089,19 +1089,14 @@ async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
     su.batch_execute("BEGIN; SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)")
         .await
         .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
              SELECT * FROM qlsched.dispatch_take('w', NULL, 16, 30000)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     // PostgreSQL 18 prints actual rows with two decimals.
     assert!(
         plan.contains(" rows=16 loops=1)") || plan.contains(" rows=16.00 loops=1)"),
@@ -1163,5 +1158,5 @@ async fn the_reference_dispatcher_stops_a_run_an_operator_cancels() {
         .expect("the dispatcher stops on SIGTERM")
         .unwrap();
     assert!(st.success(), "{st}");
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }

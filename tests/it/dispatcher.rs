@@ -398,18 +398,13 @@ async fn a_take_behind_a_large_backlog_reads_only_the_runs_it_takes() {
     ))
     .await
     .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE take(16)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE take(16)",
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     for table in ["runs", "attempts"] {
         assert!(!plan.contains(&format!("Seq Scan on {table}")), "{plan}");
     }

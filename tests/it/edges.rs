@@ -16,10 +16,8 @@ use crate::helpers::{discard_log, start_supervisor as start, wait_until, TestDb}
 fn settings(db: &TestDb, owner: &str, cadence_ms: u64, lease_ms: u64) -> Settings {
     Settings {
         claim_budget: 64,
-        lease: Duration::from_millis(lease_ms),
-        cadence: Duration::from_millis(cadence_ms),
         admit_timeout: Duration::from_secs(1),
-        ..db.actor_settings(owner)
+        ..db.settings(owner, cadence_ms, lease_ms)
     }
 }
 
@@ -455,14 +453,7 @@ async fn recovery_counts_every_candidate_including_running_runs_through_an_index
     ))
     .await
     .unwrap();
-    let plan: Vec<String> = su
-        .query("EXPLAIN (COSTS OFF) EXECUTE recovery(10)", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+    let plan = crate::helpers::plan(&su, "EXPLAIN (COSTS OFF) EXECUTE recovery(10)", &[]).await;
     assert_eq!(
         plan.matches("runs_unfinished_idx on runs").count(),
         2,

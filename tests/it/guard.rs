@@ -7,6 +7,7 @@ use qlsched::store::{self, claim, replicas};
 use uuid::Uuid;
 
 use crate::helpers::replica::ReplicaProc;
+use crate::helpers::twin;
 use crate::helpers::{wait_until, TestDb};
 
 /// A yearly expression: nothing fires during a test.
@@ -72,7 +73,6 @@ async fn a_claim_round_leases_nothing_once_its_guard_was_taken_over() {
 async fn a_stop_right_after_the_guard_was_taken_over_releases_nothing() {
     let db = TestDb::new().await;
     db.seed(1, YEARLY).await;
-    let su = db.superuser().await;
     // A long lease: the guard is extended (and the loss noticed by a round) only every 10 s.
     let mut r = ReplicaProc::spawn(
         &db.dsn("qlsched_runtime"),
@@ -81,29 +81,10 @@ async fn a_stop_right_after_the_guard_was_taken_over_releases_nothing() {
         &[],
     );
     r.wait_ready(Duration::from_secs(30)).await;
-    wait_until("the schedule initialised", Duration::from_secs(20), || async {
-        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE next_fire_at_ms IS NOT NULL AND claim_owner IS NULL")
-            .await
-            == 1
-    })
-    .await;
-    su.batch_execute(&format!(
-        "BEGIN;
-         UPDATE qlsched.replicas SET incarnation = gen_random_uuid(), pid = 1,
-                heartbeat_at_ms = {now}, expires_at_ms = {now} + 600000 WHERE replica_id = 'twin';
-         UPDATE qlsched.trigger_schedules
-            SET claim_owner = 'twin', claim_token = '00000000-0000-0000-0000-00000000beef',
-                claim_version = claim_version + 1, claim_expires_at_ms = {now} + 600000,
-                claimable_at_ms = {now} + 600000, state_version = state_version + 1;
-         COMMIT;",
-        now = qlsched::db_now_ms!()
-    ))
-    .await
-    .unwrap();
+    twin::await_idle_schedule(&db, 1, Duration::from_secs(20)).await;
+    twin::take_the_id(&db, "twin").await;
     let status = r.terminate(Duration::from_secs(20)).await;
-    let held = db
-        .count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'twin' AND claim_token = '00000000-0000-0000-0000-00000000beef'")
-        .await;
+    let held = twin::leases_held(&db, "twin").await;
     assert_eq!(
         held,
         1,

@@ -13,10 +13,11 @@
 use std::time::Instant;
 
 use qlsched::store::migrate::{
-    self, compat::BASELINE, Grant, Kind, MigrateOptions, MigrationSet, Object, Roles,
+    self, compat::BASELINE, Grant, Kind, MigrateOptions, MigrationSet, Object,
 };
 use tokio_postgres::Client;
 
+use crate::helpers::roles;
 use crate::helpers::{cluster, pg_config, TestDb, NEXT_DB, PREFIX};
 
 const ALL_ROLES: [(&str, &str); 4] = [
@@ -25,10 +26,6 @@ const ALL_ROLES: [(&str, &str); 4] = [
     ("qlsched_worker_ingress", "worker_ingress"),
     ("qlsched_dispatcher", "dispatcher"),
 ];
-
-fn roles() -> Roles {
-    Roles::with_prefix(PREFIX).unwrap()
-}
 
 fn owner() -> String {
     format!("{PREFIX}_owner")

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::helpers::replica::ReplicaProc;
+use crate::helpers::twin;
 use crate::helpers::{poll_until, wait_until, TestDb};
 
 /// A yearly expression: nothing fires during a test.
@@ -92,37 +93,17 @@ async fn a_panicking_supervisor_makes_the_replica_exit_non_zero() {
 async fn a_replica_that_lost_its_guard_leaves_the_new_incarnations_leases_alone() {
     let db = TestDb::new().await;
     db.seed(1, YEARLY).await;
-    let su = db.superuser().await;
     let mut r = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "twin", "lease = \"6s\"", &[]);
     r.wait_ready(Duration::from_secs(30)).await;
-    wait_until("the schedule initialised", Duration::from_secs(10), || async {
-        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE next_fire_at_ms IS NOT NULL AND claim_owner IS NULL")
-            .await
-            == 1
-    })
-    .await;
+    twin::await_idle_schedule(&db, 1, Duration::from_secs(10)).await;
     // The new incarnation takes the id and holds a lease under it.
-    su.batch_execute(&format!(
-        "BEGIN;
-         UPDATE qlsched.replicas SET incarnation = gen_random_uuid(), pid = 1,
-                heartbeat_at_ms = {now}, expires_at_ms = {now} + 600000 WHERE replica_id = 'twin';
-         UPDATE qlsched.trigger_schedules
-            SET claim_owner = 'twin', claim_token = '00000000-0000-0000-0000-00000000beef',
-                claim_version = claim_version + 1, claim_expires_at_ms = {now} + 600000,
-                claimable_at_ms = {now} + 600000, state_version = state_version + 1;
-         COMMIT;",
-        now = qlsched::db_now_ms!()
-    ))
-    .await
-    .unwrap();
+    twin::take_the_id(&db, "twin").await;
     let status = r.wait_exit(Duration::from_secs(20)).await;
     assert!(
         !status.success(),
         "a lost guard is an error exit: {status:?}"
     );
-    let held = db
-        .count("SELECT count(*) FROM qlsched.trigger_schedules WHERE claim_owner = 'twin' AND claim_token = '00000000-0000-0000-0000-00000000beef'")
-        .await;
+    let held = twin::leases_held(&db, "twin").await;
     assert_eq!(held, 1, "the new incarnation's lease was released");
     assert!(r.log().contains("leaving every lease to it"), "{}", r.log());
 }

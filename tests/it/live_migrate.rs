@@ -7,17 +7,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use qlsched::store::migrate::{self, ConcurrentIndex, MigrateOptions, MigrationSet, Roles};
+use qlsched::store::migrate::{self, ConcurrentIndex, MigrateOptions, MigrationSet};
 use qlsched::store::{self, StoreError};
 
 use crate::helpers::claimed::admission;
 use crate::helpers::cli::{command, ok, refused};
 use crate::helpers::drive::{admit_once, claim_due};
-use crate::helpers::{wait_until, TestDb, PREFIX};
-
-fn roles() -> Roles {
-    Roles::with_prefix(PREFIX).unwrap()
-}
+use crate::helpers::roles;
+use crate::helpers::{wait_until, TestDb};
 
 /// An expand migration that needs ACCESS EXCLUSIVE on runs for a moment (a catalog change).
 fn with_runs_column() -> MigrationSet {

@@ -7,24 +7,19 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use qlsched::store::migrate::{self, Roles};
+use qlsched::store::migrate::{self};
 use qlsched::store::runs::PRUNE_QUEUED_LOCK;
 use qlsched::store::triggers::backfill_chunk;
 
 use crate::helpers::cli::{command, stderr, stdout};
-use crate::helpers::{start_supervisor, wait_until, TestDb, PREFIX};
+use crate::helpers::iso;
+use crate::helpers::{start_supervisor, wait_until, TestDb};
 
 /// `db migrate`'s session lock ("qlsmigr" in ASCII, src/store/migrate/apply.rs).
 const MIGRATE_LOCK: i64 = 0x0071_6c73_6d69_6772;
 
 /// 2026-01-01T00:00:00Z in Unix ms.
 const FROM_MS: i64 = 1_767_225_600_000;
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 /// A session of `role` named `application` that has run `sql` (taking a lock and keeping
 /// it while the client lives), with its backend pid.
@@ -190,7 +185,7 @@ async fn db_migrate_behind_a_foreign_holder_of_its_lock_names_it() {
         &format!("SELECT pg_advisory_lock({MIGRATE_LOCK})"),
     )
     .await;
-    let roles = Roles::with_prefix(PREFIX).unwrap();
+    let roles = crate::helpers::roles();
     let err = tokio::time::timeout(
         Duration::from_secs(30),
         migrate::migrate(&db.config("qlsched_owner"), &roles),

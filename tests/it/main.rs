@@ -22,6 +22,7 @@ mod guard;
 mod integrity;
 #[cfg(feature = "fault-injection")]
 mod interrupted_migrate;
+mod invariants;
 mod lifecycle;
 mod live_migrate;
 mod locks;

@@ -8,15 +8,6 @@ use qlsched::store::manage::{self, TriggerSpec};
 
 use crate::helpers::{poll_until, wait_until, TestDb};
 
-/// Backends of this test database waiting for a lock (any kind).
-async fn lock_waiters(db: &TestDb) -> i64 {
-    db.count(
-        "SELECT count(*) FROM pg_stat_activity
-          WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .await
-}
-
 /// A trigger (re)published while its project is being resumed must end up claimable.
 ///
 /// The interleaving is forced: a superuser holds the trigger's schedule row, so the publish
@@ -51,7 +42,7 @@ async fn a_trigger_published_while_its_project_is_resumed_becomes_claimable() {
     wait_until(
         "the publish to wait on the held row",
         Duration::from_secs(10),
-        || async { lock_waiters(&db).await == 1 },
+        || async { db.lock_waiters().await == 1 },
     )
     .await;
     let resume = {
@@ -64,7 +55,7 @@ async fn a_trigger_published_while_its_project_is_resumed_becomes_claimable() {
     wait_until(
         "the resume to finish or wait",
         Duration::from_secs(10),
-        || async move { resume_ref.is_finished() || lock_waiters(db_ref).await == 2 },
+        || async move { resume_ref.is_finished() || db_ref.lock_waiters().await == 2 },
     )
     .await;
     holder.batch_execute("COMMIT").await.unwrap();

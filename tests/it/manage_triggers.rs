@@ -11,7 +11,7 @@ use qlsched::store::triggers;
 
 use crate::helpers::cli::{command, ok, ql, refused, stderr, stdout};
 use crate::helpers::replica::{binary, ReplicaProc};
-use crate::helpers::{wait_until, RunsLock, TestDb};
+use crate::helpers::{iso, wait_until, RunsLock, TestDb};
 
 fn ql_env(db: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = command(db, args);
@@ -44,14 +44,6 @@ async fn runs_where(db: &TestDb, trigger: &str, cond: &str, v: i64) -> i64 {
         .await
         .unwrap()
         .get(0)
-}
-
-async fn lock_waiters(db: &TestDb) -> i64 {
-    db.count(
-        "SELECT count(*) FROM pg_stat_activity
-          WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .await
 }
 
 fn replica(db: &TestDb, id: &str) -> ReplicaProc {
@@ -162,14 +154,7 @@ async fn listing_100000_triggers_is_an_index_scan_that_stops_at_the_page() {
         (None, Some("trg-50000")),
         (Some("proj"), Some("trg-99000")),
     ] {
-        let plan: Vec<String> = su
-            .query(&explain, &[&project, &"all", &after, &100i64])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let plan = plan.join("\n");
+        let plan = crate::helpers::plan(&su, &explain, &[&project, &"all", &after, &100i64]).await;
         assert!(
             plan.contains("Index Scan using triggers_pkey on triggers")
                 || plan.contains("Index Scan using triggers_project_page_idx on triggers"),
@@ -260,7 +245,7 @@ async fn disable_fences_a_held_claim_so_no_run_is_admitted_after_it_returns() {
         "the replica to hold the target's claim with its admission waiting",
         Duration::from_secs(30),
         || async {
-            lock_waiters(&db).await >= 1
+            db.lock_waiters().await >= 1
                 && db
                     .count("SELECT count(*) FROM qlsched.trigger_schedules WHERE trigger_id = 'trg-00000' AND claim_owner = 'a'")
                     .await
@@ -522,11 +507,6 @@ async fn backfill_over_a_window_cron_partly_admitted_adds_only_the_missing_ones(
     let from = first_cron - 20_000;
     let to = last_cron + 1;
     let cron_in_window = runs_where(&db, id, "r.scheduled_for_ms <= $2", last_cron).await;
-    let iso = |ms: i64| {
-        chrono::DateTime::from_timestamp_millis(ms)
-            .unwrap()
-            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    };
     let out: serde_json::Value = serde_json::from_str(&ok(ql(
         &db,
         &[
@@ -589,11 +569,6 @@ async fn a_backfill_killed_half_way_and_run_again_completes_without_duplicates()
     a.wait_ready(Duration::from_secs(30)).await;
     let from = (db.now_ms().await / 1000 - 2_000) * 1000;
     let to = from + 1_000_000;
-    let iso = |ms: i64| {
-        chrono::DateTime::from_timestamp_millis(ms)
-            .unwrap()
-            .to_rfc3339()
-    };
     let (from_s, to_s) = (iso(from), iso(to));
     let blocked_at = from + 550_000;
     let blocker = db.superuser().await;
@@ -619,7 +594,7 @@ async fn a_backfill_killed_half_way_and_run_again_completes_without_duplicates()
     wait_until(
         "the backfill to wait in its sixth chunk",
         Duration::from_secs(30),
-        || async { lock_waiters(&db).await >= 1 },
+        || async { db.lock_waiters().await >= 1 },
     )
     .await;
     let in_window = "SELECT count(*) FROM qlsched.runs WHERE admitted_by LIKE 'backfill:%'";

@@ -4,11 +4,8 @@ use std::time::Duration;
 
 use crate::helpers::cli::{ok, ql};
 use crate::helpers::replica::ReplicaProc;
-use crate::helpers::{TestDb, PREFIX};
-
-fn roles() -> Roles {
-    Roles::with_prefix(PREFIX).unwrap()
-}
+use crate::helpers::roles;
+use crate::helpers::TestDb;
 
 #[tokio::test]
 async fn migrations_apply_from_empty_and_are_idempotent() {

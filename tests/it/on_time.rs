@@ -13,10 +13,8 @@ use crate::helpers::{wait_until, FirstRun, TestDb};
 
 fn settings(db: &TestDb, cadence_s: u64, listen: bool) -> Settings {
     Settings {
-        lease: Duration::from_secs(cadence_s * 3),
-        cadence: Duration::from_secs(cadence_s),
         listen,
-        ..db.actor_settings("a")
+        ..db.settings("a", cadence_s * 1000, cadence_s * 3000)
     }
 }
 

@@ -6,17 +6,7 @@
 use qlsched::store::admit::ADMIT_SQL;
 use qlsched::store::claim::claim_variant;
 
-use crate::helpers::TestDb;
-
-async fn plan(su: &tokio_postgres::Client, sql: &str) -> String {
-    su.query(sql, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use crate::helpers::{plan, TestDb};
 
 /// A table shaped like production: 10,000 schedules, a few hundred claimed, history in runs.
 async fn populated() -> (TestDb, tokio_postgres::Client) {
@@ -74,6 +64,7 @@ async fn every_claim_variant_keeps_its_index_range_scan_after_six_executions_and
         let after_six = plan(
             &su,
             &format!("EXPLAIN (COSTS OFF) EXECUTE claim_{limit}{exec}"),
+            &[],
         )
         .await;
         su.batch_execute("ROLLBACK; BEGIN; SET LOCAL plan_cache_mode = force_generic_plan")
@@ -82,6 +73,7 @@ async fn every_claim_variant_keeps_its_index_range_scan_after_six_executions_and
         let generic = plan(
             &su,
             &format!("EXPLAIN (COSTS OFF) EXECUTE claim_{limit}{exec}"),
+            &[],
         )
         .await;
         su.batch_execute("ROLLBACK").await.unwrap();
@@ -164,6 +156,7 @@ async fn the_claim_keeps_its_index_range_scan_when_projects_and_tasks_were_never
         "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF)
          EXECUTE claim('probe', 30000, gen_random_uuid(),
                        '00000000-0000-0000-0000-000000000000', 0)",
+        &[],
     )
     .await;
     su.batch_execute("ROLLBACK").await.unwrap();
@@ -202,11 +195,21 @@ async fn the_admission_keeps_its_tid_access_after_six_executions_and_as_a_generi
             .await
             .unwrap();
     }
-    let after_six = plan(&su, &format!("EXPLAIN (COSTS OFF) EXECUTE admit({args})")).await;
+    let after_six = plan(
+        &su,
+        &format!("EXPLAIN (COSTS OFF) EXECUTE admit({args})"),
+        &[],
+    )
+    .await;
     su.batch_execute("SET plan_cache_mode = force_generic_plan")
         .await
         .unwrap();
-    let generic = plan(&su, &format!("EXPLAIN (COSTS OFF) EXECUTE admit({args})")).await;
+    let generic = plan(
+        &su,
+        &format!("EXPLAIN (COSTS OFF) EXECUTE admit({args})"),
+        &[],
+    )
+    .await;
     for (what, p) in [("after six executions", &after_six), ("generic", &generic)] {
         assert!(p.contains("Tid Scan on trigger_schedules"), "{what}:\n{p}");
         assert!(
@@ -292,6 +295,7 @@ async fn the_admission_reaches_definitions_by_key_when_no_table_was_analysed() {
     let p = plan(
         &su,
         &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE admit({args})"),
+        &[],
     )
     .await;
     // The buffers of the statement's schedule update (it includes the definition re-checks).

@@ -9,11 +9,12 @@ use qlsched::config::RetentionConfig;
 use qlsched::metrics::Metrics;
 use qlsched::retention::Pruner;
 use qlsched::store::admit::AdmitOutcome;
-use qlsched::store::{migrate, retention};
+use qlsched::store::retention;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::helpers::claimed::Claimed;
+use crate::helpers::iso;
 use crate::helpers::{discard_log, TestDb};
 
 const DAY_MS: i64 = 86_400_000;
@@ -375,45 +376,6 @@ async fn only_the_owner_owned_function_can_delete_admitted_work() {
     owner.batch_execute("ROLLBACK").await.unwrap();
 }
 
-#[tokio::test]
-async fn db_check_expects_exactly_the_runtime_execute_grant() {
-    let db = TestDb::new().await;
-    let su = db.superuser().await;
-    let roles = [
-        ("qlsched_runtime", "runtime"),
-        ("qlsched_admin", "admin"),
-        ("qlsched_worker_ingress", "worker_ingress"),
-    ];
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        Vec::<String>::new()
-    );
-    su.batch_execute(
-        "GRANT EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) TO qlsched_admin",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_admin may EXECUTE function qlsched.prune_finished(bigint,integer,text,uuid), which it must not"]
-    );
-    su.batch_execute(
-        "REVOKE EXECUTE ON FUNCTION qlsched.prune_finished(bigint, integer, text, uuid) FROM qlsched_admin, qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_runtime lacks EXECUTE on function qlsched.prune_finished(bigint,integer,text,uuid)"]
-    );
-}
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 fn backfill(db: &TestDb, from: i64, to: i64) -> std::process::Output {
     crate::helpers::cli::ql(
         db,
@@ -589,9 +551,9 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
     )
     .await
     .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
              SELECT r.run_id FROM qlsched.runs r
               WHERE r.queued_at_ms < 40000 AND r.scheduled_for_ms < 40000
                 AND r.status IN ('succeeded', 'failed', 'cancelled')
@@ -600,14 +562,9 @@ async fn a_prune_batch_reads_finished_runs_through_their_own_index() {
                 AND NOT EXISTS (SELECT 1 FROM qlsched.run_events e
                                  WHERE e.run_id = r.run_id AND e.at_ms >= 40000)
               ORDER BY r.queued_at_ms LIMIT 100 FOR UPDATE OF r SKIP LOCKED",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+        &[],
+    )
+    .await;
     assert!(plan.contains("runs_finished_idx"), "{plan}");
     // The same statement the function runs selects exactly the 100 oldest finished runs.
     let keep = Duration::from_millis(u64::try_from(db.now_ms().await - 40_000).unwrap());
@@ -654,21 +611,16 @@ async fn the_old_queued_count_reads_the_queued_runs_only_and_is_capped() {
     su.batch_execute("SET plan_cache_mode = force_generic_plan; BEGIN")
         .await
         .unwrap();
-    let plan: Vec<String> = su
-        .query(
-            &format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
-                retention::OLD_QUEUED_SQL.replace("$1", "3600000")
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan = crate::helpers::plan(
+        &su,
+        &format!(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+            retention::OLD_QUEUED_SQL.replace("$1", "3600000")
+        ),
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let plan = plan.join("\n");
     let buffers = crate::helpers::plan_buffers(&plan, "");
     assert!(
         buffers < 200,

@@ -232,6 +232,98 @@ fn all_roles() -> [(&'static str, &'static str); 4] {
     ]
 }
 
+/// Every function some role may call: (function, the role granted EXECUTE, a role that must
+/// not hold it).
+const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
+    (
+        "qlsched.prune_finished(bigint,integer,text,uuid)",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
+    (
+        "qlsched.prune_queued(bigint,uuid[])",
+        "qlsched_admin",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.request_cancel(uuid[])",
+        "qlsched_admin",
+        "qlsched_dispatcher",
+    ),
+    (
+        "qlsched.dispatch_take(text,text[],integer,bigint)",
+        "qlsched_dispatcher",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.dispatch_start(uuid,uuid,bigint)",
+        "qlsched_dispatcher",
+        "qlsched_admin",
+    ),
+    (
+        "qlsched.dispatch_heartbeat(uuid,uuid,bigint)",
+        "qlsched_dispatcher",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.dispatch_finish(uuid,uuid,text,integer,text,text,jsonb)",
+        "qlsched_dispatcher",
+        "qlsched_worker_ingress",
+    ),
+    (
+        "qlsched.dispatch_release(uuid,uuid)",
+        "qlsched_dispatcher",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.dispatch_expire(integer)",
+        "qlsched_dispatcher",
+        "qlsched_admin",
+    ),
+];
+
+/// `db check` expects exactly the one EXECUTE grant of each function: an extra grant to
+/// another role is named, and so is the grant's absence.
+#[tokio::test]
+async fn db_check_expects_exactly_the_execute_grant_of_each_function() {
+    let mut cases: Vec<&str> = EXECUTE_GRANTS.iter().map(|c| c.0).collect();
+    let mut granted: Vec<&str> = migrate::EXECUTE_GRANTS.iter().map(|g| g.0).collect();
+    cases.sort_unstable();
+    granted.sort_unstable();
+    assert_eq!(cases, granted, "one case per function `db migrate` grants");
+    let mut failures = Vec::new();
+    for (function, holder, other) in EXECUTE_GRANTS {
+        let db = TestDb::new().await;
+        let su = db.superuser().await;
+        let check = || async { migrate::check(&su, &all_roles()).await.unwrap() };
+        let steps = [
+            (String::new(), vec![]),
+            (
+                format!("GRANT EXECUTE ON FUNCTION {function} TO {other}"),
+                vec![format!(
+                    "role {other} may EXECUTE function {function}, which it must not"
+                )],
+            ),
+            (
+                format!("REVOKE EXECUTE ON FUNCTION {function} FROM {other}, {holder}"),
+                vec![format!(
+                    "role {holder} lacks EXECUTE on function {function}"
+                )],
+            ),
+        ];
+        for (sql, want) in steps {
+            su.batch_execute(&sql).await.unwrap();
+            let got = check().await;
+            if got != want {
+                failures.push(format!(
+                    "{function}: after `{sql}` db check said {got:?}, not {want:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[tokio::test]
 async fn check_names_and_refuses_every_kind_of_extra_grant() {
     let db = TestDb::new().await;
@@ -388,7 +480,7 @@ async fn db_check_refuses_temporary_on_the_database_and_bootstrap_revokes_it() {
         std::process::id(),
         crate::helpers::NEXT_DB.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     );
-    let roles = migrate::Roles::with_prefix(crate::helpers::PREFIX).unwrap();
+    let roles = crate::helpers::roles();
     migrate::bootstrap(
         &crate::helpers::pg_config(db.port, "postgres", "postgres"),
         &roles,

@@ -34,24 +34,6 @@ fn json(out: String) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
-async fn status_counts(db: &TestDb) -> String {
-    let rows = db
-        .superuser()
-        .await
-        .query(
-            "SELECT r.status || '/' || a.state || ':' || count(*)
-               FROM qlsched.runs r JOIN qlsched.attempts a USING (run_id)
-              GROUP BY r.status, a.state ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[tokio::test]
 async fn cancel_by_run_cancels_one_untouched_run_and_a_repeat_changes_nothing() {
     let db = TestDb::new().await;
@@ -63,7 +45,7 @@ async fn cancel_by_run_cancels_one_untouched_run_and_a_repeat_changes_nothing() 
     let id = f.run_id.to_string();
     let out = json(ok(ql(&db, &["runs", "cancel", "--run", &id, "--json"])));
     assert_eq!(out["cancelled"], 1, "{out}");
-    assert_eq!(status_counts(&db).await, "cancelled/abandoned:1");
+    assert_eq!(db.status_counts().await, "cancelled/abandoned:1");
     let su = db.superuser().await;
     let r = su
         .query_one(
@@ -132,7 +114,7 @@ async fn cancel_by_window_and_kind_leaves_other_kinds_and_taken_runs_alone_and_c
     assert_eq!(out["cancelled"], 7, "{out}");
     assert_eq!(out["left_alone"], 3, "2 taken + 1 being taken: {out}");
     assert_eq!(
-        status_counts(&db).await,
+        db.status_counts().await,
         "cancelled/abandoned:7 dispatching/dispatching:3 queued/claimed:6"
     );
     // The cron kind next, then everything: the manual run (outside the window) stays.
@@ -325,7 +307,7 @@ async fn exit_codes_name_bad_input_unknown_ids_and_a_taken_run() {
         4,
         &["taken by a dispatcher", "nothing was written"],
     );
-    assert_eq!(status_counts(&db).await, "dispatching/dispatching:1");
+    assert_eq!(db.status_counts().await, "dispatching/dispatching:1");
     db.assert_invariants().await;
 }
 

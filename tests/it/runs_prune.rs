@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use qlsched::store::admit::AdmitOutcome;
 use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
-use qlsched::store::migrate;
 use qlsched::store::triggers::backfill_chunk;
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
@@ -16,16 +15,11 @@ use uuid::Uuid;
 
 use crate::helpers::claimed::{admission, Claimed};
 use crate::helpers::cli::{ok, ql, refused};
+use crate::helpers::iso;
 use crate::helpers::TestDb;
 
 /// 2026-01-01T00:00:00Z in Unix ms.
 const FROM_MS: i64 = 1_767_225_600_000;
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 fn json(out: String) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
@@ -61,22 +55,6 @@ fn prune(db: &TestDb, before: i64, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["runs", "prune", "--queued-before", &b];
     args.extend_from_slice(extra);
     ql(db, &args)
-}
-
-async fn status_counts(db: &TestDb) -> String {
-    let rows = db
-        .superuser()
-        .await
-        .query(
-            "SELECT r.status || ':' || count(*) FROM qlsched.runs r GROUP BY r.status ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 async fn pruned_through(db: &TestDb) -> Option<i64> {
@@ -140,8 +118,8 @@ async fn prune_removes_old_untouched_queued_runs_with_their_rows_and_leaves_the_
     assert_eq!(out["left_alone"], 1, "the run being taken: {out}");
     assert_eq!(out["backfill_refused_before_ms"], before, "{out}");
     assert_eq!(
-        status_counts(&db).await,
-        "cancelled:1 dispatching:2 queued:3 succeeded:1"
+        db.status_counts().await,
+        "cancelled/abandoned:1 dispatching/dispatching:2 queued/claimed:3 succeeded/succeeded:1"
     );
     // The 3 queued runs left are the younger ones.
     assert_eq!(
@@ -376,40 +354,6 @@ async fn only_the_admin_may_call_prune_queued_and_the_guard_still_refuses_other_
         .unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::RESTRICT_VIOLATION), "{err}");
     owner.batch_execute("ROLLBACK").await.unwrap();
-}
-
-#[tokio::test]
-async fn db_check_expects_exactly_the_admins_execute_grant_on_prune_queued() {
-    let db = TestDb::new().await;
-    let su = db.superuser().await;
-    let roles = [
-        ("qlsched_runtime", "runtime"),
-        ("qlsched_admin", "admin"),
-        ("qlsched_worker_ingress", "worker_ingress"),
-        ("qlsched_dispatcher", "dispatcher"),
-    ];
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        Vec::<String>::new()
-    );
-    su.batch_execute(
-        "GRANT EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) TO qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_runtime may EXECUTE function qlsched.prune_queued(bigint,uuid[]), which it must not"]
-    );
-    su.batch_execute(
-        "REVOKE EXECUTE ON FUNCTION qlsched.prune_queued(bigint, uuid[]) FROM qlsched_admin, qlsched_runtime",
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        migrate::check(&su, &roles).await.unwrap(),
-        vec!["role qlsched_admin lacks EXECUTE on function qlsched.prune_queued(bigint,uuid[])"]
-    );
 }
 
 #[tokio::test]

@@ -4,14 +4,9 @@
 use std::time::Duration;
 
 use crate::helpers::cli::{ok, ql};
+use crate::helpers::iso;
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{wait_until, TestDb};
-
-fn iso(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 /// A replica admits a few every-second occurrences (lag: milliseconds); then a backfill of
 /// the ten minutes before them (lag: up to ten minutes) and two manual fires. The cron lag

@@ -430,29 +430,19 @@ async fn a_batch_admits_its_valid_members_and_refuses_only_the_stale_one() {
 
     // The plan of the admission statement's schedule access.
     let su = db.superuser().await;
-    let tids: Vec<String> = su
-        .query("SELECT ctid::text FROM qlsched.trigger_schedules", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let tids =
+        crate::helpers::plan(&su, "SELECT ctid::text FROM qlsched.trigger_schedules", &[]).await;
     su.batch_execute("BEGIN; SET LOCAL enable_seqscan = off")
         .await
         .unwrap();
-    let plan: Vec<String> = su
-        .query("EXPLAIN SELECT 1 FROM qlsched.trigger_schedules s WHERE s.ctid = ANY ($1::text[]::tid[])", &[&tids])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN SELECT 1 FROM qlsched.trigger_schedules s WHERE s.ctid = ANY ($1::text[]::tid[])",
+        &[&tids],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    assert!(
-        plan.iter()
-            .any(|l| l.contains("Tid Scan on trigger_schedules")),
-        "{plan:?}"
-    );
+    assert!(plan.contains("Tid Scan on trigger_schedules"), "{plan}");
 }
 
 #[tokio::test]

@@ -178,18 +178,15 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
         .replace("$4", "gen_random_uuid()")
         .replace("$5", "'00000000-0000-0000-0000-000000000000'")
         .replace("$6", "0");
-    let plan: Vec<String> = su
-        .query(
-            &format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}"),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect();
+    let plan = crate::helpers::plan(
+        &su,
+        &format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {sql}"),
+        &[],
+    )
+    .await;
     su.batch_execute("ROLLBACK").await.unwrap();
-    let text = plan.join("\n");
+    let text = plan.clone();
+    let plan: Vec<&str> = text.lines().collect();
     assert!(
         text.contains("Index Scan using trigger_schedules_claimable_idx"),
         "{text}"
@@ -201,7 +198,7 @@ async fn the_claim_is_an_index_range_scan_that_never_visits_live_claims() {
         .iter()
         .position(|l| l.contains("trigger_schedules_claimable_idx"))
         .unwrap();
-    let scan_block: Vec<&String> = plan[idx_line + 1..]
+    let scan_block: Vec<&&str> = plan[idx_line + 1..]
         .iter()
         .take_while(|l| {
             l.trim_start().starts_with("Index Cond")
@@ -247,31 +244,13 @@ async fn the_backlog_gauge_is_an_index_range_read() {
         oldest.unwrap() > 1_000_000_000_000,
         "oldest due age from claimable_at_ms = 0"
     );
-    let plan: Vec<String> = su
-        .query(
-            "EXPLAIN WITH n AS MATERIALIZED (SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint AS ms)
+    let plan = crate::helpers::plan(&su, "EXPLAIN WITH n AS MATERIALIZED (SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint AS ms)
              SELECT count(*), (SELECT ms FROM n) - min(claimable_at_ms)
                FROM (SELECT claimable_at_ms FROM qlsched.trigger_schedules
                       WHERE claimable_at_ms <= (SELECT ms FROM n)
-                      ORDER BY claimable_at_ms LIMIT 1000000) due",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(
-        plan.iter()
-            .any(|l| l.contains("trigger_schedules_claimable_idx")),
-        "{plan:?}"
-    );
-    assert!(
-        !plan
-            .iter()
-            .any(|l| l.contains("Seq Scan on trigger_schedules")),
-        "{plan:?}"
-    );
+                      ORDER BY claimable_at_ms LIMIT 1000000) due", &[]).await;
+    assert!(plan.contains("trigger_schedules_claimable_idx"), "{plan}");
+    assert!(!plan.contains("Seq Scan on trigger_schedules"), "{plan}");
 }
 
 /// A backlog drains oldest first, yet a row that has just fallen due is leased in the next

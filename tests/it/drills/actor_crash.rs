@@ -6,7 +6,7 @@
 //! 0 lost. In the long form a fault-free replica runs beside it.
 
 use super::check::Expect;
-use super::{metric, Drill, Stage};
+use super::{Drill, Stage};
 
 const TRIGGERS: usize = 30;
 const FAULTS: &str = "admit_stop_every=7,claim_stop_every=5";
@@ -34,8 +34,8 @@ async fn supervisor_restarts_crashing_admit_and_claim_actors_without_dup_or_loss
     stage.wait_all_admitting().await;
     tokio::time::sleep(drill.p.duration).await;
     let a = stage.fleet.get("a");
-    let restarts = metric(a, "qlsched_actor_restarts_total").unwrap_or(0.0);
-    let admits = metric(a, "qlsched_admits_total").unwrap_or(0.0);
+    let restarts = a.metric("qlsched_actor_restarts_total").unwrap_or(0.0);
+    let admits = a.metric("qlsched_admits_total").unwrap_or(0.0);
     let log = a.log();
     let admit_restarts = log.matches("admit actor stopped; restarting it").count();
     let claim_restarts = log

@@ -1,9 +1,9 @@
 //! The invariant checker every drill ends with: plain SQL over the admitted work, run after
 //! every replica has stopped.
 //!
-//! - one run per occurrence (trigger, `scheduled_for`): `duplicates` counts the extra ones;
-//! - every run is queued with exactly one pristine claimed `remote_worker` attempt and the
-//!   two events `run.created` (seq 1) and `run.queued` (seq 2);
+//! - the exactly-once invariants of the kit (`testkit/sql/invariants.sql`): `duplicates`
+//!   counts the occurrences admitted more than once, `violated` every other invariant broken;
+//! - nothing was dispatched: every run is queued as admitted, one attempt and two events;
 //! - no claim is left on any schedule row;
 //! - per trigger, the admitted `scheduled_for` set against what the cron and the misfire
 //!   policy require. The drills use fixed-period triggers (`* * * * * *`, `skip`, grace
@@ -22,6 +22,8 @@
 use std::fmt::Write as _;
 
 use tokio_postgres::Client;
+
+use crate::helpers::invariants::{self, Violation};
 
 /// What the drill knows about its run, beyond the database.
 #[derive(Clone, Debug, Default)]
@@ -67,6 +69,7 @@ pub struct Figures {
     pub triggers: i64,
     pub expected: i64,
     pub admitted: i64,
+    /// Occurrences admitted more than once.
     pub duplicates: i64,
     pub lost: i64,
     /// Required occurrences missing in a hole at least a grace long: what `skip` does to an
@@ -74,7 +77,10 @@ pub struct Figures {
     pub misfired: i64,
     pub unexpected: i64,
     pub starved: i64,
+    /// Runs no longer as admitted (queued, one attempt, two events): no drill dispatches.
     pub bad_shape: i64,
+    /// Every other exactly-once invariant broken.
+    pub violated: Vec<Violation>,
     pub claims_left: i64,
     pub max_lag_ms: i64,
     pub takeovers: i64,
@@ -130,7 +136,6 @@ WITH r AS (
 SELECT (SELECT count(*) FROM span),
        (SELECT count(*) FROM want),
        (SELECT count(*) FROM r),
-       (SELECT coalesce(sum(n - 1), 0)::bigint FROM r),
        (SELECT coalesce(sum(len) FILTER (WHERE len * $1 < $2), 0)::bigint FROM holes),
        (SELECT coalesce(sum(len) FILTER (WHERE len * $1 >= $2), 0)::bigint FROM holes),
        (SELECT count(*) FROM r JOIN span USING (trigger_id)
@@ -142,18 +147,9 @@ SELECT (SELECT count(*) FROM span),
 
 const SHAPE_SQL: &str = "
 SELECT count(*) FROM qlsched.runs r
- WHERE r.status <> 'queued' OR r.cancelled OR r.queued_at_ms IS NULL
+ WHERE r.status <> 'queued'
     OR (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) <> 1
-    OR NOT EXISTS (SELECT 1 FROM qlsched.attempts a
-                    WHERE a.run_id = r.run_id AND a.attempt_no = 1 AND a.executor = 'remote_worker'
-                      AND a.state = 'claimed' AND a.worker_id IS NULL AND a.session_id IS NULL
-                      AND a.lease_id IS NULL AND a.offer_id IS NULL AND a.callback_token IS NULL
-                      AND a.started_at_ms IS NULL AND a.result IS NULL AND a.error IS NULL)
-    OR (SELECT count(*) FROM qlsched.run_events e WHERE e.run_id = r.run_id) <> 2
-    OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e
-                    WHERE e.run_id = r.run_id AND e.seq = 1 AND e.kind = 'run.created')
-    OR NOT EXISTS (SELECT 1 FROM qlsched.run_events e
-                    WHERE e.run_id = r.run_id AND e.seq = 2 AND e.kind = 'run.queued')";
+    OR (SELECT count(*) FROM qlsched.run_events e WHERE e.run_id = r.run_id) <> 2";
 
 const TAKEOVER_SQL: &str = "
 SELECT count(*) FILTER (WHERE r.admitted_by <> h.owner),
@@ -176,15 +172,18 @@ pub async fn check(sql: &Client, expect: &Expect) -> Figures {
         triggers: row.get(0),
         expected: row.get(1),
         admitted: row.get(2),
-        duplicates: row.get(3),
-        lost: row.get(4),
-        misfired: row.get(5),
-        unexpected: row.get(6),
-        starved: row.get(7),
-        max_lag_ms: row.get(8),
-        claims_left: row.get(9),
+        lost: row.get(3),
+        misfired: row.get(4),
+        unexpected: row.get(5),
+        starved: row.get(6),
+        max_lag_ms: row.get(7),
+        claims_left: row.get(8),
         ..Figures::default()
     };
+    let mut violated = invariants::check(sql).await;
+    f.duplicates = invariants::count(&violated, invariants::DUPLICATE_OCCURRENCE);
+    violated.retain(|v| v.invariant != invariants::DUPLICATE_OCCURRENCE);
+    f.violated = violated;
     f.bad_shape = sql.query_one(SHAPE_SQL, &[]).await.unwrap().get(0);
     let h = &expect.held;
     let ids: Vec<&str> = h.iter().map(|h| h.trigger_id.as_str()).collect();
@@ -223,6 +222,7 @@ impl Figures {
         self.unexpected += o.unexpected;
         self.starved += o.starved;
         self.bad_shape += o.bad_shape;
+        self.violated.extend(o.violated.iter().cloned());
         self.claims_left += o.claims_left;
         self.max_lag_ms = self.max_lag_ms.max(o.max_lag_ms);
         self.takeovers += o.takeovers;
@@ -232,14 +232,17 @@ impl Figures {
 
     /// 0 duplicates, 0 lost, and every other invariant.
     pub fn assert_clean(&self, report: &str) {
-        let problems: Vec<String> = [
+        let mut problems: Vec<String> = [
             ("duplicate occurrences", self.duplicates),
             ("lost occurrences", self.lost),
             (
                 "occurrences misfired (found more than the grace late)",
                 self.misfired,
             ),
-            ("runs not 1 attempt + 2 events", self.bad_shape),
+            (
+                "runs not as admitted (queued, 1 attempt, 2 events)",
+                self.bad_shape,
+            ),
             ("claims left", self.claims_left),
             ("runs off the cron grid or past the cursor", self.unexpected),
             ("triggers never admitted", self.starved),
@@ -249,6 +252,11 @@ impl Figures {
         .filter(|(_, n)| *n != 0)
         .map(|(what, n)| format!("{what}: {n}"))
         .collect();
+        problems.extend(
+            self.violated
+                .iter()
+                .map(|v| format!("{}: {} ({})", v.invariant, v.violations, v.sample)),
+        );
         assert!(
             problems.is_empty() && self.admitted > 0,
             "drill invariants violated: {}\n{report}",
@@ -285,7 +293,7 @@ impl Figures {
             .collect();
         let _ = writeln!(
             s,
-            "triggers {} · misfired {} · early takeovers {} · runs not 1 attempt + 2 events {} · claims left {} \
+            "triggers {} · misfired {} · early takeovers {} · runs not as admitted {} · claims left {} \
              · off-grid {} · never admitted {} · admitted by {}",
             self.triggers,
             self.misfired,

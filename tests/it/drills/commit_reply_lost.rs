@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use super::check::Expect;
-use super::{db_now, metric, scalar, Drill, Stage};
+use super::{db_now, scalar, Drill, Stage};
 use crate::helpers::proxy::Fault;
 use crate::helpers::wait_until;
 
@@ -63,7 +63,11 @@ async fn every_occurrence_ends_with_one_run_when_the_commit_or_its_reply_is_lost
         },
     )
     .await;
-    let unknown = metric(stage.fleet.get("a"), "qlsched_unknown_outcomes_total").unwrap_or(0.0);
+    let unknown = stage
+        .fleet
+        .get("a")
+        .metric("qlsched_unknown_outcomes_total")
+        .unwrap_or(0.0);
     stage.fleet.stop_all().await;
     // Each outcome is counted exactly once: the replica's admissions counter at its clean
     // stop equals the runs it committed, lost replies included.

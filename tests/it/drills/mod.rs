@@ -31,12 +31,12 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use qlsched::store::migrate::{self, Roles};
+use qlsched::store::migrate::{self};
 
 use crate::helpers::pg::Server;
 use crate::helpers::proxy::Proxy;
 use crate::helpers::replica::ReplicaProc;
-use crate::helpers::{pg_config, TestDb, PREFIX};
+use crate::helpers::{pg_config, TestDb};
 use check::{Expect, Figures};
 
 /// Every drill's triggers fire every second.
@@ -279,14 +279,6 @@ pub async fn kill_holding_leases(
     check::held_by(sql, id).await
 }
 
-/// A counter or gauge from a replica's `/metrics` (None if the replica does not answer).
-pub fn metric(r: &ReplicaProc, name: &str) -> Option<f64> {
-    let (_, body) = r.get("/metrics")?;
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-}
-
 /// The replicas of one drill: same database, same extra config; killed ones are kept (with
 /// their logs) until the end.
 pub struct Fleet {
@@ -380,7 +372,7 @@ impl Fleet {
 
     /// Sum of a metric over the live replicas.
     pub fn metric_sum(&self, name: &str) -> f64 {
-        self.live.values().filter_map(|r| metric(r, name)).sum()
+        self.live.values().filter_map(|r| r.metric(name)).sum()
     }
 
     /// SIGTERM every live replica and require a clean exit (drain, leases handed back).
@@ -504,7 +496,7 @@ impl OwnPg {
         let mut server = Server::init(&own_root(tag), extra_conf);
         server.start();
         let port = server.port;
-        let roles = Roles::with_prefix(PREFIX).unwrap();
+        let roles = crate::helpers::roles();
         migrate::bootstrap(&pg_config(port, "postgres", "postgres"), &roles, "qlsched")
             .await
             .expect("bootstrap");

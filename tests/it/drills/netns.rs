@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use super::check::{self, Expect};
 use super::partition::wait_taken_over_by;
-use super::{db_now, exclusive, metric, scalar, wait_all_admitting, Fleet, OwnPg, Params, Report};
+use super::{db_now, exclusive, scalar, wait_all_admitting, Fleet, OwnPg, Params, Report};
 use super::{tail, Rng, EVERY_SECOND};
 use crate::helpers::netns::{require_root, NetNs};
 use crate::helpers::wait_until;
@@ -239,8 +239,14 @@ async fn a_replica_cut_off_at_the_kernel_notices_within_its_user_timeout_and_is_
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
-    let fenced = metric(inside.get("a"), "qlsched_fence_losses_total").unwrap_or(0.0);
-    let unknown = metric(inside.get("a"), "qlsched_unknown_outcomes_total").unwrap_or(0.0);
+    let fenced = inside
+        .get("a")
+        .metric("qlsched_fence_losses_total")
+        .unwrap_or(0.0);
+    let unknown = inside
+        .get("a")
+        .metric("qlsched_unknown_outcomes_total")
+        .unwrap_or(0.0);
     inside.stop_all().await;
     direct.stop_all().await;
     report.note(format!(

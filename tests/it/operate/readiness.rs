@@ -7,12 +7,6 @@ use super::{count, RunsLock, ADMISSIONS_WAITING_FOR_A_LOCK, LEASES_OF, RUNS_ADMI
 use crate::helpers::replica::ReplicaProc;
 use crate::helpers::{poll_until, wait_until, TestDb};
 
-fn metric(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-}
-
 #[tokio::test]
 async fn readyz_is_503_from_the_first_moment_of_a_stop_while_the_drain_is_still_running() {
     let db = TestDb::new().await;
@@ -54,7 +48,11 @@ async fn readyz_is_503_from_the_first_moment_of_a_stop_while_the_drain_is_still_
     // Still draining: the process serves /healthz and holds its leases.
     assert_eq!(r.get("/healthz").map(|x| x.0), Some(200));
     let metrics = r.get("/metrics").expect("metrics while draining").1;
-    assert_eq!(metric(&metrics, "qlsched_ready"), Some(0.0), "{metrics}");
+    assert_eq!(
+        crate::helpers::replica::metric(&metrics, "qlsched_ready"),
+        Some(0.0),
+        "{metrics}"
+    );
     assert!(
         count(&su, LEASES_OF, "r").await >= 1,
         "leases released already"
