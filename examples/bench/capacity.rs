@@ -49,7 +49,7 @@ async fn measure(b: &mut Bench, n: u64, warm_s: f64, win_s: i64) -> Step {
     sleep_s((w1 + 2000 - now_ms()) as f64 / 1000.0).await;
     let (admitted, _, p99, _) = lag_stats(b, w0, w1).await;
     g.stop().await;
-    let dups = b.duplicates().await;
+    let dups = b.invariants(&format!("capacity step {n}")).await;
     b.check(&format!("capacity step {n}: duplicates {dups}"), dups == 0);
     Step {
         n,

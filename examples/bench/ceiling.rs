@@ -127,7 +127,7 @@ pub async fn rows(b: &mut Bench) {
                 b.load(s.ceil_rows, &l).await;
                 b.checkpoint().await;
                 let (rate, batches, ser, refused) = run(b, c, limit, s.ceil_s).await;
-                let dups = b.duplicates().await;
+                let dups = b.invariants(&format!("ceiling {id} c={c}")).await;
                 b.check(&format!("ceiling {id} c={c}: duplicates {dups}"), dups == 0);
                 rates.push(rate);
                 details.push(format!(

@@ -77,7 +77,7 @@ pub async fn drain_once(b: &mut Bench, n: u64, r: usize) -> DrainRun {
         .pgss_sum("calls", "and query ilike 'BEGIN%SERIALIZABLE%'")
         .await;
     g.stop().await;
-    let dups = b.duplicates().await;
+    let dups = b.invariants(&format!("drain {n}/{r}")).await;
     let bad = b
         .num(
             "select count(*) from qlsched.runs r

@@ -197,13 +197,19 @@ impl Bench {
         self.num("select count(*) from qlsched.runs").await as i64
     }
 
-    /// (trigger, scheduled_for) pairs with more than one run: must be 0.
-    pub async fn duplicates(&self) -> i64 {
-        self.num(
-            "select count(*) from (select 1 from qlsched.runs group by trigger_id, scheduled_for_ms
-                                   having count(*) > 1) d",
-        )
-        .await as i64
+    /// The exactly-once invariants, as the test kit defines them once
+    /// (`qlsched_testkit::invariants`): every violated one is recorded as broken by `what`;
+    /// returns the duplicate occurrences (0 when the invariant holds), for the row.
+    pub async fn invariants(&mut self, what: &str) -> i64 {
+        use qlsched_testkit::invariants;
+        let found = invariants::check(&self.su).await;
+        for v in &found {
+            self.check(
+                &format!("{what}: {} ×{} ({})", v.invariant, v.violations, v.sample),
+                false,
+            );
+        }
+        invariants::count(&found, invariants::DUPLICATE_OCCURRENCE)
     }
 
     /// Records a broken invariant (duplicates, lost occurrences) seen by a row.

@@ -94,7 +94,7 @@ pub async fn row(b: &mut Bench, h: Herd) {
         .map(|p| format!("{:.1}", vmhwm_kib(p) as f64 / 1024.0))
         .collect();
     g.stop().await;
-    let dups = b.duplicates().await;
+    let dups = b.invariants("herd").await;
     b.check(&format!("herd: duplicates {dups}"), dups == 0);
     let max = times.iter().cloned().fold(0.0, f64::max);
     let (t_first, t_last) = (times[0], *times.last().unwrap());

@@ -62,16 +62,19 @@ async fn lag_row(
         crate::env::machine_busy_ticks(),
         now_ms(),
     );
-    sleep_s(secs - s.warm_s - 3.0).await;
+    sleep_s(secs - s.warm_s - s.tail_s).await;
     let cpu = Cpu {
         replicas: g.cpu_ticks() - r0,
         server: b.server_ticks().saturating_sub(s0),
         machine: crate::env::machine_busy_ticks() - m0,
         ms: now_ms() - c0,
     };
-    sleep_s(3.0).await;
+    sleep_s(s.tail_s).await;
     let te = now_ms();
-    let (w0, w1) = (ts + (s.warm_s * 1000.0) as i64, te - 3000);
+    let (w0, w1) = (
+        ts + (s.warm_s * 1000.0) as i64,
+        te - (s.tail_s * 1000.0) as i64,
+    );
     let (count, p50, p99, max) = lag_stats(b, w0, w1).await;
     let expected = if layout == Layout::Second {
         b.num(&format!(
@@ -87,7 +90,7 @@ async fn lag_row(
         .await
     };
     g.stop().await;
-    let dups = b.duplicates().await;
+    let dups = b.invariants(label).await;
     b.check(
         &format!("{label}: admitted {count} of {expected} due, duplicates {dups}"),
         count >= expected && dups == 0,

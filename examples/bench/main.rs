@@ -22,6 +22,7 @@
 //! - `lag`, `wal`, `tls`: only those rows; `herd100k`, `capacity`: the scale rows H and C;
 //!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side (with
 //!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
+//!   `retention-choice [--quick]`: rows RC, batched deletes vs time partitions (about 5 min);
 //!   `console`: rows K, the web console at 100k triggers and 10 M runs
 //!
 //! Environment: `QLSCHED_BIN` (the replica binary, else the one beside this program),
@@ -41,6 +42,7 @@ mod load;
 mod replicas;
 mod report;
 mod retention;
+mod retention_choice;
 mod run;
 mod sizes;
 mod stats;
@@ -70,6 +72,11 @@ pub enum Mode {
     StockVsTuned,
     Retention,
     RetentionQuick,
+    /// Batched deletes vs time partitions (`--quick`: 40,000 occurrences instead of 200,000).
+    RetentionChoice {
+        #[arg(long)]
+        quick: bool,
+    },
     Console,
 }
 

@@ -233,6 +233,7 @@ pub async fn rows(b: &mut Bench, quick: bool) {
         .pgss_sum("wal_bytes", "and query ilike '%prune_finished%'")
         .await;
     b.exec(UNDO_AUDIT).await;
+    b.invariants("retention").await;
     b.check(
         &format!("retention: duplicates {dups}, unfinished pruned {unfinished}"),
         dups == 0.0 && unfinished == 0.0,

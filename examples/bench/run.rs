@@ -34,6 +34,10 @@ pub fn compare(old: &Path, new: &Path, band: f64) -> ExitCode {
     }
 }
 
+/// The retention choice's server: it measures every VACUUM itself, so autovacuum is off.
+const CHOICE_CONF: &str = "shared_buffers = 512MB\nmax_wal_size = 8GB\nmin_wal_size = 1GB\n\
+                           checkpoint_timeout = 30min\nautovacuum = off\n";
+
 fn mode_name(m: Mode) -> &'static str {
     match m {
         Mode::Quick => "quick",
@@ -47,6 +51,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::StockVsTuned => "stock-vs-tuned",
         Mode::Retention => "retention",
         Mode::RetentionQuick => "retention-quick",
+        Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
     }
 }
@@ -72,12 +77,20 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let tls = matches!(mode, Mode::Tls | Mode::Smoke);
     // The smoke mode runs a second lane on a stock server beside the first (toy sizes leave
     // the machine mostly idle): S, C, R and K there, everything else on the tuned server.
+    // A third lane runs the retention choice on a server of its own (autovacuum off).
     let stock_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
+    let choice_srv =
+        (mode == Mode::Smoke).then(|| BenchServer::start_in_background(CHOICE_CONF, false));
     say(&format!(
         "starting a private durable PostgreSQL (tuned settings{})",
         if tls { ", ssl = on" } else { "" }
     ));
-    let srv = BenchServer::start(TUNED, tls);
+    // The retention choice measures every VACUUM itself: autovacuum off on its server.
+    let conf = match mode {
+        Mode::RetentionChoice { .. } => CHOICE_CONF,
+        _ => TUNED,
+    };
+    let srv = BenchServer::start(conf, tls);
     let mut b = Bench::new(srv, sizes.clone()).await;
     match mode {
         Mode::Smoke => {
@@ -93,14 +106,28 @@ async fn run_mode(mode: Mode) -> ExitCode {
                 crate::console::rows(&mut st).await;
                 st
             };
-            let (_, mut st) = tokio::join!(core_rows(&mut b, true), lane_b);
-            b.rows.append(&mut st.rows);
-            b.notes.append(&mut st.notes);
-            b.violations.append(&mut st.violations);
+            let rx = choice_srv.expect("started above");
+            let lane_c = async {
+                let srv = tokio::task::spawn_blocking(move || rx.recv().expect("the third server"))
+                    .await
+                    .unwrap();
+                let mut ch = Bench::new(srv, sizes.clone()).await;
+                crate::retention_choice::rows(&mut ch, 4_000).await;
+                ch
+            };
+            let (_, mut st, mut ch) = tokio::join!(core_rows(&mut b, true), lane_b, lane_c);
+            for other in [&mut st, &mut ch] {
+                b.rows.append(&mut other.rows);
+                b.notes.append(&mut other.notes);
+                b.violations.append(&mut other.violations);
+            }
         }
         Mode::Quick | Mode::Full => core_rows(&mut b, false).await,
         Mode::Retention => crate::retention::rows(&mut b, false).await,
         Mode::RetentionQuick => crate::retention::rows(&mut b, true).await,
+        Mode::RetentionChoice { quick } => {
+            crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
+        }
         Mode::Console => crate::console::rows(&mut b).await,
         Mode::Lag => crate::lag::rows(&mut b).await,
         Mode::Wal => crate::drain::wal_rows(&mut b).await,
