@@ -24,10 +24,22 @@ struct Counts {
     batches: AtomicU64,
     serialization: AtomicU64,
     refused: AtomicU64,
+    dry: std::sync::atomic::AtomicBool,
 }
 
-/// Runs the ceiling for `secs`; returns (admitted occurrences per second, counts text).
-async fn run(b: &Bench, clients: usize, limit: u32, secs: f64) -> (f64, u64, u64, u64) {
+/// What one ceiling run found.
+struct CeilingRun {
+    rate: f64,
+    batches: u64,
+    serialization: u64,
+    refused: u64,
+    /// Seconds after which the due rows ran out (the rate is over that time).
+    dry_after: Option<f64>,
+}
+
+/// Runs the ceiling for `secs`, or until the due rows run out; the rate is admitted
+/// occurrences per second of the time it ran.
+async fn run(b: &Bench, clients: usize, limit: u32, secs: f64) -> CeilingRun {
     let counts = Arc::new(Counts::default());
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let t0 = Instant::now();
@@ -55,8 +67,9 @@ async fn run(b: &Bench, clients: usize, limit: u32, secs: f64) -> (f64, u64, u64
                 .await
                 .expect("claim");
                 if round.rows.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
+                    // Every due row is claimed: the table ran dry before the time was up.
+                    counts.dry.store(true, Ordering::Relaxed);
+                    break;
                 }
                 let batch: Vec<Admission> = round
                     .rows
@@ -100,12 +113,13 @@ async fn run(b: &Bench, clients: usize, limit: u32, secs: f64) -> (f64, u64, u64
         t.await.expect("a ceiling client");
     }
     let secs = t0.elapsed().as_secs_f64();
-    (
-        counts.admitted.load(Ordering::Relaxed) as f64 / secs,
-        counts.batches.load(Ordering::Relaxed),
-        counts.serialization.load(Ordering::Relaxed),
-        counts.refused.load(Ordering::Relaxed),
-    )
+    CeilingRun {
+        rate: counts.admitted.load(Ordering::Relaxed) as f64 / secs,
+        batches: counts.batches.load(Ordering::Relaxed),
+        serialization: counts.serialization.load(Ordering::Relaxed),
+        refused: counts.refused.load(Ordering::Relaxed),
+        dry_after: counts.dry.load(Ordering::Relaxed).then_some(secs),
+    }
 }
 
 /// Rows 1 (claim(1) + admission of 1 per occurrence) and 1b (claim(budget) + one admission
@@ -126,12 +140,23 @@ pub async fn rows(b: &mut Bench) {
                 l.grace_ms = s.drain_grace_ms;
                 b.load(s.ceil_rows, &l).await;
                 b.checkpoint().await;
-                let (rate, batches, ser, refused) = run(b, c, limit, s.ceil_s).await;
+                b.pgss_reset().await;
+                let run = run(b, c, limit, s.ceil_s).await;
+                let top = b.pgss_top("total_plan_time + total_exec_time", 6).await;
+                b.note(format!(
+                    "ceiling {id} c={c} run {rep}: top statements (pg_stat_statements):\n\n{top}"
+                ));
                 let dups = b.invariants(&format!("ceiling {id} c={c}")).await;
                 b.check(&format!("ceiling {id} c={c}: duplicates {dups}"), dups == 0);
-                rates.push(rate);
+                rates.push(run.rate);
                 details.push(format!(
-                    "{batches} admission transactions, {ser} serialization failures retried, {refused} refused, duplicates {dups}"
+                    "{} admission transactions, {} serialization failures retried, {} refused, duplicates {dups}{}",
+                    run.batches,
+                    run.serialization,
+                    run.refused,
+                    run.dry_after
+                        .map(|t| format!("; the {} due rows ran out after {t:.1} s", s.ceil_rows))
+                        .unwrap_or_default()
                 ));
             }
             let m = crate::stats::median_index(&rates).unwrap();

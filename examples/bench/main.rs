@@ -64,6 +64,8 @@ pub enum Mode {
     Quick,
     Full,
     Smoke,
+    /// Only the ceiling rows (1, 1b).
+    Ceiling,
     Lag,
     Wal,
     Tls,

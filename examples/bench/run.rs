@@ -43,6 +43,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Quick => "quick",
         Mode::Full => "full",
         Mode::Smoke => "smoke",
+        Mode::Ceiling => "ceiling",
         Mode::Lag => "lag",
         Mode::Wal => "wal",
         Mode::Tls => "tls",
@@ -129,6 +130,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
             crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
         }
         Mode::Console => crate::console::rows(&mut b).await,
+        Mode::Ceiling => crate::ceiling::rows(&mut b).await,
         Mode::Lag => crate::lag::rows(&mut b).await,
         Mode::Wal => crate::drain::wal_rows(&mut b).await,
         Mode::Tls => crate::drain::tls_rows(&mut b).await,
