@@ -291,7 +291,7 @@ impl Bench {
             .su_pg
             .query(
                 &format!(
-                    "select concat_ws(' | ', calls, plans, round(rows::numeric / greatest(calls, 1), 1),
+                    "select concat_ws(chr(31), calls, plans, round(rows::numeric / greatest(calls, 1), 1),
                             round((total_plan_time / greatest(calls, 1))::numeric, 3), round(mean_exec_time::numeric, 3),
                             round((total_plan_time + total_exec_time)::numeric, 1),
                             round((shared_blks_hit + shared_blks_read)::numeric / greatest(calls, 1)),
@@ -306,7 +306,14 @@ impl Bench {
             .unwrap();
         let body: Vec<String> = rows
             .iter()
-            .map(|r| format!("| {} |", r.get::<_, String>(0).replace('|', "/")))
+            .map(|r| {
+                let cells: Vec<String> = r
+                    .get::<_, String>(0)
+                    .split('\u{1f}')
+                    .map(|c| c.replace('|', "\\|"))
+                    .collect();
+                format!("| {} |", cells.join(" | "))
+            })
             .collect();
         format!("{PGSS_HEAD}\n{}", body.join("\n"))
     }
