@@ -39,6 +39,7 @@ mod herd;
 mod idle;
 mod lag;
 mod load;
+mod pairs;
 mod replicas;
 mod report;
 mod retention;

@@ -132,8 +132,8 @@ async fn run_mode(mode: Mode) -> ExitCode {
         Mode::Console => crate::console::rows(&mut b).await,
         Mode::Ceiling => crate::ceiling::rows(&mut b).await,
         Mode::Lag => crate::lag::rows(&mut b).await,
-        Mode::Wal => crate::drain::wal_rows(&mut b).await,
-        Mode::Tls => crate::drain::tls_rows(&mut b).await,
+        Mode::Wal => crate::pairs::wal_rows(&mut b).await,
+        Mode::Tls => crate::pairs::tls_rows(&mut b).await,
         Mode::Herd100k => {
             let n = std::env::var("QLSCHED_BENCH_HERD_N")
                 .ok()
@@ -228,8 +228,8 @@ async fn core_rows(b: &mut Bench, smoke: bool) {
     )
     .await;
     if smoke {
-        crate::drain::tls_rows(b).await;
-        crate::drain::wal_rows(b).await;
+        crate::pairs::tls_rows(b).await;
+        crate::pairs::wal_rows(b).await;
     }
 }
 
