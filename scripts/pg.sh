@@ -1,5 +1,5 @@
 # Shared shell helpers: find or install PostgreSQL, run server commands as the right user.
-# Sourced by quickstart.sh, test.sh, drill.sh and bench.sh.
+# Sourced by quickstart.sh, test.sh, drill.sh and the benchmark scripts left in bench/.
 
 pg_find_bindir() {
   local d

@@ -38,11 +38,16 @@ trap 'rm -f "$log" "$log".*' EXIT
 set +e
 cargo test --features fault-injection --lib --tests "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The benchmark at toy size (examples/bench/main.rs, smoke mode): every row of every mode
+# runs, so the benchmark cannot rot; its result file goes to bench/tmp/. Counted as one test.
+cargo run --features fault-injection --example bench -- smoke 2>&1 | tee "$log.bench"
+bench_status=${PIPESTATUS[0]}
 # The Debian package, man pages, completions and alert rules (scripts/test-package.sh).
 scripts/test-package.sh 2>&1 | tee -a "$log"
 package_status=${PIPESTATUS[0]}
 set -e
 [ "$package_status" -eq 0 ] || status=1
+[ "$bench_status" -eq 0 ] || status=1
 
 # count PATTERN FILE: the sum of the numbers before PATTERN in cargo's result lines.
 count() {
@@ -54,8 +59,10 @@ package_passed=$(sed -n 's/^package tests: \([0-9]*\) passed.*/\1/p' "$log" | ta
 package_failed=$(sed -n 's/^package tests: .* \([0-9]*\) failed$/\1/p' "$log" | tail -n1)
 passed=$((passed + ${package_passed:-0}))
 failed=$((failed + ${package_failed:-0}))
+if [ "$bench_status" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 system_version=$("$system_bindir/postgres" --version | awk '{print $3}')
 lines=("PostgreSQL $system_version (system): the whole suite")
+lines+=("benchmark smoke (examples/bench smoke): $([ "$bench_status" -eq 0 ] && echo passed || echo FAILED)")
 
 if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
   sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune::)

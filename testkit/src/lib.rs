@@ -1,6 +1,7 @@
 //! Test harness: one throwaway PostgreSQL per test binary, a migrated template database,
 //! and a fresh database per test (`CREATE DATABASE … TEMPLATE`, tens of ms).
 
+pub mod bench_server;
 pub mod claimed;
 pub mod cli;
 pub mod deadhost;

@@ -1,0 +1,104 @@
+//! The qlsched benchmark: the daemon against the ceiling of its own statements, on a
+//! private, durable PostgreSQL started by the test kit, with replicas that are processes of
+//! the real binary.
+//!
+//! The ceiling (rows 1 and 1b) drives the product's own claim and admission statements
+//! (`store::claim::claim_variant` and `store::admit::ADMIT_SQL` through `claim_round` and
+//! `admit_batch_prepared`) from N concurrent tokio tasks with nothing around them, so every
+//! "× ceiling" ratio compares the daemon with its statements, never with a hand copy.
+//!
+//! Every run writes `bench/results/<UTC time>-<commit>[-dirty]-<mode>.json` (schema 1:
+//! commit, machine, PostgreSQL version and settings, rows with their ratio to the ceiling)
+//! and the markdown table beside it; the smoke mode writes under `bench/tmp/`. Nothing else
+//! in the repository is edited. `compare A.json B.json [--band 0.10]` prints each row's
+//! ratio and flags the rows outside the band.
+//!
+//! Modes (`scripts/bench.sh MODE`, which builds the release binaries first):
+//! - `quick` (default): ceilings 1/1b, isolation probe 2a, drains 2/6/8 (10k), claim cost 4,
+//!   idle 5, lag 3/3b, herd 7 (10k, 3 boundaries); about 6 min
+//! - `full`: the same with 10k and 100k drains, medians of 3, 1M-row claims, longer lag,
+//!   6 herd boundaries; about 17 min
+//! - `smoke`: every row of every mode at toy size, no minute-boundary wait; in CI
+//! - `lag`, `wal`, `tls`: only those rows; `herd100k`, `capacity`: the scale rows H and C;
+//!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side (with
+//!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
+//!   `retention-choice [--quick]`: rows RC, batched deletes vs time partitions (about 5 min);
+//!   `console`: rows K, the web console at 100k triggers and 10 M runs
+//!
+//! Environment: `QLSCHED_BIN` (the replica binary, else the one beside this program),
+//! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
+//! `QLSCHED_BENCH_LAG_ROWS=second` (only the every-second lag row).
+
+mod capacity;
+mod ceiling;
+mod claim;
+mod console;
+mod drain;
+mod env;
+mod herd;
+mod idle;
+mod lag;
+mod load;
+mod pairs;
+mod replicas;
+mod report;
+mod retention;
+mod retention_choice;
+mod run;
+mod sizes;
+mod stats;
+mod stock;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "The qlsched benchmark (see the doc comment of examples/bench/main.rs)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Quick,
+    Full,
+    Smoke,
+    /// Only the ceiling rows (1, 1b).
+    Ceiling,
+    Lag,
+    Wal,
+    Tls,
+    Herd100k,
+    Capacity,
+    StockVsTuned,
+    Retention,
+    RetentionQuick,
+    /// Batched deletes vs time partitions (`--quick`: 40,000 occurrences instead of 200,000).
+    RetentionChoice {
+        #[arg(long)]
+        quick: bool,
+    },
+    Console,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    #[command(flatten)]
+    Run(Mode),
+    /// Compares two result files row by row against a noise band.
+    Compare {
+        old: PathBuf,
+        new: PathBuf,
+        #[arg(long, default_value_t = 0.10)]
+        band: f64,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    match Cli::parse().cmd.unwrap_or(Cmd::Run(Mode::Quick)) {
+        Cmd::Compare { old, new, band } => run::compare(&old, &new, band),
+        Cmd::Run(mode) => run::run(mode),
+    }
+}
