@@ -356,7 +356,7 @@ impl Bench {
         let rows = self
             .su
             .query(
-                "select name, setting || coalesce(unit, '') from pg_settings
+                "select name, current_setting(name) from pg_settings
                   where source not in ('default', 'client', 'session', 'override')
                     and name not in ('unix_socket_directories', 'port', 'ssl_cert_file', 'ssl_key_file')
                   order by name",
