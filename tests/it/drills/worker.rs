@@ -20,12 +20,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use uuid::Uuid;
 
 use super::check;
 use super::{tail, Drill, OwnPg};
+use crate::helpers::netns::{require_root, NetNs};
 use crate::helpers::worker::{queue_runs, WorkerOptions, WorkerProc};
 use crate::helpers::{wait_until, TestDb};
 use crate::worker::{gone, metric};
@@ -102,6 +103,13 @@ async fn attempts(sql: &tokio_postgres::Client, run: Uuid) -> Vec<Attempt> {
         started_at_ms: r.get(5),
     })
     .collect()
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// Counts `runs` whose status is one of `statuses`.
@@ -386,6 +394,13 @@ async fn a_worker_sigkilled_mid_run_loses_its_attempts_to_one_retry_on_another_w
     finish(&mut drill, &db, sampler, &mut crew).await;
 }
 
+/// How a resumed worker's log says it gave an attempt up.
+const GAVE_UP: [(&str, &str); 3] = [
+    ("the heartbeat was refused", "heartbeat refused"),
+    ("by this worker's clock", "its own deadline"),
+    ("lease lost before the finish", "finish refused"),
+];
+
 #[tokio::test]
 async fn a_worker_sigstopped_past_its_lease_records_nothing_and_kills_its_child_on_resume() {
     let mut drill = Drill::begin("worker_stop", (2, 0), (10, 0), |p, seed| {
@@ -404,7 +419,7 @@ async fn a_worker_sigstopped_past_its_lease_records_nothing_and_kills_its_child_
         crew.start(id).await;
     }
     let sampler = Sampler::start(&db);
-    let (mut stopped_for, mut killed_after) = (Vec::new(), Vec::new());
+    let (mut stopped_for, mut killed_after, mut gave_up) = (Vec::new(), Vec::new(), Vec::new());
     for cycle in 0..drill.p.cycles {
         let outlives = cycle % 2 == 0;
         let first = if outlives { "sleep 60" } else { "sleep 2" };
@@ -455,12 +470,21 @@ async fn a_worker_sigstopped_past_its_lease_records_nothing_and_kills_its_child_
             },
         )
         .await;
+        let log = crew.get(&holder).log();
+        let log = log.lines().filter(|l| l.contains(&run.to_string()));
+        let how = log
+            .filter_map(|l| GAVE_UP.iter().find(|(needle, _)| l.contains(needle)))
+            .map(|(_, what)| *what)
+            .next_back()
+            .unwrap_or("?");
+        gave_up.push(how);
         await_statuses(&sql, &[run], &["succeeded", "failed"], WITHIN, &crew).await;
         let from = attempts(&sql, run).await[0].lease_expires_at_ms.unwrap();
         assert_lost_then_retried(&sql, run, &holder, from).await;
     }
     drill.report.note(format!(
-        "workers stopped for (ms) {stopped_for:?} · resume → the stale command gone (ms) {killed_after:?}"
+        "workers stopped for (ms) {stopped_for:?} · resume → the stale command gone (ms) {killed_after:?} · \
+         how each resumed worker gave its attempt up: {gave_up:?}"
     ));
     finish(&mut drill, &db, sampler, &mut crew).await;
 }
@@ -524,4 +548,82 @@ async fn postgres_restarted_under_fifty_running_runs_leaves_each_one_outcome() {
         downs.join(", ")
     ));
     finish(&mut drill, &db, sampler, &mut crew).await;
+}
+
+#[tokio::test]
+async fn a_worker_cut_off_stops_its_children_before_its_lease_can_end() {
+    require_root("worker_netns");
+    let mut drill = Drill::begin("worker_netns", (1, 0), (5, 0), |p, seed| {
+        format!(
+            "{} cuts, worker a in a network namespace (concurrency 2, lease 5 s, heartbeat 1 s, kill_grace 1 s), \
+             b direct; 2 runs per cut whose first attempt ignores SIGTERM, max_attempts 2, seed {seed}",
+            p.cycles
+        )
+    })
+    .await;
+    let ns = NetNs::create("wk");
+    let own = super::netns::pg_for(&ns).await;
+    let db = own.db.clone();
+    let sql = db.superuser().await;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path(), "trap '' TERM; ", "sleep 60", "sleep 1");
+    let inside = format!(
+        "host={} port={} user=qlsched_dispatcher dbname=qlsched",
+        ns.host_ip, db.port
+    );
+    let mut crew = Crew::new(&db.dsn("qlsched_dispatcher"), "concurrency = 2");
+    let ns_ip = ns.ns_ip.to_string();
+    crew.start_via("a", &ns.exec_prefix(), Some(&ns_ip), Some(&inside))
+        .await;
+    let sampler = Sampler::start(&db);
+    let (mut slack, mut gone_after) = (Vec::new(), Vec::new());
+    for cycle in 0..drill.p.cycles {
+        let runs = queue_runs(&db, &format!("cut{cycle}"), &spec, 2).await;
+        await_statuses(&sql, &runs, &["running"], WITHIN, &crew).await;
+        let mut pids = Vec::new();
+        for run in &runs {
+            pids.push(pid_of(dir.path(), *run, 1).await);
+        }
+        let lost_before = metric(crew.get("a"), "qlsched_worker_lost_total");
+        // b serves the same pool, started only now so that a holds both runs.
+        crew.start("b").await;
+        let cut_at = Instant::now();
+        ns.cut();
+        for (run, pid) in runs.iter().zip(&pids) {
+            await_gone(*pid, "the cut-off worker's command gone", WITHIN).await;
+            let at = wall_ms();
+            gone_after.push(cut_at.elapsed().as_millis());
+            // The lease as the database last extended it (nothing reaches it from a since
+            // the cut): the command must be gone before it ends.
+            let expiry = attempts(&sql, *run).await[0].lease_expires_at_ms.unwrap();
+            slack.push(expiry - at);
+            assert!(
+                at <= expiry,
+                "run {run}: the cut-off worker's command outlived its lease by {} ms\n{}",
+                at - expiry,
+                crew.logs()
+            );
+        }
+        await_statuses(&sql, &runs, &["succeeded", "failed"], WITHIN, &crew).await;
+        for run in &runs {
+            assert_lost_then_retried(&sql, *run, "a", 0).await;
+        }
+        ns.heal();
+        wait_until("a reachable again after the heal", WITHIN, || {
+            let up = crew.get("a").get("/readyz").map(|r| r.0) == Some(200);
+            async move { up }
+        })
+        .await;
+        assert_eq!(
+            metric(crew.get("a"), "qlsched_worker_lost_total"),
+            lost_before + 2.0,
+            "a counts both attempts lost"
+        );
+        crew.stop("b").await;
+    }
+    drill.report.note(format!(
+        "cut → each command gone (ms) {gone_after:?} · its lease's database expiry − gone (ms, must be ≥ 0) {slack:?}"
+    ));
+    finish(&mut drill, &db, sampler, &mut crew).await;
+    drop(own);
 }
