@@ -3,8 +3,9 @@
 //! a worker or under it, again and again. Every command writes its pid to
 //! `<dir>/<run id>.<attempt>` first, so the drill can watch the child the worker started.
 //!
-//! - `worker_kill`: a worker SIGKILLed mid-run; its attempts are lost once their lease ends
-//!   (another worker's expiry) and retried once on another worker;
+//! - `worker_kill`: a worker SIGKILLed mid-run; its commands die with it (parent-death
+//!   signal), its attempts are lost once their lease ends (another worker's expiry) and
+//!   retried once on another worker;
 //! - `worker_stop`: a worker SIGSTOPped past its lease, then resumed; it records nothing
 //!   (its heartbeat and finish are fenced out) and kills the child it left running;
 //! - `worker_pg_restart`: PostgreSQL stopped (`fast`, `immediate`) and started while 50
@@ -333,8 +334,8 @@ async fn a_worker_sigkilled_mid_run_loses_its_attempts_to_one_retry_on_another_w
         crew.start(id).await;
     }
     let sampler = Sampler::start(&db);
-    let (mut lost, mut orphans, mut children) = (0, 0, 0);
-    let (mut retry_after, mut orphan_life) = (Vec::new(), Vec::new());
+    let (mut lost, mut children) = (0, 0);
+    let (mut retry_after, mut died_with) = (Vec::new(), Vec::new());
     for cycle in 0..drill.p.cycles {
         let runs = queue_runs(&db, &format!("kill{cycle}"), &spec, 4).await;
         await_statuses(&sql, &runs, &["running"], WITHIN, &crew).await;
@@ -362,14 +363,21 @@ async fn a_worker_sigkilled_mid_run_loses_its_attempts_to_one_retry_on_another_w
             pids.push(pid_of(dir.path(), *run, 1).await);
         }
         let killed_at = super::db_now(&sql).await;
+        let killed = Instant::now();
         crew.kill(&victim);
-        // The commands run in process groups of their own: a SIGKILL of the worker leaves
-        // them running, orphaned, until they end by themselves.
+        // The commands run in process groups of their own, but each one's first process
+        // has the worker's death as its parent-death signal: it dies with the worker rather
+        // than run on beside the retry.
         children += pids.len();
-        orphans += pids.iter().filter(|p| !gone(**p)).count();
         for pid in &pids {
-            orphan_life.push(await_gone(*pid, "the orphaned command ended", WITHIN).await);
+            await_gone(*pid, "the killed worker's command gone", WITHIN).await;
         }
+        let took = killed.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "the killed worker's commands outlived it by {took:?} (orphaned, they ran on)"
+        );
+        died_with.push(took.as_millis());
         await_statuses(&sql, &runs, &["succeeded", "failed"], WITHIN, &crew).await;
         for run in &runs {
             if victims.contains(run) {
@@ -387,9 +395,7 @@ async fn a_worker_sigkilled_mid_run_loses_its_attempts_to_one_retry_on_another_w
     }
     drill.report.note(format!(
         "attempts lost with the killed workers {lost}, each retried once elsewhere · kill → retry started (ms, database clock) {retry_after:?} · \
-         the killed workers' commands still alive right after the kill: {orphans} of {children} (orphaned: own process group, no parent-death signal); \
-         they ended by themselves within {:?} ms",
-        orphan_life.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
+         the killed workers' {children} commands gone (parent-death signal) within (ms) {died_with:?} of the kill"
     ));
     finish(&mut drill, &db, sampler, &mut crew).await;
 }
