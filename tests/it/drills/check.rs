@@ -18,6 +18,10 @@
 //! - takeovers: of the leases a killed or cut-off replica held, the occurrences another
 //!   replica admitted; `early_takeovers` are those admitted before the database expiry of
 //!   the lease (and before the holder's successor could have released it): must be 0.
+//!
+//! The worker drills admit no work of their own; they end with [`executed`]: every run settled
+//! with exactly one recorded outcome, within its `max_attempts`, as the dispatcher protocol
+//! says.
 
 use std::fmt::Write as _;
 
