@@ -9,8 +9,11 @@
 #       netns (kernel partition + flapping link; needs root) | slow_link | republish |
 #       failover_dsn (a promotion followed through a two-host DSN) |
 #       rolling_upgrade (db migrate behind a reader, replicas moved one at a time onto a
-#       second binary with one more migration, and back) | all
-# --cycles N    kills / terminations / restarts / promotions / faults / cuts / flaps /
+#       second binary with one more migration, and back) |
+#       worker_kill | worker_stop | worker_pg_restart | worker_netns (needs root)
+#       (`qlsched worker` SIGKILLed, SIGSTOPped past its lease, PostgreSQL restarted under
+#       50 running runs, a worker cut off in a network namespace) | all
+# --cycles N    kills / stops / terminations / restarts / promotions / faults / cuts / flaps /
 #               drain rows (slow_link) / rolling passes (rolling_upgrade)
 # --duration S  seconds of steady load (actor_crash, slow_link); seconds the reader holds
 #               runs during db migrate (rolling_upgrade)
@@ -20,8 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 
-DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn rolling_upgrade republish"
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn rolling_upgrade republish worker_kill worker_stop worker_pg_restart worker_netns"
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 name=$1; shift
@@ -43,6 +46,10 @@ skip=()
 case $name in
   standby_promotion) filter="drills::standby_promotion::a_claim_held" ;;
   failover_dsn) filter="drills::standby_promotion::replicas_whose_dsn" ;;
+  worker_kill) filter="drills::worker::a_worker_sigkilled" ;;
+  worker_stop) filter="drills::worker::a_worker_sigstopped" ;;
+  worker_pg_restart) filter="drills::worker::postgres_restarted" ;;
+  worker_netns) filter="drills::worker::a_worker_cut_off" ;;
 esac
 if [ "$name" = all ]; then filter="drills::"; skip=(--skip drills::findings::); fi
 

@@ -76,6 +76,8 @@ pub(super) async fn run(shared: Arc<Shared>, t: Taken) {
         release(&shared, &t, &log).await;
         return;
     }
+    // The lease runs from the database's reading of its clock, after this.
+    let start_sent = Instant::now();
     let conn_start = async {
         let c = db::conn(&shared.pool).await?;
         calls::start(&c, &t, shared.lease_ms()).await
@@ -95,7 +97,7 @@ pub(super) async fn run(shared: Arc<Shared>, t: Taken) {
     }
     m.running.inc();
     let began = Instant::now();
-    let (outcome, lost) = execute(&shared, &t, &spec, resolved, &redactor, &log).await;
+    let (outcome, lost) = execute(&shared, &t, &spec, resolved, &redactor, start_sent, &log).await;
     m.running.dec();
     m.execution_seconds.observe(began.elapsed().as_secs_f64());
     if lost {
@@ -131,13 +133,36 @@ fn resolve(
     Ok(out)
 }
 
-/// Executes while heartbeats extend the lease; (outcome, lease lost).
+/// How long after sending a call that granted (or extended) the lease this worker holds it by
+/// its own monotonic clock: the lease less a margin of `heartbeat + kill_grace`, so that a
+/// command stopped then (SIGTERM, `kill_grace`, SIGKILL) is gone before the lease can end on
+/// the database clock; the margin is at most `lease − 2 × heartbeat`, so a healthy attempt
+/// always has a heartbeat's answer in hand before its deadline.
+pub(super) fn hold_for(lease: Duration, heartbeat: Duration, kill_grace: Duration) -> Duration {
+    let margin = (heartbeat + kill_grace).min(lease.saturating_sub(heartbeat * 2));
+    lease - margin
+}
+
+/// Resolves with the in-flight call's answer; never while none is in flight.
+async fn answer_of<F: std::future::Future + Unpin>(call: &mut Option<F>) -> F::Output {
+    match call {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Executes while heartbeats extend the lease; (outcome, lease lost). `held_since` is when the
+/// start was sent: the local deadline counts from it, then from each heartbeat that answered
+/// "held", as sent. Past the deadline with no such answer the work is stopped as for a lost
+/// lease, whatever the database says (it may not be reachable).
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     shared: &Shared,
     t: &Taken,
     spec: &Spec,
     resolved: Vec<(String, String)>,
     redactor: &Redactor,
+    held_since: Instant,
     log: &Logger,
 ) -> (Outcome, bool) {
     let vars = RunVars {
@@ -182,46 +207,59 @@ async fn execute(
     };
     tokio::pin!(exec);
     let every = shared.cfg.heartbeat;
+    let hold = hold_for(shared.cfg.lease, every, shared.cfg.kill_grace);
     let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut drain = shared.drain.clone();
-    let mut last_held = Instant::now();
-    // Past this without a heartbeat answered, the lease may have ended: stop the work.
-    let patience = shared.cfg.lease.saturating_sub(every);
+    let deadline = tokio::time::sleep_until((held_since + hold).into());
+    tokio::pin!(deadline);
+    // The heartbeat in flight, with the instant it was sent; the loop keeps watching the
+    // command, the deadline and the drain while it waits for the answer.
+    let mut call = None;
     let mut stopped: Option<Stop> = None;
+    let stop = |s: Stop, why: &str, stopped: &mut Option<Stop>| {
+        // Lost overrides what came before (nothing may be recorded any more).
+        if stopped.is_none() || (s == Stop::Lost && *stopped != Some(Stop::Lost)) {
+            info!(log, "stopping the command"; "why" => s.describe(), "because" => why);
+            *stopped = Some(s);
+            let _ = stop_tx.send(Some(s));
+        }
+    };
     loop {
         tokio::select! {
             o = &mut exec => return (o, stopped == Some(Stop::Lost)),
-            _ = beat.tick(), if stopped != Some(Stop::Lost) => {
-                let answer = async {
-                    let c = db::conn(&shared.pool).await?;
-                    calls::heartbeat(&c, t, shared.lease_ms()).await
-                };
-                let ask = match tokio::time::timeout(every, answer).await {
-                    Ok(Ok(Beat::Held)) => { last_held = Instant::now(); None }
-                    Ok(Ok(Beat::CancelRequested)) => { last_held = Instant::now(); Some(Stop::Cancel) }
-                    Ok(Ok(Beat::Lost)) => Some(Stop::Lost),
-                    Ok(Err(e)) => {
-                        warn!(log, "heartbeat failed"; "error" => %e);
-                        (last_held.elapsed() >= patience).then_some(Stop::Lost)
+            _ = beat.tick(), if stopped != Some(Stop::Lost) && call.is_none() => {
+                let sent = Instant::now();
+                call = Some(Box::pin(async move {
+                    let answer = async {
+                        let c = db::conn(&shared.pool).await?;
+                        calls::heartbeat(&c, t, shared.lease_ms()).await
+                    };
+                    (sent, tokio::time::timeout(every, answer).await)
+                }));
+            }
+            (sent, answer) = answer_of(&mut call) => {
+                call = None;
+                match answer {
+                    Ok(Ok(Beat::Held)) => deadline.as_mut().reset((sent + hold).into()),
+                    Ok(Ok(Beat::CancelRequested)) => {
+                        deadline.as_mut().reset((sent + hold).into());
+                        stop(Stop::Cancel, "an operator asked", &mut stopped);
                     }
-                    Err(_) => {
-                        warn!(log, "heartbeat timed out");
-                        (last_held.elapsed() >= patience).then_some(Stop::Lost)
-                    }
-                };
-                if let Some(s) = ask {
-                    // Lost overrides what came before (nothing may be recorded any more).
-                    if stopped.is_none() || s == Stop::Lost {
-                        info!(log, "stopping the command"; "why" => s.describe());
-                        stopped = Some(s);
-                        let _ = stop_tx.send(Some(s));
-                    }
+                    Ok(Ok(Beat::Lost)) => stop(Stop::Lost, "the heartbeat was refused", &mut stopped),
+                    Ok(Err(e)) => warn!(log, "heartbeat failed"; "error" => %e),
+                    Err(_) => warn!(log, "heartbeat timed out"),
                 }
             }
+            _ = &mut deadline, if stopped != Some(Stop::Lost) => {
+                stop(
+                    Stop::Lost,
+                    "no heartbeat answered before the lease could end (by this worker's clock)",
+                    &mut stopped,
+                );
+            }
             s = shell::stopped(&mut drain), if stopped.is_none() => {
-                info!(log, "stopping the command"; "why" => s.describe());
-                stopped = Some(s);
-                let _ = stop_tx.send(Some(s));
+                stop(s, "the drain timeout passed", &mut stopped);
             }
         }
     }
@@ -302,4 +340,27 @@ fn bounded(mut s: String, max: usize) -> String {
         s.truncate(i);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hold_for;
+    use std::time::Duration;
+
+    fn s(secs: f64) -> Duration {
+        Duration::from_secs_f64(secs)
+    }
+
+    #[test]
+    fn a_lease_is_given_up_a_heartbeat_and_a_kill_grace_before_it_can_end() {
+        // Defaults: stopped 20 s early, so the group is gone (grace 10 s) 10 s before the end.
+        assert_eq!(hold_for(s(60.0), s(10.0), s(10.0)), s(40.0));
+        assert_eq!(hold_for(s(5.0), s(1.0), s(1.0)), s(3.0));
+    }
+
+    #[test]
+    fn a_long_kill_grace_never_leaves_less_than_two_heartbeats_of_hold() {
+        assert_eq!(hold_for(s(5.0), s(1.0), s(10.0)), s(2.0));
+        assert_eq!(hold_for(s(30.0), s(10.0), s(0.1)), s(20.0));
+    }
 }

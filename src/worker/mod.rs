@@ -16,6 +16,10 @@
 //!
 //! The fence is the lease token checked by every call against the database clock: a worker
 //! paused past its lease records nothing.
+//! The worker also gives a lease up by its own monotonic clock: without a heartbeat answered
+//! "held" the command is stopped a heartbeat and a kill grace before the lease could end
+//! (counted from when the last extending call was sent), so it is gone before anyone else
+//! may take the run.
 
 mod attempt;
 pub mod daemon;

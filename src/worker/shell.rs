@@ -4,7 +4,8 @@
 //! and the spec's `env` (secrets resolved). Never the worker's DSN, password or
 //! credentials directory. On timeout, cancel, lost lease or drain the group gets SIGTERM,
 //! then SIGKILL after the grace; when the command exits, whatever it left in its group is
-//! killed. Exit 0 succeeds.
+//! killed; if the worker itself dies, the command's first process is killed with it. Exit 0
+//! succeeds.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -58,6 +59,7 @@ pub async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    die_with_the_worker(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -151,6 +153,29 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<Option<Stop>>) -> Stop {
             // The sender is gone: nobody can ask any more.
             return std::future::pending().await;
         }
+    }
+}
+
+/// The command's first process gets SIGKILL when the worker dies (a SIGKILL, a crash): its
+/// lease lapses and the run may be retried elsewhere, so the command must not run on beside
+/// the retry. The parent-death signal follows the thread that forked, which is the worker's
+/// one executor thread (`daemon.rs` runs every attempt on the actix system's thread). Processes
+/// the command forks itself are not covered (systemd's unit stop kills what is left).
+fn die_with_the_worker(cmd: &mut tokio::process::Command) {
+    let worker = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec the closure calls only async-signal-safe functions
+    // (prctl, getppid) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The worker died before the signal was armed: do not start the command.
+            if libc::getppid() != worker {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
     }
 }
 

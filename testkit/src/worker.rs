@@ -32,13 +32,18 @@ pub struct WorkerOptions<'a> {
     pub extra_toml: &'a str,
     /// Extra environment variables.
     pub env: &'a [(&'a str, &'a str)],
+    /// A command prefix the worker runs under (`ip netns exec NAME`); empty: none.
+    pub prefix: &'a [String],
+    /// The address its HTTP binds (default `127.0.0.1`).
+    pub http_ip: Option<&'a str>,
 }
 
 impl WorkerProc {
     /// Starts `qlsched worker` as worker `id` against `dsn` (the dispatcher role).
     pub fn start(dsn: &str, id: &str, opts: WorkerOptions) -> WorkerProc {
         let dir = tempfile::tempdir().unwrap();
-        let http: SocketAddr = format!("127.0.0.1:{}", crate::pg::free_port())
+        let http_ip = opts.http_ip.unwrap_or("127.0.0.1");
+        let http: SocketAddr = format!("{http_ip}:{}", crate::pg::free_port())
             .parse()
             .unwrap();
         let mut worker = opts.worker.to_string();
@@ -65,7 +70,14 @@ impl WorkerProc {
         .unwrap();
         let log_path = dir.path().join(format!("{id}.log"));
         let log = std::fs::File::create(&log_path).unwrap();
-        let mut cmd = Command::new(binary());
+        let mut cmd = match opts.prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary());
+                c
+            }
+            None => Command::new(binary()),
+        };
         cmd.env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")

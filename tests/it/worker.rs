@@ -53,7 +53,7 @@ async fn idempotency_key(db: &TestDb, run: Uuid) -> String {
 }
 
 /// A metric's value in the worker's `/metrics` text (0 when absent).
-fn metric(w: &WorkerProc, name: &str) -> f64 {
+pub(crate) fn metric(w: &WorkerProc, name: &str) -> f64 {
     let (status, body) = w.get("/metrics").expect("/metrics answers");
     assert_eq!(status, 200);
     body.lines()
@@ -161,7 +161,7 @@ async fn a_timeout_kills_the_process_group_grandchild_included() {
 }
 
 /// No such process, or a zombie (dead, waiting for init to reap it).
-fn gone(pid: i32) -> bool {
+pub(crate) fn gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(stat) => stat

@@ -18,6 +18,10 @@
 //! - takeovers: of the leases a killed or cut-off replica held, the occurrences another
 //!   replica admitted; `early_takeovers` are those admitted before the database expiry of
 //!   the lease (and before the holder's successor could have released it): must be 0.
+//!
+//! The worker drills admit no work of their own; they end with [`executed`]: every run settled
+//! with exactly one recorded outcome, within its `max_attempts`, as the dispatcher protocol
+//! says.
 
 use std::fmt::Write as _;
 
@@ -298,6 +302,145 @@ impl Figures {
             self.unexpected,
             self.starved,
             by.join(" ")
+        );
+        s
+    }
+}
+
+/// What the dispatcher protocol left of runs that workers executed (the worker drills), read
+/// once every run has settled: each run finished with exactly one recorded outcome, no
+/// attempt beyond the spec's `max_attempts`, and the kit's protocol invariants (events
+/// agree with the status, live attempts with the live status, one run per occurrence).
+#[derive(Clone, Debug, Default)]
+pub struct Executed {
+    pub runs: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    /// Runs still `queued`, `dispatching` or `running`.
+    pub unsettled: i64,
+    /// Runs without exactly one `run.finished` event, or with more than one attempt
+    /// finished by a worker (an attempt marked lost by an expiry is not a worker's outcome).
+    pub outcomes_not_one: i64,
+    /// Attempts marked lost (`lost: lease expired …`).
+    pub lost_attempts: i64,
+    /// Runs with more than one attempt (queued again after a lost one).
+    pub retried: i64,
+    /// Runs with more attempts than `max_attempts`.
+    pub over_attempts: i64,
+    /// Runs whose events or live attempts break the protocol.
+    pub protocol_breaks: i64,
+    pub duplicates: i64,
+}
+
+const EXECUTED_SQL: &str = "
+WITH per AS (
+    SELECT r.run_id, r.status,
+           (SELECT count(*) FROM qlsched.run_events e
+             WHERE e.run_id = r.run_id AND e.kind = 'run.finished') AS finished_events,
+           (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id) AS attempts,
+           (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id
+               AND a.state IN ('succeeded', 'failed')
+               AND (a.error IS NULL OR a.error NOT LIKE 'lost:%')) AS by_worker,
+           (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id
+               AND a.state = 'failed' AND a.error LIKE 'lost:%') AS lost
+      FROM qlsched.runs r
+)
+SELECT count(*),
+       count(*) FILTER (WHERE status = 'succeeded'),
+       count(*) FILTER (WHERE status = 'failed'),
+       count(*) FILTER (WHERE status IN ('queued', 'dispatching', 'running')),
+       count(*) FILTER (WHERE status IN ('succeeded', 'failed')
+                          AND (finished_events <> 1 OR by_worker > 1)),
+       coalesce(sum(lost), 0)::bigint,
+       count(*) FILTER (WHERE attempts > 1),
+       count(*) FILTER (WHERE attempts > $1)
+  FROM per";
+
+const PROTOCOL_SQL: &str = "
+SELECT count(*) FROM qlsched.runs r
+ WHERE (SELECT count(*) <> max(e.seq) FROM qlsched.run_events e WHERE e.run_id = r.run_id)
+    OR (SELECT e.kind FROM qlsched.run_events e WHERE e.run_id = r.run_id ORDER BY e.seq DESC LIMIT 1)
+       <> CASE r.status WHEN 'queued' THEN 'run.queued' WHEN 'dispatching' THEN 'run.dispatching'
+                        WHEN 'running' THEN 'run.started' WHEN 'cancelled' THEN 'run.cancelled'
+                        ELSE 'run.finished' END
+    OR (SELECT count(*) FROM qlsched.attempts a WHERE a.run_id = r.run_id
+           AND a.state IN ('claimed', 'dispatching', 'running'))
+       <> CASE WHEN r.status IN ('queued', 'dispatching', 'running') THEN 1 ELSE 0 END";
+
+/// Runs the execution checks; the caller prints the figures and then asserts them clean.
+pub async fn executed(sql: &Client, max_attempts: i64) -> Executed {
+    let r = sql.query_one(EXECUTED_SQL, &[&max_attempts]).await.unwrap();
+    let one =
+        |q: &'static str| async move { sql.query_one(q, &[]).await.unwrap().get::<_, i64>(0) };
+    Executed {
+        runs: r.get(0),
+        succeeded: r.get(1),
+        failed: r.get(2),
+        unsettled: r.get(3),
+        outcomes_not_one: r.get(4),
+        lost_attempts: r.get(5),
+        retried: r.get(6),
+        over_attempts: r.get(7),
+        protocol_breaks: one(PROTOCOL_SQL).await,
+        duplicates: one(
+            "SELECT coalesce(sum(n - 1), 0)::bigint FROM (SELECT count(*) AS n FROM qlsched.runs
+              GROUP BY trigger_id, scheduled_for_ms) d",
+        )
+        .await,
+    }
+}
+
+impl Executed {
+    /// Every run settled with one outcome, within its attempts, by the protocol.
+    pub fn assert_clean(&self, report: &str) {
+        let problems: Vec<String> = [
+            ("runs not settled", self.unsettled),
+            (
+                "runs without exactly one recorded outcome",
+                self.outcomes_not_one,
+            ),
+            ("runs beyond max_attempts", self.over_attempts),
+            ("runs breaking the protocol", self.protocol_breaks),
+            ("duplicate occurrences", self.duplicates),
+        ]
+        .iter()
+        .filter(|(_, n)| *n != 0)
+        .map(|(what, n)| format!("{what}: {n}"))
+        .collect();
+        assert!(
+            problems.is_empty() && self.runs > 0,
+            "drill invariants violated: {}\n{report}",
+            if problems.is_empty() {
+                "no run at all".to_string()
+            } else {
+                problems.join(", ")
+            }
+        );
+    }
+
+    /// The worker drills' table.
+    pub fn table(&self, live_twice: i64, samples: u64) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "| runs | succeeded | failed | one outcome each | lost attempts | retried | two live attempts (max, {samples} samples) | duplicates |"
+        );
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {live_twice} | {} |",
+            self.runs,
+            self.succeeded,
+            self.failed,
+            self.runs - self.outcomes_not_one - self.unsettled,
+            self.lost_attempts,
+            self.retried,
+            self.duplicates
+        );
+        let _ = writeln!(
+            s,
+            "unsettled {} · beyond max_attempts {} · protocol breaks {}",
+            self.unsettled, self.over_attempts, self.protocol_breaks
         );
         s
     }

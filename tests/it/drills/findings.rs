@@ -19,6 +19,11 @@
 //!    behind stayed 20 s behind; delays added up (the standby drill: 17 → 32 → 47 s over
 //!    three promotions) until the grace was crossed and `skip` dropped occurrences. Found
 //!    by the standby-promotion drill's long form.
+//! 5. (fixed in 20fc698) A SIGKILLed worker's commands ran on, orphaned in their own process
+//!    group, beside the retry of their run. Pinned by the drill `worker_kill`.
+//! 6. (fixed in 0655477) A worker cut off from the database stopped its commands after their
+//!    lease had ended (patience counted from the heartbeat's answer, checked only after a
+//!    failed heartbeat). Pinned by the drill `worker_netns`.
 
 use std::time::Duration;
 

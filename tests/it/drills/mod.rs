@@ -25,6 +25,7 @@ mod rolling_upgrade;
 mod same_replica_id;
 mod slow_link;
 mod standby_promotion;
+mod worker;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -432,13 +433,18 @@ impl Report {
 
     /// Prints the table (between markers scripts/drill.sh looks for) and returns it.
     pub fn print(&self, f: &Figures) -> String {
+        self.print_table(&f.table())
+    }
+
+    /// Prints a table under the drill's header, then the notes; returns what it printed.
+    pub fn print_table(&self, table: &str) -> String {
         let mut s = format!(
             "==== drill {} ({}; {:.1} s)\n",
             self.drill,
             self.setup,
             self.started.elapsed().as_secs_f64()
         );
-        s.push_str(&f.table());
+        s.push_str(table);
         for n in &self.notes {
             s.push_str(n);
             s.push('\n');

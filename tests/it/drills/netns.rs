@@ -35,7 +35,7 @@ const CADENCE_MS: i64 = 1000;
 /// seconds, as a production server should: keepalives for idle sockets, and a TCP user
 /// timeout for replies the client never acknowledges (the defaults wait hours or about 15
 /// minutes; the check at the end waits for the cut-off replica's backends to be gone).
-async fn pg_for(ns: &NetNs) -> OwnPg {
+pub(super) async fn pg_for(ns: &NetNs) -> OwnPg {
     let own = OwnPg::start(
         "netns",
         &format!(
