@@ -196,8 +196,10 @@ pub const QUEUED_BY_POOL_CAP: i64 = 100_000;
 
 /// Queued runs per execution revision, at most [`QUEUED_BY_POOL_CAP`] runs read and 1000
 /// revisions answered (the largest counts), each with its pinned spec. Locking: plain reads;
-/// the runs through `runs_unfinished_idx` (`status` is its first key), each run's revision by
-/// the primary key of `execution_revisions`, once per revision (grouped first).
+/// the queued runs through the partial index of the take's order (`runs_queued_order_idx`,
+/// V16), each revision by the primary key of `execution_revisions`, once per revision (grouped
+/// first). 100,000 queued runs among 300,000: about 50 ms
+/// (`retention::queued_runs_are_counted_per_pool_of_their_pinned_spec` prints the plan).
 pub const QUEUED_BY_REVISION_SQL: &str = "
     SELECT e.spec, q.n
       FROM (SELECT r.execution_revision_id, count(*) AS n
