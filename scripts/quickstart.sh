@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # qlsched end to end on a throwaway PostgreSQL: start a private cluster, bootstrap roles and
-# database, migrate, publish sample triggers, backfill, run three replicas and the reference
-# dispatcher (examples/dispatcher.rs) that finishes their runs, manage triggers as an operator
-# (list, show, disable/enable, fire), SIGKILL the replica holding the most leases and watch its
+# database, migrate, publish a task whose spec a worker runs (a shell command) and sample
+# triggers, backfill, run three replicas and `qlsched worker` that executes their runs, show a
+# failed run's output, manage triggers as an operator (list, show, disable/enable, fire), SIGKILL the replica holding the most leases and watch its
 # rows taken over after the lease expiry, stop admissions and watch a short retention (1m)
 # prune every finished run, stop the rest with SIGTERM, check the invariants, clean up.
 # Each replica serves its read-only web console on its loopback HTTP port (printed below).
@@ -30,11 +30,11 @@ PORT=${QLSCHED_QUICKSTART_PORT:-55439}
 WORK=$(mktemp -d /tmp/qlsched-quickstart.XXXXXX)
 chmod 755 "$WORK"
 declare -A PIDS=()
-DISPATCHER_PID=""
+WORKER_PID=""
 
 cleanup() {
   for r in "${!PIDS[@]}"; do kill -KILL "${PIDS[$r]}" 2>/dev/null || true; done
-  [ -z "$DISPATCHER_PID" ] || kill -KILL "$DISPATCHER_PID" 2>/dev/null || true
+  [ -z "$WORKER_PID" ] || kill -KILL "$WORKER_PID" 2>/dev/null || true
   pg_stop "$WORK" immediate
   rm -rf "$WORK"
 }
@@ -42,10 +42,9 @@ trap cleanup EXIT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-say "building qlsched and the reference dispatcher"
-cargo build --quiet --bin qlsched --example dispatcher
+say "building qlsched"
+cargo build --quiet --bin qlsched
 QL=target/debug/qlsched
-DISPATCHER=target/debug/examples/dispatcher
 
 say "starting a private PostgreSQL on 127.0.0.1:$PORT ($WORK)"
 pg_start "$WORK" "$PORT"
@@ -80,7 +79,11 @@ sql "CREATE TABLE public.quickstart_audit (op text, trigger_id text, scheduled_f
 
 say "publishing sample triggers"
 $QL project set --dsn "$ADMIN" --id demo
-$QL task publish --dsn "$ADMIN" --project demo --id report --spec '{"image":"demo/report:1","args":["--daily"]}'
+# The spec `qlsched worker` runs (docs/worker.md): a shell command in a cleared environment
+# with the run's QLSCHED_* variables; an occurrence whose second ends in 7 fails (exit 1).
+SPEC='{"executor": "shell", "timeout": "30s",
+ "command": ["sh", "-c", "echo \"report for $QLSCHED_SCHEDULED_FOR (attempt $QLSCHED_ATTEMPT)\"; if [ $((QLSCHED_SCHEDULED_FOR_MS / 1000 % 10)) = 7 ]; then echo \"no data for second 7\" >&2; exit 1; fi"]}'
+$QL task publish --dsn "$ADMIN" --project demo --id report --spec "$SPEC"
 for i in $(seq -w 1 20); do
   $QL trigger publish --dsn "$ADMIN" --project demo --task report --id "every-second-$i" --cron '* * * * * *' >/dev/null
 done
@@ -100,14 +103,30 @@ FROM=$(date -u -d '3 days ago' +%Y-%m-%dT00:00:00Z); TO=$(date -u +%Y-%m-%dT00:0
 op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
 op trigger backfill nightly-berlin --from "$FROM" --to "$TO"
 
-say "starting replicas a, b, c (lease 6s, retention 1m tried every 2s, for the demo) and the dispatcher"
+say "starting replicas a, b, c (lease 6s, retention 1m tried every 2s, for the demo) and a worker"
+# The worker, logged in as the dispatcher role: takes the queued runs of pool "default" and
+# runs the task's command for each, at most 16 at a time (docs/worker.md). It starts before
+# the replicas' QLSCHED__* overrides below are exported: those are a replica's keys.
+cat >"$WORK/worker.toml" <<TOML
+[worker]
+id = "worker-1"
+pools = ["default"]
+concurrency = 16
+poll = "200ms"
+drain_timeout = "10s"
+kill_grace = "2s"
+
+[database]
+dsn = "$DISPATCH"
+
+[http]
+bind = "127.0.0.1:9194"
+TOML
+$QL check-config --config "$WORK/worker.toml"
+$QL worker --config "$WORK/worker.toml" >"$WORK/worker.log" 2>&1 &
+WORKER_PID=$!
 export QLSCHED__DATABASE__DSN="$RUNTIME" QLSCHED__SCHEDULER__LEASE=6s QLSCHED__SCHEDULER__CADENCE=1s QLSCHED__LOG__LEVEL=info
 export QLSCHED__RETENTION__FINISHED_AFTER=1m QLSCHED__RETENTION__INTERVAL=2s
-# The reference dispatcher, as the dispatcher role: takes queued runs and runs a command per
-# run; an occurrence whose second ends in 7 fails (exit 1), every other one succeeds.
-$DISPATCHER --dsn "$DISPATCH" --batch 100 --idle-ms 200 \
-  --command 'exit $(( QLSCHED_SCHEDULED_FOR_MS / 1000 % 10 == 7 ))' >"$WORK/dispatcher.log" 2>&1 &
-DISPATCHER_PID=$!
 for r in a b c; do
   $QL run --config "config/replica-$r.toml" >"$WORK/replica-$r.log" 2>&1 &
   PIDS[$r]=$!
@@ -125,9 +144,21 @@ console_urls() {
 }
 echo "each replica serves its read-only web console on loopback (docs/console.md):"
 console_urls a b c
+echo "   the worker's metrics: http://127.0.0.1:9194/metrics"
 
 status() { $QL status --dsn "$RUNTIME" | sed 's/^/   /'; }
 for round in 1 2 3; do sleep 4; say "status after $((round * 4)) s"; status; done
+
+say "the worker's runs: one that failed on purpose, with its output"
+FAILED=""
+for _ in $(seq 1 50); do
+  FAILED=$(sql "select run_id from qlsched.runs where status = 'failed' order by queued_at_ms limit 1")
+  [ -n "$FAILED" ] && break
+  sleep 0.2
+done
+[ -n "$FAILED" ] || { echo "no run failed (every occurrence whose second ends in 7 should); the worker's log:" >&2; tail -20 "$WORK/worker.log" >&2; exit 1; }
+op runs show "$FAILED"
+sql "select '   runs executed so far: ' || string_agg(status || ' ' || n, ', ') from (select status, count(*) n from qlsched.runs where status in ('succeeded', 'failed') group by 1 order by 1) x"
 
 say "operator: managing triggers (admin role; the DSN comes from QLSCHED_DSN)"
 op trigger list --limit 4
@@ -173,14 +204,14 @@ sql "select format('   %-16s expired %s ms after the kill; next run %s ms after 
                            order by queued_at_ms limit 1) r on true
       order by h.t"
 
-say "retention: admissions stop, the dispatcher finishes the rest, a prune removes them after 1m"
+say "retention: admissions stop, the worker finishes the rest, a prune removes them after 1m"
 for t in $(sql "select trigger_id from qlsched.triggers where deleted_at_ms is null order by 1"); do
   $QL trigger disable "$t" --note "demo: watch retention" --actor demo >/dev/null
 done
 echo "every trigger disabled: nothing more is admitted"
 unfinished="select count(*) from qlsched.runs where status in ('queued', 'dispatching', 'running')"
 for _ in $(seq 1 150); do [ "$(sql "$unfinished")" = 0 ] && break; sleep 0.2; done
-[ "$(sql "$unfinished")" = 0 ] || { echo "the dispatcher left runs unfinished" >&2; exit 1; }
+[ "$(sql "$unfinished")" = 0 ] || { echo "the worker left runs unfinished" >&2; exit 1; }
 finished() { sql "select coalesce(sum(n), 0) || ' (' || coalesce(string_agg(status || ' ' || n, ', '), 'none') || '), with ' || (select count(*) from qlsched.attempts) || ' attempts and ' || (select count(*) from qlsched.run_events) || ' events' from (select status, count(*) n from qlsched.runs group by 1 order by 1) x"; }
 BEFORE=$(finished)
 echo "finished runs: $BEFORE; the newest was admitted $(sql "select round((extract(epoch from clock_timestamp())*1000 - max(queued_at_ms)) / 1000.0) from qlsched.runs") s ago"
@@ -206,8 +237,8 @@ if [ "$KEEP" -gt 0 ]; then
   sleep "$KEEP"
 fi
 
-say "SIGTERM the dispatcher and the other replicas (graceful: drain, hand leases back)"
-kill -TERM "$DISPATCHER_PID"; wait "$DISPATCHER_PID" && echo "dispatcher exited 0"; DISPATCHER_PID=""
+say "SIGTERM the worker and the other replicas (graceful: drain, hand leases back)"
+kill -TERM "$WORKER_PID"; wait "$WORKER_PID" && echo "worker exited 0"; WORKER_PID=""
 for r in "${!PIDS[@]}"; do kill -TERM "${PIDS[$r]}"; done
 for r in "${!PIDS[@]}"; do wait "${PIDS[$r]}" && echo "replica $r exited 0"; done
 PIDS=()

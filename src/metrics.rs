@@ -66,6 +66,9 @@ pub struct Metrics {
     pub oldest_finished_run_age_seconds: Gauge<f64, AtomicU64>,
     /// Queued runs admitted more than `retention.queued_alert_after` ago.
     pub old_queued_runs: Gauge,
+    /// Queued runs per pool (of each run's pinned spec), read up to
+    /// `store::retention::QUEUED_BY_POOL_CAP` runs (docs/worker.md, "Metrics").
+    pub queued_runs: Family<Vec<(String, String)>, Gauge>,
     /// Console and `/api/` requests whose credentials were wrong (docs/console.md).
     pub console_login_failures: Counter,
     /// 1 when the replica's database connections go over TCP to a non-loopback host with an
@@ -110,6 +113,7 @@ impl Default for Metrics {
             prune_duration_seconds: Histogram::new(PRUNE_BUCKETS),
             oldest_finished_run_age_seconds: Gauge::default(),
             old_queued_runs: Gauge::default(),
+            queued_runs: Family::default(),
             console_login_failures: Counter::default(),
             database_tls_unverified: Gauge::default(),
             lapsed_attempts: Gauge::default(),
@@ -254,6 +258,11 @@ impl Metrics {
             "old_queued_runs",
             "Queued runs admitted more than retention.queued_alert_after ago (refreshed every retention.interval)",
             self.old_queued_runs.clone(),
+        );
+        r.register(
+            "queued_runs",
+            "Queued runs per pool of their pinned spec, up to 100000 read (refreshed every retention.interval)",
+            self.queued_runs.clone(),
         );
         r.register(
             "console_login_failures",

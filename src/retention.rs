@@ -114,6 +114,14 @@ impl Pruner {
         }
         let view = retention::view(client, self.cfg.queued_alert_after).await?;
         self.metrics.old_queued_runs.set(view.old_queued);
+        let by_pool = retention::queued_by_pool(client).await?;
+        self.metrics.queued_runs.clear();
+        for (pool, n) in by_pool {
+            self.metrics
+                .queued_runs
+                .get_or_create(&vec![("pool".to_owned(), pool)])
+                .set(n);
+        }
         self.metrics.lapsed_attempts.set(view.lapsed_attempts);
         self.metrics
             .oldest_finished_run_age_seconds

@@ -297,6 +297,15 @@ pub async fn runs_show(target: &Target, run: &str, json: bool) -> Result<(), Cli
             line += &format!("  error: {e}");
         }
         println!("{line}");
+        if let Some(r) = &a.result {
+            println!("  result: {r}");
+        }
+        if let Some(tail) = a.output_tail.as_deref().filter(|t| !t.is_empty()) {
+            println!("  output (its tail):");
+            for l in tail.lines() {
+                println!("    {l}");
+            }
+        }
     }
     for e in &d.events {
         println!("event {}  {}  {}", e.seq, e.kind, render::rfc3339(e.at_ms));

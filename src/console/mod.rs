@@ -1,12 +1,14 @@
 //! The read-only web console and its JSON (`/api/v1/…`), served on the replica's HTTP port
 //! (docs/console.md).
 //!
-//! - Pages: `/` (overview), `/triggers`, `/triggers/{id}`, `/runs`: server-rendered HTML
-//!   (maud, escaping every value), working without JavaScript; `/static/console.js` only
-//!   adds auto-refresh and sorting of the rows shown.
+//! - Pages: `/` (overview), `/triggers`, `/triggers/{id}`, `/runs`, `/runs/{id}` (a run with
+//!   its attempts, each one's error and output tail): server-rendered HTML (maud, escaping
+//!   every value), working without JavaScript; `/static/console.js` only adds auto-refresh and
+//!   sorting of the rows shown.
 //! - The same data as JSON: `/api/v1/overview`, `/api/v1/triggers`, `/api/v1/triggers/{id}`,
-//!   `/api/v1/runs`, with the fields `qlsched status|trigger list|trigger show|runs list
-//!   --json` print (src/store/browse.rs is the one query layer of both).
+//!   `/api/v1/runs`, `/api/v1/runs/{id}`, with the fields `qlsched status|trigger list|trigger
+//!   show|runs list|runs show --json` print (src/store/browse.rs is the one query layer of
+//!   both).
 //! - Cheap and safe: the console's own small pool (never the claim or admission
 //!   connections), each request one READ ONLY transaction with a short `statement_timeout`,
 //!   keyset pages of at most 100 rows; credentials from `[http] console_auth_file` when set
@@ -552,6 +554,18 @@ async fn runs(
     respond(format, r)
 }
 
+async fn run(console: web::Data<Console>, id: String, format: Format) -> HttpResponse {
+    let r = async {
+        let run_id = uuid::Uuid::parse_str(&id)
+            .map_err(|_| Failure::BadRequest(format!("run `{id}`: not a run id (a UUID)")))?;
+        let d = read!(console, tx => browse::run_detail_in(&tx, run_id).await?)?
+            .ok_or_else(|| Failure::NotFound(format!("unknown run `{id}`")))?;
+        Ok((pages::run(&d), to_json(&d)?))
+    }
+    .await;
+    respond(format, r)
+}
+
 /// Every console route, each behind the credentials check.
 async fn dispatch(req: HttpRequest, console: web::Data<Console>) -> HttpResponse {
     if let Some(refused) = console.admit(&req) {
@@ -588,9 +602,13 @@ async fn dispatch(req: HttpRequest, console: web::Data<Console>) -> HttpResponse
         "/static/icon.svg" | "/favicon.ico" => stat("image/svg+xml", ICON),
         p => {
             let id = req.match_info().get("id").map(str::to_owned);
-            match (p.strip_prefix("/api/v1/triggers/"), id) {
-                (Some(_), Some(id)) => trigger(console, id, Format::Json).await,
-                (None, Some(id)) => trigger(console, id, Format::Html).await,
+            match id {
+                Some(id) if p.starts_with("/api/v1/triggers/") => {
+                    trigger(console, id, Format::Json).await
+                }
+                Some(id) if p.starts_with("/triggers/") => trigger(console, id, Format::Html).await,
+                Some(id) if p.starts_with("/api/v1/runs/") => run(console, id, Format::Json).await,
+                Some(id) if p.starts_with("/runs/") => run(console, id, Format::Html).await,
                 _ => respond(
                     Format::Html,
                     Err(Failure::NotFound(format!("no page at {p}"))),
@@ -612,6 +630,8 @@ pub fn configure(cfg: &mut web::ServiceConfig, console: Console) {
         "/api/v1/triggers/{id}",
         "/runs",
         "/api/v1/runs",
+        "/runs/{id}",
+        "/api/v1/runs/{id}",
         "/static/console.css",
         "/static/console.js",
         "/static/icon.svg",

@@ -7,7 +7,7 @@ use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
 use crate::present::triggers::{holder, state_text, TriggerDetail, TriggerItem, TriggerPage};
-use crate::store::browse::{self, RunsPage};
+use crate::store::browse::{self, RunDetail, RunsPage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Nav {
@@ -351,7 +351,7 @@ fn runs_table(runs: &[browse::RunItem], with_trigger: bool) -> Markup {
                 tbody {
                     @for r in runs {
                         tr {
-                            td { code.id title=(r.idempotency_key) { (r.run_id) } }
+                            td { a href=(format!("/runs/{}", r.run_id)) { code.id title=(r.idempotency_key) { (r.run_id) } } }
                             @if with_trigger { td { (trigger_link(&r.trigger_id)) } }
                             td { (r.kind) }
                             td { (r.status) }
@@ -407,6 +407,63 @@ pub fn runs(q: &RunsQuery, limit: i64, page: &RunsPage) -> String {
         }
     };
     layout("Runs", Nav::Runs, body)
+}
+
+/// One run: what `runs show` prints, with each attempt's error, result and output tail as
+/// recorded by whoever executed it (a worker's stdout and stderr tails, an HTTP body's end).
+pub fn run(d: &RunDetail) -> String {
+    let r = &d.run;
+    let body = html! {
+        section aria-labelledby="run-h" {
+            h2 id="run-h" { "Run" }
+            dl.facts {
+                dt { "Trigger" } dd { (trigger_link(&r.trigger_id)) }
+                dt { "Kind" } dd { (r.kind) }
+                dt { "Status" } dd id="run-status" { (r.status) @if d.cancelled { " (cancelled)" } }
+                dt { "Scheduled" } dd { (render::utc(Some(r.scheduled_for_ms))) }
+                dt { "Queued" } dd { (render::utc(r.queued_at_ms)) " (lag " (render::span(r.lag_ms)) ")" }
+                dt { "Admitted by" } dd { (r.admitted_by) }
+                dt { "Idempotency key" } dd { code { (r.idempotency_key) } }
+                dt { "Execution revision" } dd { code { (d.execution_revision_id) } }
+            }
+        }
+        section aria-labelledby="attempts-h" {
+            h2 id="attempts-h" { "Attempts" }
+            @for a in &d.attempts {
+                article.attempt id=(format!("attempt-{}", a.attempt_no)) {
+                    h3 { "Attempt " (a.attempt_no) ": " (a.state) }
+                    dl.facts {
+                        @if let Some(w) = &a.worker_id { dt { "Worker" } dd { (w) } }
+                        @if let Some(ms) = a.started_at_ms { dt { "Started" } dd { (render::utc(Some(ms))) } }
+                        @if let Some(ms) = a.finished_at_ms { dt { "Finished" } dd { (render::utc(Some(ms))) } }
+                        @if let Some(ms) = a.lease_expires_at_ms { dt { "Lease until" } dd { (render::utc(Some(ms))) } }
+                        @if let Some(ms) = a.not_before_ms { dt { "Not before" } dd { (render::utc(Some(ms))) } }
+                        @if let Some(x) = a.exit_status { dt { "Exit status" } dd.exit { (x) } }
+                        @if let Some(e) = &a.error { dt { "Error" } dd.error { (e) } }
+                        @if let Some(v) = &a.result { dt { "Result" } dd { code { (v.to_string()) } } }
+                    }
+                    @if let Some(t) = a.output_tail.as_deref().filter(|t| !t.is_empty()) {
+                        figure {
+                            pre.output { (t) }
+                            figcaption { "Output: its tail, as recorded" }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="events-h" {
+            h2 id="events-h" { "Events" }
+            table id="events" {
+                thead { tr { th.num { "Seq" } th { "Kind" } th { "At (UTC)" } } }
+                tbody {
+                    @for e in &d.events {
+                        tr { td.num { (e.seq) } td { (e.kind) } td { (render::utc(Some(e.at_ms))) } }
+                    }
+                }
+            }
+        }
+    };
+    layout(&format!("Run {}", r.run_id), Nav::Runs, body)
 }
 
 #[cfg(test)]

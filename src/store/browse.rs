@@ -332,8 +332,7 @@ pub struct EventItem {
 }
 
 /// The run `run_id` with its attempts and events (None: no such run), read in one
-/// REPEATABLE READ snapshot so the three agree. Locking: plain reads, by the primary key of
-/// runs and the `(run_id, …)` keys of attempts and events.
+/// REPEATABLE READ snapshot so the three agree ([`run_detail_in`]).
 pub async fn run_detail(
     client: &mut tokio_postgres::Client,
     run_id: uuid::Uuid,
@@ -344,13 +343,25 @@ pub async fn run_detail(
         .read_only(true)
         .start()
         .await?;
+    let d = run_detail_in(&tx, run_id).await?;
+    tx.rollback().await?;
+    Ok(d)
+}
+
+/// The run `run_id` with its attempts and events, read in the caller's transaction (`runs
+/// show`'s snapshot, or the console's transaction: each attempt's output tail and error as
+/// `dispatch_finish` recorded them). Locking: plain reads, by the primary key of runs and the
+/// `(run_id, …)` keys of attempts and events.
+pub async fn run_detail_in(
+    tx: &impl tokio_postgres::GenericClient,
+    run_id: uuid::Uuid,
+) -> Result<Option<RunDetail>, StoreError> {
     let sql = format!(
         "SELECT {}, r.cancelled, r.execution_revision_id::text AS execution_revision_id
            FROM qlsched.runs r WHERE r.run_id = $1",
         run_columns()
     );
     let Some(r) = tx.query_opt(&sql, &[&run_id]).await? else {
-        tx.rollback().await?;
         return Ok(None);
     };
     let attempts = tx
@@ -389,7 +400,6 @@ pub async fn run_detail(
             at_ms: e.get("at_ms"),
         })
         .collect();
-    tx.rollback().await?;
     Ok(Some(RunDetail {
         run: run_item(&r),
         cancelled: r.get("cancelled"),

@@ -104,6 +104,7 @@ async fn run_until_stopped(
         _ = signals.next() => { info!(log, "stopped before the database was ready"); return Ok(()); }
     }
     let metrics = WorkerMetrics::default();
+    metrics.serve_pools(&w.pools);
     let ready = Ready::default();
     let http = match cfg.http_bind {
         None => None,

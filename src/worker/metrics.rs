@@ -3,6 +3,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -56,6 +57,9 @@ pub struct WorkerMetrics {
     pub execution_seconds: Histogram,
     /// Admission (queued) to take, database clock.
     pub queue_wait_seconds: Histogram,
+    /// 1 for each pool this worker takes from (`qlsched_worker_pools{pool="…"}`): with the
+    /// replicas' `qlsched_queued_runs{pool="…"}`, the alert on queued work no worker serves.
+    pub pools: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl Default for WorkerMetrics {
@@ -72,11 +76,21 @@ impl Default for WorkerMetrics {
             ready: Gauge::default(),
             execution_seconds: Histogram::new(EXECUTION_BUCKETS),
             queue_wait_seconds: Histogram::new(QUEUE_WAIT_BUCKETS),
+            pools: Family::default(),
         }
     }
 }
 
 impl WorkerMetrics {
+    /// Marks the pools this worker serves (its `[worker] pools`).
+    pub fn serve_pools(&self, pools: &[String]) {
+        for p in pools {
+            self.pools
+                .get_or_create(&vec![("pool".to_owned(), p.clone())])
+                .set(1);
+        }
+    }
+
     pub fn registry(&self) -> Registry {
         let mut root = Registry::with_prefix("qlsched");
         let r = root.sub_registry_with_prefix("worker");
@@ -118,6 +132,11 @@ impl WorkerMetrics {
             "queue_wait_seconds",
             "From admission to take (database clock)",
             self.queue_wait_seconds.clone(),
+        );
+        r.register(
+            "pools",
+            "1 for each pool this worker takes from",
+            self.pools.clone(),
         );
         root
     }

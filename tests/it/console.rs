@@ -475,3 +475,101 @@ async fn the_console_transaction_is_read_only_bounded_and_never_jit_compiled() {
     assert_eq!(got, ["off", "1500ms", "1500ms", "on"]);
     tx.rollback().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_runs_page_shows_its_attempts_output_escaped_and_its_json_is_runs_show() {
+    let db = TestDb::new().await;
+    seed(&db).await;
+    let mut r = ReplicaProc::spawn(&db.dsn("qlsched_runtime"), "con-run", "", &[]);
+    r.wait_ready(Duration::from_secs(30)).await;
+    crate::helpers::wait_until("a run of con-a", Duration::from_secs(20), || async {
+        db.count(
+            "SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a' AND status = 'queued'",
+        )
+        .await
+            >= 1
+    })
+    .await;
+    // A dispatcher takes one run, starts it and records a failure whose output and error
+    // carry markup.
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = d
+        .query_one(
+            "SELECT run_id, attempt_id, lease_token FROM qlsched.dispatch_take('w-<i>', NULL, 1, 60000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (run_id, attempt, token): (uuid::Uuid, uuid::Uuid, uuid::Uuid) =
+        (taken.get(0), taken.get(1), taken.get(2));
+    let started: bool = d
+        .query_one(
+            "SELECT qlsched.dispatch_start($1, $2, 60000)",
+            &[&attempt, &token],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(started);
+    let output = "report <b>done</b>\n--- stderr ---\n<script>window.__out=1</script> & more\n";
+    let finished: bool = d
+        .query_one(
+            "SELECT qlsched.dispatch_finish($1, $2, 'failed', 3, $3, 'exited with status 3 <img src=x>', NULL)",
+            &[&attempt, &token, &output],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(finished);
+
+    // The page: the attempt, its exit status, error and output, every one escaped.
+    let (status, _, page) = get(r.http, &format!("/runs/{run_id}"), &[]);
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Attempt 1: failed"), "{page}");
+    assert!(page.contains("w-&lt;i&gt;"), "{page}");
+    assert!(page.contains("<dd class=\"exit\">3</dd>"), "{page}");
+    assert!(
+        page.contains("exited with status 3 &lt;img src=x&gt;"),
+        "{page}"
+    );
+    assert!(
+        page.contains(
+            "report &lt;b&gt;done&lt;/b&gt;\n--- stderr ---\n&lt;script&gt;window.__out=1&lt;/script&gt; &amp; more"
+        ),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<script>window") && !page.contains("<b>done") && !page.contains("<img"),
+        "{page}"
+    );
+    // The runs list links to it.
+    let (_, _, list) = get(r.http, "/runs?trigger=con-a&status=failed", &[]);
+    assert!(list.contains(&format!("href=\"/runs/{run_id}\"")), "{list}");
+
+    // The JSON is `runs show --json`'s, the output as recorded.
+    let (status, _, body) = get(r.http, &format!("/api/v1/runs/{run_id}"), &[]);
+    assert_eq!(status, 200, "{body}");
+    let api: Value = serde_json::from_str(&body).unwrap();
+    let cli: Value = serde_json::from_str(&ok(ql(
+        &db,
+        &["runs", "show", &run_id.to_string(), "--json"],
+    )))
+    .unwrap();
+    assert_eq!(keys(&api), keys(&cli));
+    assert_eq!(api["attempts"], cli["attempts"]);
+    assert_eq!(api["attempts"][0]["output_tail"], output);
+    assert_eq!(api["attempts"][0]["exit_status"], 3);
+    // And `runs show` prints the output's lines.
+    let text = ok(ql(&db, &["runs", "show", &run_id.to_string()]));
+    assert!(
+        text.contains("    <script>window.__out=1</script> & more"),
+        "{text}"
+    );
+
+    // A bad id is refused, an unknown one is not found.
+    let (status, _, _) = get(r.http, "/api/v1/runs/not-a-uuid", &[]);
+    assert_eq!(status, 400);
+    let (status, _, _) = get(r.http, &format!("/runs/{}", uuid::Uuid::new_v4()), &[]);
+    assert_eq!(status, 404);
+    r.terminate(Duration::from_secs(20)).await;
+}

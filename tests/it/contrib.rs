@@ -1,10 +1,11 @@
 //! The shipped Prometheus alert rules (and their unit tests) and the Grafana dashboard name
-//! only metrics that a live replica exports on `/metrics`.
+//! only metrics that a live replica or a live worker exports on `/metrics`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::helpers::replica::ReplicaProc;
+use crate::helpers::worker::{queue_runs, WorkerOptions, WorkerProc};
 use crate::helpers::TestDb;
 
 const FILES: [(&str, &str); 3] = [
@@ -63,11 +64,26 @@ fn the_dashboard_is_grafana_json_with_a_query_in_every_panel() {
 }
 
 #[tokio::test]
-async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_exports() {
+async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_or_worker_exports() {
     let db = TestDb::new().await;
     // A finished run past the horizon, so the replica's first prune pass exports
-    // `qlsched_runs_pruned_total` (a labelled counter has no sample before its first count).
+    // `qlsched_runs_pruned_total` (a labelled counter has no sample before its first count),
+    // and queued runs of pool "reports", which no worker below takes, so it exports
+    // `qlsched_queued_runs{pool="reports"}`.
     crate::retention::run_aged(&db, "trg-a", "succeeded", 400 * 86_400_000).await;
+    queue_runs(
+        &db,
+        "unserved",
+        r#"{"image": "demo", "pool": "reports"}"#,
+        3,
+    )
+    .await;
+    let mut w = WorkerProc::start(
+        &db.dsn("qlsched_dispatcher"),
+        "metrics-w",
+        WorkerOptions::default(),
+    );
+    w.wait_ready(Duration::from_secs(30)).await;
     let mut r = ReplicaProc::spawn(
         &db.dsn("qlsched_runtime"),
         "metrics",
@@ -81,13 +97,21 @@ async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_exports() {
         Duration::from_secs(30),
         || {
             (status, body) = r.get("/metrics").expect("/metrics answers");
-            let done = body.contains("qlsched_runs_pruned_total{");
+            let done = body.contains("qlsched_runs_pruned_total{")
+                && body.contains("qlsched_queued_runs{pool=\"reports\"}");
             async move { done }
         },
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let exported = names_exported(&body);
+    let (status, worker_body) = w.get("/metrics").expect("the worker's /metrics answers");
+    assert_eq!(status, 200, "{worker_body}");
+    assert!(
+        worker_body.contains("qlsched_worker_pools{pool=\"default\"} 1"),
+        "{worker_body}"
+    );
+    let mut exported = names_exported(&body);
+    exported.extend(names_exported(&worker_body));
     assert!(
         exported.contains("qlsched_admits_total")
             && exported.contains("qlsched_lag_seconds_bucket"),
@@ -113,5 +137,19 @@ async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_exports() {
             "{file} uses {missing:?}, which a live replica does not export; it exports {exported:?}"
         );
     }
+    // The worker row of the dashboard.
+    for m in [
+        "qlsched_worker_taken_total",
+        "qlsched_worker_succeeded_total",
+        "qlsched_worker_failed_total",
+        "qlsched_worker_lost_total",
+        "qlsched_worker_running",
+        "qlsched_worker_execution_seconds_bucket",
+        "qlsched_worker_queue_wait_seconds_bucket",
+    ] {
+        assert!(dashboard.contains(m), "{}: no panel uses {m}", FILES[2].0);
+    }
+    w.signal(libc::SIGTERM);
+    assert!(w.wait_exit(Duration::from_secs(30)).await.success());
     assert!(r.terminate(Duration::from_secs(30)).await.success());
 }

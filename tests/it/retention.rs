@@ -851,3 +851,66 @@ async fn the_horizon_counts_from_the_finish_and_is_bounded_by_the_floor() {
         "the recorded horizon {horizon} is inside the floor"
     );
 }
+
+#[tokio::test]
+async fn queued_runs_are_counted_per_pool_of_their_pinned_spec() {
+    let db = TestDb::new().await;
+    let _admin = db.admin_with_project().await;
+    let su = db.superuser().await;
+    let (default_rev, reports_rev) = (Uuid::new_v4(), Uuid::new_v4());
+    for (id, spec) in [
+        (default_rev, r#"{"executor": "shell", "command": ["true"]}"#),
+        (
+            reports_rev,
+            r#"{"executor": "shell", "command": ["true"], "pool": "reports"}"#,
+        ),
+    ] {
+        su.execute(
+            "INSERT INTO qlsched.execution_revisions
+                    (execution_revision_id, project_id, kind, spec, spec_digest, created_at_ms)
+             VALUES ($1, 'proj', 'remote_worker', $2::text,
+                     encode(sha256(convert_to($2::text, 'UTF8')), 'hex'), 0)",
+            &[&id, &spec],
+        )
+        .await
+        .unwrap();
+    }
+    // 300,000 runs, every third queued (100,000); one in twenty pins the "reports" spec
+    // (5,000 of the queued ones), the others the spec without a pool ("default").
+    su.execute(
+        "INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                   task_revision, execution_revision_id, idempotency_key, status,
+                                   scheduled_for_ms, queued_at_ms, admitted_by)
+         SELECT gen_random_uuid(), 'proj', 't', 1, 'task', 1,
+                CASE WHEN g % 20 = 0 THEN $1::uuid ELSE $2::uuid END,
+                'ql3:cron:v1:t:1:' || g,
+                CASE WHEN g % 3 = 0 THEN 'queued' ELSE 'succeeded' END, g, g, 'test'
+           FROM generate_series(1, 300000) g",
+        &[&reports_rev, &default_rev],
+    )
+    .await
+    .unwrap();
+    su.batch_execute("ANALYZE qlsched.runs").await.unwrap();
+
+    let runtime = db.client("qlsched_runtime").await;
+    let started = std::time::Instant::now();
+    let by_pool = retention::queued_by_pool(&runtime).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        by_pool,
+        vec![
+            ("default".to_owned(), 95_000),
+            ("reports".to_owned(), 5_000)
+        ]
+    );
+    let plan = crate::helpers::plan(
+        &runtime,
+        &format!(
+            "EXPLAIN (ANALYZE, BUFFERS) {}",
+            retention::QUEUED_BY_REVISION_SQL
+        ),
+        &[],
+    )
+    .await;
+    eprintln!("queued runs per pool over 100,000 queued of 300,000 runs: {took:?}\n{plan}");
+}
