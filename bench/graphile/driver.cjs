@@ -1,4 +1,4 @@
-// graphile-worker side of `scripts/bench.sh --stock-vs-tuned` (bench/stock_vs_tuned.sh).
+// graphile-worker side of `scripts/bench.sh stock-vs-tuned` (rows S, examples/bench/stock.rs).
 //   node driver.cjs migrate CONNSTR            run graphile-worker's migrations once
 //   node driver.cjs run CONNSTR N NAME         one worker process: a crontab of N every-minute
 //                                              entries (one task identifier `noop`, each entry
