@@ -409,8 +409,14 @@ fn build_new_binary() -> PathBuf {
         // The test build unifies the dev-dependencies' features into the shared
         // dependencies (rustls, ring …); as plain dependencies here they do the same, so
         // the copy reuses those builds instead of rebuilding them with other features (and
-        // overwriting them: the file names do not depend on the features).
+        // overwriting them: the file names do not depend on the features). A crate that is
+        // both keeps one entry, the dev entry whose features include the plain one's.
         .replacen("[dev-dependencies]\n", "", 1)
+        .replacen(
+            "hyper-util = { version = \"0.1\", features = [\"tokio\"] }\n",
+            "",
+            1,
+        )
         // The copy is the scheduler alone: not the test kit (a workspace member and a
         // dev-dependency of this tree, which depends on the package the copy renames).
         .replacen("members = [\".\", \"testkit\"]", "members = [\".\"]", 1)

@@ -313,7 +313,7 @@ async fn finish(drill: &mut Drill, db: &TestDb, sampler: Sampler, crew: &mut Cre
     assert_eq!(live_twice, 0, "a run had two live attempts\n{table}");
     assert!(samples > 0, "the sampler never reached the database");
     f.assert_clean(&format!("{table}{}", crew.logs()));
-    db.assert_invariants_after_protocol().await;
+    db.assert_invariants().await;
 }
 
 #[tokio::test]
