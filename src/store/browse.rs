@@ -338,12 +338,7 @@ pub async fn run_detail(
     client: &mut tokio_postgres::Client,
     run_id: uuid::Uuid,
 ) -> Result<Option<RunDetail>, StoreError> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = super::snapshot(client).await?;
     let sql = format!(
         "SELECT {}, r.cancelled, r.execution_revision_id::text AS execution_revision_id
            FROM qlsched.runs r WHERE r.run_id = $1",

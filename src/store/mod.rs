@@ -23,3 +23,15 @@ pub mod status;
 pub mod triggers;
 pub mod wake;
 pub mod worker;
+
+/// A read-only REPEATABLE READ transaction: one snapshot for reads that must agree.
+pub async fn snapshot(
+    client: &mut tokio_postgres::Client,
+) -> Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+    client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+}
