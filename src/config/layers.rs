@@ -111,6 +111,11 @@ pub(super) fn parse_file(label: &str, text: &str, problems: &mut Vec<ConfigProbl
     }
 }
 
+/// The process environment's variables whose name and value are UTF-8.
+pub(super) fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+}
+
 /// One layer per `QLSCHED__SECTION__KEY` variable, sorted by name so later-wins is stable.
 pub(super) fn env_layers(
     env: impl IntoIterator<Item = (String, String)>,

@@ -216,9 +216,7 @@ pub struct LogConfig {
 impl Config {
     /// Loads `path` over the built-in defaults, with overrides from the process environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let env = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-        Self::load_with_env(path, env)
+        Self::load_with_env(path, layers::process_env())
     }
 
     /// Loads `path` over the built-in defaults, with overrides taken from `env` (only

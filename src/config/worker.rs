@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::check::Checker;
 use super::error::{ConfigError, ConfigProblem};
-use super::{layers, validate, DatabaseConfig, LogConfig, LogFormat, ReplicaId, TlsFiles};
+use super::{layers, validate, DatabaseConfig, LogConfig, ReplicaId, TlsFiles};
 
 /// The worker's built-in defaults (`config/worker-default.toml`): `[worker]`, and what
 /// differs from a replica's (the dispatcher role, another port, no console).
@@ -96,9 +96,7 @@ impl WorkerFileConfig {
     /// Loads `path` over the built-in defaults, with overrides from the process environment
     /// (and `$CREDENTIALS_DIRECTORY`).
     pub fn load(path: &Path) -> Result<WorkerFileConfig, ConfigError> {
-        let env = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-        Self::load_with_env(path, env)
+        Self::load_with_env(path, layers::process_env())
     }
 
     /// Like [`load`](Self::load) with the environment given. Opens no network connection.
@@ -131,32 +129,21 @@ impl WorkerFileConfig {
         let database = validate::database(&mut c, raw.database);
         let bind = validate::http_bind(&mut c, raw.http.bind);
         let tls = validate::http_tls(&mut c, raw.http.tls_cert_file, raw.http.tls_key_file);
-        let format = c.one_of("log.format", raw.log.format, &["json", "text"]);
-        let level = c.one_of("log.level", raw.log.level, &validate::LOG_LEVELS);
+        let log = validate::log(&mut c, raw.log);
         problems.extend(std::mem::take(&mut c.problems));
-        match (worker, database, bind, tls, format, level) {
-            (
-                Some(worker),
-                Some(database),
-                Some(http_bind),
-                Some(http_tls),
-                Some(f),
-                Some(level),
-            ) if problems.is_empty() => Ok(WorkerFileConfig {
-                source: path.to_path_buf(),
-                worker,
-                database,
-                http_bind,
-                http_tls,
-                log: LogConfig {
-                    format: if f == "json" {
-                        LogFormat::Json
-                    } else {
-                        LogFormat::Text
-                    },
-                    level,
-                },
-            }),
+        match (worker, database, bind, tls, log) {
+            (Some(worker), Some(database), Some(http_bind), Some(http_tls), Some(log))
+                if problems.is_empty() =>
+            {
+                Ok(WorkerFileConfig {
+                    source: path.to_path_buf(),
+                    worker,
+                    database,
+                    http_bind,
+                    http_tls,
+                    log,
+                })
+            }
             _ => Err(ConfigError::Problems(problems)),
         }
     }
