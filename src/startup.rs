@@ -246,14 +246,12 @@ impl Replica {
         }
         let lease = cfg.scheduler.lease;
         let watchdog = watchdog_heartbeat(cfg.scheduler.cadence)?;
-        // A peer that vanishes (partition, dead VM) must break the connection well within a
-        // lease: keepalives for idle connections, a TCP user timeout for unacknowledged data.
-        let mut pg = cfg.database.pg.clone();
-        pg.keepalives(true)
-            .keepalives_idle(Duration::from_secs(5))
-            .keepalives_interval(Duration::from_secs(2))
-            .keepalives_retries(3)
-            .tcp_user_timeout(derived::tcp_user_timeout(lease));
+        // A peer that vanishes must break the connection well within a lease.
+        let pg = cfg
+            .database
+            .pg
+            .clone()
+            .with_keepalives(derived::tcp_user_timeout(lease));
         let connector = Connector {
             pg: pg.clone(),
             connect_timeout: cfg.database.connect_timeout,
@@ -478,29 +476,13 @@ impl Replica {
 /// Waits for the database and runs the readiness gate; retries connection failures (the
 /// database may come up after us) but fails at once on a schema that is not ready.
 async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<(), StartupError> {
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match db::conn(pool).await {
-            Ok(conn) => {
-                // The pooler probe first: it speaks only the simple-query protocol, and
-                // nothing prepared may go through a transaction pooler before it refused.
-                drop(conn);
-                db::pooler::require_session_pooling(pool, target).await?;
-                let conn = db::conn(pool).await?;
-                let role = schema::current_role(&conn).await?;
-                let problems = schema::check(&conn, &[(&role, "runtime")]).await?;
-                if problems.is_empty() {
-                    return Ok(());
-                }
-                return Err(StartupError::NotReady { problems });
-            }
-            Err(e) => {
-                warn!(log, "database not reachable yet"; "error" => %e, "retry_in_ms" => delay.as_millis() as u64);
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
+    let conn = db::reachable(pool, target, log).await?;
+    let role = schema::current_role(&conn).await?;
+    let problems = schema::check(&conn, &[(&role, "runtime")]).await?;
+    if problems.is_empty() {
+        return Ok(());
     }
+    Err(StartupError::NotReady { problems })
 }
 
 fn hostname() -> String {

@@ -2,9 +2,10 @@
 //! merging them key by key, remembering which layer wrote each key so a problem can name it.
 
 use std::collections::HashMap;
+use std::path::Path;
 
-use super::error::ConfigProblem;
-use super::raw::probe;
+use super::error::{ConfigError, ConfigProblem};
+use super::raw::{probe, RawConfig};
 
 /// How problems in the embedded `config/default.toml` are attributed.
 pub(super) const DEFAULTS_LABEL: &str = "default.toml (built in)";
@@ -38,6 +39,62 @@ impl Merged {
     }
 }
 
+/// The settings of a file read and merged, not yet validated.
+pub(super) struct Loaded {
+    /// The file's label (its path as given).
+    pub label: String,
+    pub merged: Merged,
+    pub raw: RawConfig,
+    /// Problems found so far that did not stop the merge.
+    pub problems: Vec<ConfigProblem>,
+}
+
+/// Reads the file at `path` and merges its layers, later wins: `defaults` (built in, each a
+/// label and a text), the file, then the `QLSCHED__…` variables of `env`. `check_file` looks
+/// at the file's own table before the merge. Stops with every problem so far where a layer
+/// does not parse or the merged settings do not fit. Opens no network connection.
+pub(super) fn load(
+    path: &Path,
+    defaults: &[(&str, &str)],
+    check_file: impl FnOnce(&toml::Table, &str, &mut Vec<ConfigProblem>),
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Loaded, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let label = path.display().to_string();
+    let mut problems = Vec::new();
+    let mut all: Vec<Layer> = defaults
+        .iter()
+        .map(|(l, t)| parse_file(l, t, &mut problems))
+        .collect();
+    let file = parse_file(&label, &text, &mut problems);
+    if !problems.is_empty() {
+        // A file that does not parse would only add noise (every key "missing").
+        return Err(ConfigError::Problems(problems));
+    }
+    check_file(&file.table, &label, &mut problems);
+    all.push(file);
+    all.extend(env_layers(env, &mut problems));
+    let merged = merge(all, &mut problems);
+    let raw = match toml::Value::Table(merged.table.clone()).try_into::<RawConfig>() {
+        Ok(raw) => raw,
+        Err(e) => {
+            // Unreachable in practice: every key was checked alone while merging.
+            let msg = e.message().trim().to_owned();
+            problems.push(ConfigProblem::new(label, "(merged)", "(merged)", msg));
+            return Err(ConfigError::Problems(problems));
+        }
+    };
+    Ok(Loaded {
+        label,
+        merged,
+        raw,
+        problems,
+    })
+}
+
 /// Parses a TOML file's text into a layer, or records one problem locating the syntax error.
 pub(super) fn parse_file(label: &str, text: &str, problems: &mut Vec<ConfigProblem>) -> Layer {
     let table = match toml::from_str::<toml::Table>(text) {
@@ -52,6 +109,11 @@ pub(super) fn parse_file(label: &str, text: &str, problems: &mut Vec<ConfigProbl
         table,
         may_hold_password: false,
     }
+}
+
+/// The process environment's variables whose name and value are UTF-8.
+pub(super) fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
 }
 
 /// One layer per `QLSCHED__SECTION__KEY` variable, sorted by name so later-wins is stable.

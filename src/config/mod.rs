@@ -216,9 +216,7 @@ pub struct LogConfig {
 impl Config {
     /// Loads `path` over the built-in defaults, with overrides from the process environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let env = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-        Self::load_with_env(path, env)
+        Self::load_with_env(path, layers::process_env())
     }
 
     /// Loads `path` over the built-in defaults, with overrides taken from `env` (only
@@ -227,31 +225,17 @@ impl Config {
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let label = path.display().to_string();
-        let mut problems = Vec::new();
-        let defaults = layers::parse_file(layers::DEFAULTS_LABEL, DEFAULT_TOML, &mut problems);
-        let replica = layers::parse_file(&label, &text, &mut problems);
-        if !problems.is_empty() {
-            // A file that does not parse would only add noise (every key "missing").
-            return Err(ConfigError::Problems(problems));
-        }
-        let mut all = vec![defaults, replica];
-        all.extend(layers::env_layers(env, &mut problems));
-        let merged = layers::merge(all, &mut problems);
-
-        let raw = match toml::Value::Table(merged.table.clone()).try_into::<raw::RawConfig>() {
-            Ok(raw) => raw,
-            Err(e) => {
-                // Unreachable in practice: every key was checked alone while merging.
-                let msg = e.message().trim().to_owned();
-                problems.push(ConfigProblem::new(label, "(merged)", "(merged)", msg));
-                return Err(ConfigError::Problems(problems));
-            }
-        };
+        let layers::Loaded {
+            label,
+            merged,
+            raw,
+            mut problems,
+        } = layers::load(
+            path,
+            &[(layers::DEFAULTS_LABEL, DEFAULT_TOML)],
+            |_, _, _| {},
+            env,
+        )?;
         match validate::validate(raw, &merged, &label, path) {
             Ok(config) if problems.is_empty() => Ok(config),
             Ok(_) => Err(ConfigError::Problems(problems)),

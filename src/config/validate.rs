@@ -11,7 +11,7 @@ use regex::Regex;
 use super::check::Checker;
 use super::error::ConfigProblem;
 use super::layers::Merged;
-use super::raw::{RawConfig, RawDatabase, RawHttp, RawRetention, RawScheduler};
+use super::raw::{RawConfig, RawDatabase, RawHttp, RawLog, RawRetention, RawScheduler};
 use super::{
     Config, ConsoleAuth, ConsoleConfig, DatabaseConfig, HttpConfig, LogConfig, LogFormat,
     MetricsConfig, ReplicaId, RetentionConfig, SchedulerConfig, TlsFiles,
@@ -40,8 +40,7 @@ pub(super) fn validate(
         Duration::from_secs(1),
         Duration::from_secs(300),
     );
-    let format = c.one_of("log.format", raw.log.format, &["json", "text"]);
-    let level = c.one_of("log.level", raw.log.level, &LOG_LEVELS);
+    let log = log(&mut c, raw.log);
     let retention = retention(&mut c, raw.retention);
 
     match (
@@ -50,8 +49,7 @@ pub(super) fn validate(
         scheduler,
         http,
         backlog_interval,
-        format,
-        level,
+        log,
         retention,
     ) {
         (
@@ -60,8 +58,7 @@ pub(super) fn validate(
             Some(scheduler),
             (Some((bind, console)), Some(tls), Some(public_names)),
             Some(bi),
-            Some(f),
-            Some(level),
+            Some(log),
             Some(retention),
         ) if c.problems.is_empty() => Ok(Config {
             source: source.to_path_buf(),
@@ -77,18 +74,25 @@ pub(super) fn validate(
             metrics: MetricsConfig {
                 backlog_interval: bi.0,
             },
-            log: LogConfig {
-                format: if f == "json" {
-                    LogFormat::Json
-                } else {
-                    LogFormat::Text
-                },
-                level,
-            },
+            log,
             retention,
         }),
         _ => Err(c.problems),
     }
+}
+
+/// The `[log]` table: `format` (`json` or `text`) and `level` (an slog level name).
+pub(super) fn log(c: &mut Checker<'_>, raw: RawLog) -> Option<LogConfig> {
+    let format = c.one_of("log.format", raw.format, &["json", "text"]);
+    let level = c.one_of("log.level", raw.level, &LOG_LEVELS);
+    Some(LogConfig {
+        format: if format? == "json" {
+            LogFormat::Json
+        } else {
+            LogFormat::Text
+        },
+        level: level?,
+    })
 }
 
 /// The `[http]` table: bind, console, TLS files, public names, and the refusal of a console

@@ -15,8 +15,7 @@ use serde::Deserialize;
 
 use super::check::Checker;
 use super::error::{ConfigError, ConfigProblem};
-use super::raw::RawConfig;
-use super::{layers, validate, DatabaseConfig, LogConfig, LogFormat, ReplicaId, TlsFiles};
+use super::{layers, validate, DatabaseConfig, LogConfig, ReplicaId, TlsFiles};
 
 /// The worker's built-in defaults (`config/worker-default.toml`): `[worker]`, and what
 /// differs from a replica's (the dispatcher role, another port, no console).
@@ -97,9 +96,7 @@ impl WorkerFileConfig {
     /// Loads `path` over the built-in defaults, with overrides from the process environment
     /// (and `$CREDENTIALS_DIRECTORY`).
     pub fn load(path: &Path) -> Result<WorkerFileConfig, ConfigError> {
-        let env = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-        Self::load_with_env(path, env)
+        Self::load_with_env(path, layers::process_env())
     }
 
     /// Like [`load`](Self::load) with the environment given. Opens no network connection.
@@ -113,63 +110,40 @@ impl WorkerFileConfig {
             .find(|(k, _)| k == "CREDENTIALS_DIRECTORY")
             .map(|(_, v)| v.clone())
             .filter(|v| !v.is_empty());
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let label = path.display().to_string();
-        let mut problems = Vec::new();
-        let defaults =
-            layers::parse_file(layers::DEFAULTS_LABEL, super::DEFAULT_TOML, &mut problems);
-        let worker_defaults =
-            layers::parse_file(WORKER_DEFAULTS_LABEL, WORKER_DEFAULTS, &mut problems);
-        let file = layers::parse_file(&label, &text, &mut problems);
-        if !problems.is_empty() {
-            return Err(ConfigError::Problems(problems));
-        }
-        not_worker_keys(&file.table, &label, &mut problems);
-        let mut all = vec![defaults, worker_defaults, file];
-        all.extend(layers::env_layers(env, &mut problems));
-        let merged = layers::merge(all, &mut problems);
-        let raw = match toml::Value::Table(merged.table.clone()).try_into::<RawConfig>() {
-            Ok(raw) => raw,
-            Err(e) => {
-                let msg = e.message().trim().to_owned();
-                problems.push(ConfigProblem::new(label, "(merged)", "(merged)", msg));
-                return Err(ConfigError::Problems(problems));
-            }
-        };
+        let layers::Loaded {
+            label,
+            merged,
+            raw,
+            mut problems,
+        } = layers::load(
+            path,
+            &[
+                (layers::DEFAULTS_LABEL, super::DEFAULT_TOML),
+                (WORKER_DEFAULTS_LABEL, WORKER_DEFAULTS),
+            ],
+            not_worker_keys,
+            env,
+        )?;
         let mut c = Checker::new(&merged, &label);
         let worker = worker(&mut c, raw.worker, credentials_env);
         let database = validate::database(&mut c, raw.database);
         let bind = validate::http_bind(&mut c, raw.http.bind);
         let tls = validate::http_tls(&mut c, raw.http.tls_cert_file, raw.http.tls_key_file);
-        let format = c.one_of("log.format", raw.log.format, &["json", "text"]);
-        let level = c.one_of("log.level", raw.log.level, &validate::LOG_LEVELS);
+        let log = validate::log(&mut c, raw.log);
         problems.extend(std::mem::take(&mut c.problems));
-        match (worker, database, bind, tls, format, level) {
-            (
-                Some(worker),
-                Some(database),
-                Some(http_bind),
-                Some(http_tls),
-                Some(f),
-                Some(level),
-            ) if problems.is_empty() => Ok(WorkerFileConfig {
-                source: path.to_path_buf(),
-                worker,
-                database,
-                http_bind,
-                http_tls,
-                log: LogConfig {
-                    format: if f == "json" {
-                        LogFormat::Json
-                    } else {
-                        LogFormat::Text
-                    },
-                    level,
-                },
-            }),
+        match (worker, database, bind, tls, log) {
+            (Some(worker), Some(database), Some(http_bind), Some(http_tls), Some(log))
+                if problems.is_empty() =>
+            {
+                Ok(WorkerFileConfig {
+                    source: path.to_path_buf(),
+                    worker,
+                    database,
+                    http_bind,
+                    http_tls,
+                    log,
+                })
+            }
             _ => Err(ConfigError::Problems(problems)),
         }
     }
@@ -202,7 +176,48 @@ fn worker(
     raw: RawWorker,
     credentials_env: Option<String>,
 ) -> Option<WorkerConfig> {
-    let id = match raw.id {
+    let id = worker_id(c, raw.id);
+    let pools = pools(c, raw.pools);
+    let concurrency = c.int("worker.concurrency", raw.concurrency, (1, 256), "");
+    let (lease, heartbeat) = lease_and_heartbeat(c, raw.lease, raw.heartbeat);
+    let secs = Duration::from_secs;
+    let millis = Duration::from_millis;
+    let [poll, drain_timeout, kill_grace] = [
+        ("worker.poll", raw.poll, millis(100), secs(60)),
+        (
+            "worker.drain_timeout",
+            raw.drain_timeout,
+            secs(0),
+            secs(3600),
+        ),
+        ("worker.kill_grace", raw.kill_grace, millis(100), secs(300)),
+    ]
+    .map(|(key, value, lo, hi)| c.duration(key, value, lo, hi));
+    let output_bound = c.int(
+        "worker.output_bound",
+        raw.output_bound,
+        (256, 8192),
+        " bytes",
+    );
+    let credentials_directory =
+        credentials_directory(c, raw.credentials_directory, credentials_env);
+    Some(WorkerConfig {
+        id: id?,
+        pools: pools?,
+        concurrency: concurrency?,
+        lease: lease?,
+        heartbeat: heartbeat?,
+        poll: poll?.0,
+        drain_timeout: drain_timeout?.0,
+        kill_grace: kill_grace?.0,
+        output_bound: output_bound? as usize,
+        credentials_directory: credentials_directory?,
+    })
+}
+
+/// `worker.id`: required in the worker's file, the replica id pattern.
+fn worker_id(c: &mut Checker<'_>, id: Option<String>) -> Option<ReplicaId> {
+    match id {
         None => {
             c.problem(
                 "worker.id",
@@ -220,18 +235,24 @@ fn worker(
             c.problem("worker.id", id, bound);
             None
         }),
-    };
-    let pools = pools(c, raw.pools);
-    let concurrency = c.int("worker.concurrency", raw.concurrency, (1, 256), "");
+    }
+}
+
+/// `worker.lease` (5s..=1h) and `worker.heartbeat` (1s..=20m, at most a third of the lease).
+fn lease_and_heartbeat(
+    c: &mut Checker<'_>,
+    lease: Option<String>,
+    heartbeat: Option<String>,
+) -> (Option<Duration>, Option<Duration>) {
     let lease = c.duration(
         "worker.lease",
-        raw.lease,
+        lease,
         Duration::from_secs(5),
         Duration::from_secs(3600),
     );
     let heartbeat = c.duration(
         "worker.heartbeat",
-        raw.heartbeat,
+        heartbeat,
         Duration::from_secs(1),
         Duration::from_secs(1200),
     );
@@ -244,44 +265,7 @@ fn worker(
             );
         }
     }
-    let poll = c.duration(
-        "worker.poll",
-        raw.poll,
-        Duration::from_millis(100),
-        Duration::from_secs(60),
-    );
-    let drain_timeout = c.duration(
-        "worker.drain_timeout",
-        raw.drain_timeout,
-        Duration::ZERO,
-        Duration::from_secs(3600),
-    );
-    let kill_grace = c.duration(
-        "worker.kill_grace",
-        raw.kill_grace,
-        Duration::from_millis(100),
-        Duration::from_secs(300),
-    );
-    let output_bound = c.int(
-        "worker.output_bound",
-        raw.output_bound,
-        (256, 8192),
-        " bytes",
-    );
-    let credentials_directory =
-        credentials_directory(c, raw.credentials_directory, credentials_env);
-    Some(WorkerConfig {
-        id: id?,
-        pools: pools?,
-        concurrency: concurrency?,
-        lease: lease?.0,
-        heartbeat: heartbeat?.0,
-        poll: poll?.0,
-        drain_timeout: drain_timeout?.0,
-        kill_grace: kill_grace?.0,
-        output_bound: output_bound? as usize,
-        credentials_directory: credentials_directory?,
-    })
+    (lease.map(|l| l.0), heartbeat.map(|h| h.0))
 }
 
 fn pools(c: &mut Checker<'_>, pools: Option<Vec<String>>) -> Option<Vec<String>> {

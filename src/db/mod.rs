@@ -65,6 +65,19 @@ impl Target {
         &self.tls
     }
 
+    /// The same target, its connections broken within about `tcp_user_timeout` when the
+    /// peer vanishes (partition, dead VM): keepalives for idle connections, a TCP user
+    /// timeout for unacknowledged data.
+    pub fn with_keepalives(mut self, tcp_user_timeout: Duration) -> Target {
+        self.pg
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3)
+            .tcp_user_timeout(tcp_user_timeout);
+        self
+    }
+
     /// How long one connection attempt may take at most: each host's `connect_timeout` for
     /// every host, once per pass of the session attributes (5 s per host when unset).
     pub fn attempt_bound(&self) -> Duration {
@@ -221,6 +234,35 @@ pub async fn conn(pool: &Pool) -> Result<Conn<'_>, StoreError> {
         }
     }
     Err(StoreError::AllConnectionsClosed)
+}
+
+/// Waits for the database to answer (it may come up after us), retrying connection
+/// failures with back-off up to 5 s, then runs the pooler probe; returns a connection for the
+/// caller's readiness gate. The probe fails at once: a transaction pooler is no reason to
+/// wait.
+pub async fn reachable<'p>(
+    pool: &'p Pool,
+    target: &Target,
+    log: &slog::Logger,
+) -> Result<Conn<'p>, StoreError> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match conn(pool).await {
+            Ok(first) => {
+                // The pooler probe first: it speaks only the simple-query protocol, and
+                // nothing prepared may go through a transaction pooler before it refused.
+                drop(first);
+                pooler::require_session_pooling(pool, target).await?;
+                return conn(pool).await;
+            }
+            Err(e) => {
+                slog::warn!(log, "database not reachable yet"; "error" => %e,
+                            "retry_in_ms" => delay.as_millis() as u64);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
 }
 
 /// Connects a single client outside any pool (management commands, migrations). The

@@ -155,14 +155,18 @@ impl Session {
         match ready {
             Ok(Ok(())) => Ok(self.client.as_ref().expect("connected above")),
             Ok(Err(e)) => Err(e),
-            Err(_) => {
-                self.discard();
-                Err(not_sent(StoreError::Timeout {
-                    what: "getting the connection ready",
-                    after,
-                }))
-            }
+            Err(_) => Err(self.not_ready_within(after)),
         }
+    }
+
+    /// The connection was not ready within `after`: it is discarded, and nothing of the
+    /// caller's was sent.
+    fn not_ready_within(&mut self, after: Duration) -> StoreError {
+        self.discard();
+        not_sent(StoreError::Timeout {
+            what: "getting the connection ready",
+            after,
+        })
     }
 
     /// [`Session::prepared`] within `after`; a time-out is [`StoreError::NotSent`].
@@ -176,13 +180,7 @@ impl Session {
         match ready {
             Ok(Ok(stmt)) => Ok((self.client.as_ref().expect("prepared above"), stmt)),
             Ok(Err(e)) => Err(e),
-            Err(_) => {
-                self.discard();
-                Err(not_sent(StoreError::Timeout {
-                    what: "getting the connection ready",
-                    after,
-                }))
-            }
+            Err(_) => Err(self.not_ready_within(after)),
         }
     }
 }

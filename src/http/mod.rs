@@ -19,7 +19,7 @@ pub mod tls;
 use std::net::SocketAddr;
 
 use actix_web::body::{BoxBody, MessageBody};
-use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
+use actix_web::dev::{Service, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::http::header;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use futures::future::LocalBoxFuture;
@@ -100,12 +100,14 @@ fn misdirected() -> HttpResponse {
         )
 }
 
-async fn healthz() -> HttpResponse {
+/// `/healthz`: 200 while the process runs (a replica's and a worker's).
+pub(crate) async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
 
-async fn readyz(state: web::Data<State>) -> HttpResponse {
-    if state.health.is_ready() {
+/// What `/readyz` answers: 200 when `ready`, else 503.
+pub(crate) fn readiness(ready: bool) -> HttpResponse {
+    if ready {
         HttpResponse::Ok()
             .content_type("text/plain")
             .body("ready\n")
@@ -116,10 +118,19 @@ async fn readyz(state: web::Data<State>) -> HttpResponse {
     }
 }
 
-async fn metrics(state: web::Data<State>) -> HttpResponse {
+/// What `/metrics` answers: `text`, Prometheus (OpenMetrics) exposition.
+pub(crate) fn metrics_text(text: String) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
-        .body(state.metrics.render())
+        .body(text)
+}
+
+async fn readyz(state: web::Data<State>) -> HttpResponse {
+    readiness(state.health.is_ready())
+}
+
+async fn metrics(state: web::Data<State>) -> HttpResponse {
+    metrics_text(state.metrics.render())
 }
 
 /// Binds and starts the server on the current actix system, speaking HTTPS when `tls` is
@@ -129,7 +140,7 @@ pub fn serve(
     state: State,
     tls: Option<rustls::ServerConfig>,
 ) -> std::io::Result<actix_web::dev::ServerHandle> {
-    let server = HttpServer::new(move || {
+    let app = move || {
         let console = state.console.clone();
         let public = state.public_names.clone();
         App::new()
@@ -143,10 +154,33 @@ pub fn serve(
                     crate::console::configure(cfg, c);
                 }
             })
-    })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(1);
+    };
+    start(app, bind, tls)
+}
+
+/// Binds `app` on `bind` (HTTPS when `tls` is given), one worker thread, no signal handling
+/// of its own, and starts it on the current actix system; returns its handle. A replica's
+/// server and a worker's start this way.
+pub(crate) fn start<F, T, B>(
+    app: F,
+    bind: SocketAddr,
+    tls: Option<rustls::ServerConfig>,
+) -> std::io::Result<actix_web::dev::ServerHandle>
+where
+    F: Fn() -> App<T> + Send + Clone + 'static,
+    T: ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<B>,
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static,
+    B: MessageBody + 'static,
+{
+    let server = HttpServer::new(app)
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(1);
     let server = match tls {
         Some(cfg) => server.bind_rustls_0_23(bind, cfg)?,
         None => server.bind(bind)?,

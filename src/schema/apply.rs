@@ -259,11 +259,7 @@ async fn pending<'s>(
     // Every role must exist before anything is applied: a missing role would leave the
     // schema migrated without its grants.
     for role in roles.all() {
-        let exists = client
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
-            .await?
-            .is_some();
-        if !exists {
+        if !super::roles::role_exists(client, role).await? {
             return Err(StoreError::MissingRole(role.to_string()));
         }
     }

@@ -64,6 +64,17 @@ impl Roles {
     }
 }
 
+/// Whether a role named `role` exists.
+pub(super) async fn role_exists(
+    client: &tokio_postgres::Client,
+    role: &str,
+) -> Result<bool, StoreError> {
+    Ok(client
+        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+        .await?
+        .is_some())
+}
+
 /// Creates the LOGIN roles (if missing), the database owned by the owner role (if missing),
 /// and the schema; runs as a superuser. Idempotent.
 pub async fn bootstrap(
@@ -74,11 +85,7 @@ pub async fn bootstrap(
     let superuser: crate::db::Target = superuser.into();
     let client = crate::db::connect(&superuser).await?;
     for role in roles.all() {
-        let exists = client
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
-            .await?
-            .is_some();
-        if !exists {
+        if !role_exists(&client, role).await? {
             client
                 .batch_execute(&format!("CREATE ROLE {} LOGIN", ident(role)))
                 .await?;

@@ -337,12 +337,7 @@ pub async fn run_detail(
     client: &mut tokio_postgres::Client,
     run_id: uuid::Uuid,
 ) -> Result<Option<RunDetail>, StoreError> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = super::snapshot(client).await?;
     let d = run_detail_in(&tx, run_id).await?;
     tx.rollback().await?;
     Ok(d)

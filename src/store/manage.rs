@@ -116,10 +116,8 @@ pub async fn set_project(
         concat!(
             "UPDATE qlsched.trigger_schedules s
                 SET claimable_at_ms = CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.next_fire_at_ms, 0) END,
-                    claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-                    claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
-                    state_version = s.state_version + 1, updated_at_ms = ",
-            db_now_ms!(),
+                    ",
+            fence_out_claim!(),
             "
                FROM qlsched.triggers t
               -- through triggers_project_idx and the schedule's primary key (V7)

@@ -34,12 +34,7 @@ pub async fn read_queued_backlog(
     limit: i64,
 ) -> Result<(QueuedBacklog, Vec<Uuid>), StoreError> {
     const WHERE: &str = "r.status = 'queued' AND r.queued_at_ms < $1 AND r.scheduled_for_ms < $1";
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = super::snapshot(client).await?;
     let row = tx
         .query_one(
             &format!(

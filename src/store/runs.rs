@@ -113,12 +113,7 @@ pub async fn read_selection(
     s: &Selection,
     limit: i64,
 ) -> Result<(Census, Vec<Uuid>), StoreError> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = super::snapshot(client).await?;
     let census = census(&tx, s).await?;
     let ids = queued_ids(&tx, s, limit).await?;
     tx.commit().await?;

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::dev::ServerHandle;
 use slog::{crit, debug, info, warn, Logger};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -21,7 +22,7 @@ use super::secrets::Credentials;
 use super::serve::{self, Ready};
 use super::spec::EXECUTORS;
 use super::Stop;
-use crate::config::worker::WorkerFileConfig;
+use crate::config::worker::{WorkerConfig, WorkerFileConfig};
 use crate::config::LogFormat;
 use crate::db::{self, Pool};
 use crate::startup::Signals;
@@ -78,21 +79,8 @@ async fn run_until_stopped(
     let w = cfg.worker.clone();
     info!(log, "starting"; "database" => &cfg.database.dsn_redacted, "pools" => w.pools.join(","),
           "concurrency" => w.concurrency, "version" => env!("CARGO_PKG_VERSION"));
-    let watchdog = match sd_notify::watchdog_enabled() {
-        Some(interval) if interval < w.poll * 2 => {
-            return Err(WorkerError::Watchdog {
-                interval,
-                poll: w.poll,
-            })
-        }
-        other => other.is_some(),
-    };
-    let mut pg = cfg.database.pg.clone();
-    pg.keepalives(true)
-        .keepalives_idle(Duration::from_secs(5))
-        .keepalives_interval(Duration::from_secs(2))
-        .keepalives_retries(3)
-        .tcp_user_timeout(w.heartbeat);
+    let watchdog = watchdog(&w)?;
+    let pg = cfg.database.pg.clone().with_keepalives(w.heartbeat);
     let pool = db::build_pool(
         pg.clone(),
         cfg.database.pool_size,
@@ -106,21 +94,7 @@ async fn run_until_stopped(
     let metrics = WorkerMetrics::default();
     metrics.serve_pools(&w.pools);
     let ready = Ready::default();
-    let http = match cfg.http_bind {
-        None => None,
-        Some(addr) => {
-            let tls = match &cfg.http_tls {
-                None => Ok(None),
-                Some(files) => crate::http::tls::server_config(files, &log)
-                    .map(Some)
-                    .map_err(|e| std::io::Error::other(e.to_string())),
-            };
-            Some(
-                tls.and_then(|tls| serve::serve(addr, ready.clone(), metrics.clone(), tls))
-                    .map_err(|source| WorkerError::Http { addr, source })?,
-            )
-        }
-    };
+    let http = serve_http(&cfg, &ready, &metrics, &log)?;
     let (stopping_tx, stopping) = watch::channel(false);
     let (drain_tx, drain) = watch::channel(None::<Stop>);
     let shared = Arc::new(Shared {
@@ -138,13 +112,73 @@ async fn run_until_stopped(
     notify(&[sd_notify::NotifyState::Ready]);
     info!(log, "ready"; "http" => cfg.http_bind.map(|a| a.to_string()).unwrap_or_else(|| "off".into()));
 
+    take_until_stopped(&shared, &ready, &mut running, signals, watchdog).await;
+
+    // Stop: no more takes; attempts not started are released by their tasks.
+    ready.set(false);
+    metrics.ready.set(0);
+    notify(&[sd_notify::NotifyState::Stopping]);
+    let _ = stopping_tx.send(true);
+    drain_running(&mut running, &drain_tx, &w, &log).await;
+    if let Some(h) = http {
+        h.stop(true).await;
+    }
+    drop(shared);
+    drop(pool);
+    info!(log, "stopped"; "succeeded" => metrics.succeeded.get(), "failed" => metrics.failed.get());
+    actix::System::current().stop();
+    Ok(())
+}
+
+/// Whether the systemd watchdog is on; refused when its interval is under two polls.
+fn watchdog(w: &WorkerConfig) -> Result<bool, WorkerError> {
+    match sd_notify::watchdog_enabled() {
+        Some(interval) if interval < w.poll * 2 => Err(WorkerError::Watchdog {
+            interval,
+            poll: w.poll,
+        }),
+        other => Ok(other.is_some()),
+    }
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` when `[http] bind` is set.
+fn serve_http(
+    cfg: &WorkerFileConfig,
+    ready: &Ready,
+    metrics: &WorkerMetrics,
+    log: &Logger,
+) -> Result<Option<ServerHandle>, WorkerError> {
+    let Some(addr) = cfg.http_bind else {
+        return Ok(None);
+    };
+    let tls = match &cfg.http_tls {
+        None => Ok(None),
+        Some(files) => crate::http::tls::server_config(files, log)
+            .map(Some)
+            .map_err(|e| std::io::Error::other(e.to_string())),
+    };
+    tls.and_then(|tls| serve::serve(addr, ready.clone(), metrics.clone(), tls))
+        .map(Some)
+        .map_err(|source| WorkerError::Http { addr, source })
+}
+
+/// The loop: takes up to the free concurrency and runs each taken attempt on its own task,
+/// until a signal.
+async fn take_until_stopped(
+    shared: &Arc<Shared>,
+    ready: &Ready,
+    running: &mut JoinSet<()>,
+    signals: &mut Signals,
+    watchdog: bool,
+) {
+    let (w, log) = (&shared.cfg, &shared.log);
     loop {
         if watchdog {
             notify(&[sd_notify::NotifyState::Watchdog]);
         }
         let free = w.concurrency as usize - running.len();
         if free > 0 {
-            match take(&shared, free as i32).await {
+            match take(shared, free as i32).await {
                 Ok(taken) => {
                     ready.set(true);
                     if !taken.is_empty() {
@@ -169,12 +203,16 @@ async fn run_until_stopped(
             _ = pause => {}
         }
     }
+}
 
-    // Stop: no more takes; attempts not started are released by their tasks.
-    ready.set(false);
-    metrics.ready.set(0);
-    notify(&[sd_notify::NotifyState::Stopping]);
-    let _ = stopping_tx.send(true);
+/// Gives the running attempts `drain_timeout`, then tells them to stop their commands and
+/// waits for their outcomes a bounded while; aborts what is left (their leases expire).
+async fn drain_running(
+    running: &mut JoinSet<()>,
+    drain_tx: &watch::Sender<Option<Stop>>,
+    w: &WorkerConfig,
+    log: &Logger,
+) {
     info!(log, "stopping: waiting for running attempts"; "running" => running.len(),
           "drain_timeout_ms" => w.drain_timeout.as_millis() as u64);
     let drained = tokio::time::timeout(w.drain_timeout, async {
@@ -196,14 +234,6 @@ async fn run_until_stopped(
             running.abort_all();
         }
     }
-    if let Some(h) = http {
-        h.stop(true).await;
-    }
-    drop(shared);
-    drop(pool);
-    info!(log, "stopped"; "succeeded" => metrics.succeeded.get(), "failed" => metrics.failed.get());
-    actix::System::current().stop();
-    Ok(())
 }
 
 /// Expires lapsed attempts (anyone's), then takes up to `n` runs.
@@ -229,24 +259,10 @@ async fn take(shared: &Shared, n: i32) -> Result<Vec<crate::store::worker::Taken
 /// Waits for the database and runs the readiness gate for the dispatcher role; retries
 /// connection failures, fails at once on a schema that is not ready.
 async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<(), WorkerError> {
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match db::conn(pool).await {
-            Ok(conn) => {
-                drop(conn);
-                db::pooler::require_session_pooling(pool, target).await?;
-                let conn = db::conn(pool).await?;
-                let problems = crate::store::worker::readiness(&conn).await?;
-                if problems.is_empty() {
-                    return Ok(());
-                }
-                return Err(WorkerError::NotReady { problems });
-            }
-            Err(e) => {
-                warn!(log, "database not reachable yet"; "error" => %e, "retry_in_ms" => delay.as_millis() as u64);
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
+    let conn = db::reachable(pool, target, log).await?;
+    let problems = crate::store::worker::readiness(&conn).await?;
+    if problems.is_empty() {
+        return Ok(());
     }
+    Err(WorkerError::NotReady { problems })
 }

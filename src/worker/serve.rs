@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use actix_web::{web, App, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpResponse};
 
 use super::metrics::WorkerMetrics;
+use crate::http;
 
 /// What `/readyz` answers.
 #[derive(Clone, Default)]
@@ -30,26 +31,12 @@ struct State {
     metrics: WorkerMetrics,
 }
 
-async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().content_type("text/plain").body("ok\n")
-}
-
 async fn readyz(state: web::Data<State>) -> HttpResponse {
-    if state.ready.get() {
-        HttpResponse::Ok()
-            .content_type("text/plain")
-            .body("ready\n")
-    } else {
-        HttpResponse::ServiceUnavailable()
-            .content_type("text/plain")
-            .body("not ready\n")
-    }
+    http::readiness(state.ready.get())
 }
 
 async fn metrics_text(state: web::Data<State>) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
-        .body(state.metrics.render())
+    http::metrics_text(state.metrics.render())
 }
 
 /// Binds and starts the server on the current actix system; returns its handle.
@@ -60,24 +47,12 @@ pub fn serve(
     tls: Option<rustls::ServerConfig>,
 ) -> std::io::Result<actix_web::dev::ServerHandle> {
     let state = State { ready, metrics };
-    let server = HttpServer::new(move || {
+    let app = move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
-            .route("/healthz", web::get().to(healthz))
+            .route("/healthz", web::get().to(http::healthz))
             .route("/readyz", web::get().to(readyz))
             .route("/metrics", web::get().to(metrics_text))
-    })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(1);
-    let server = match tls {
-        Some(cfg) => server.bind_rustls_0_23(bind, cfg)?,
-        None => server.bind(bind)?,
-    }
-    .run();
-    let handle = server.handle();
-    actix::spawn(async move {
-        let _ = server.await;
-    });
-    Ok(handle)
+    };
+    http::start(app, bind, tls)
 }

@@ -36,6 +36,51 @@ pub async fn run(
     redactor: &Redactor,
     stop: &mut watch::Receiver<Option<Stop>>,
 ) -> Outcome {
+    let mut child = match command(spec, env, vars).spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Outcome::failed(
+                None,
+                String::new(),
+                format!("could not start {}: {e}", spec.command[0]),
+            )
+        }
+    };
+    let pgid = child.id().map(|p| p as i32);
+    let keep = limits.output_bound + redactor.longest();
+    let out = Arc::new(Mutex::new(Tail::new(keep)));
+    let err = Arc::new(Mutex::new(Tail::new(keep)));
+    let readers = [
+        drain(child.stdout.take(), out.clone()),
+        drain(child.stderr.take(), err.clone()),
+    ];
+    let (status, stopped) = wait(&mut child, pgid, timeout, limits.kill_grace, stop).await;
+    // Nothing of the command outlives it: its group's remaining processes are killed.
+    signal_group(pgid, libc::SIGKILL);
+    for r in readers {
+        let abort = r.abort_handle();
+        if tokio::time::timeout(PIPE_PATIENCE, r).await.is_err() {
+            // A process outside the group holds the pipe: the tail is what was read.
+            abort.abort();
+        }
+    }
+    let output = compose(
+        &out.lock().unwrap(),
+        &err.lock().unwrap(),
+        limits.output_bound,
+        redactor,
+    );
+    outcome(status, stopped, output, limits.kill_grace)
+}
+
+/// The command of `spec`: argv, a cleared environment (PATH, HOME, LANG, the run's
+/// variables, the spec's `env`), its working directory, a process group of its own, no
+/// stdin, stdout and stderr piped.
+fn command(
+    spec: &ShellSpec,
+    env: Vec<(String, String)>,
+    vars: &RunVars,
+) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&spec.command[0]);
     cmd.args(&spec.command[1..])
         .env_clear()
@@ -60,31 +105,24 @@ pub async fn run(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     die_with_the_worker(&mut cmd);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            return Outcome::failed(
-                None,
-                String::new(),
-                format!("could not start {}: {e}", spec.command[0]),
-            )
-        }
-    };
-    let pgid = child.id().map(|p| p as i32);
-    let keep = limits.output_bound + redactor.longest();
-    let out = Arc::new(Mutex::new(Tail::new(keep)));
-    let err = Arc::new(Mutex::new(Tail::new(keep)));
-    let readers = [
-        drain(child.stdout.take(), out.clone()),
-        drain(child.stderr.take(), err.clone()),
-    ];
+    cmd
+}
+
+/// Waits for the command to exit, or stops its group (SIGTERM, SIGKILL after `kill_grace`)
+/// at the timeout or a stop; returns its exit status and why it was stopped, if it was.
+async fn wait(
+    child: &mut tokio::process::Child,
+    pgid: Option<i32>,
+    timeout: Option<Duration>,
+    kill_grace: Duration,
+    stop: &mut watch::Receiver<Option<Stop>>,
+) -> (std::io::Result<std::process::ExitStatus>, Option<String>) {
     let deadline = async {
         match timeout {
             Some(t) => tokio::time::sleep(t).await,
             None => std::future::pending().await,
         }
     };
-    // Why the command was stopped, if it was.
     let stopped: Option<String> = tokio::select! {
         _ = child.wait() => None,
         _ = deadline => Some(format!(
@@ -96,7 +134,7 @@ pub async fn run(
         None => child.wait().await,
         Some(_) => {
             signal_group(pgid, libc::SIGTERM);
-            match tokio::time::timeout(limits.kill_grace, child.wait()).await {
+            match tokio::time::timeout(kill_grace, child.wait()).await {
                 Ok(st) => st,
                 Err(_) => {
                     signal_group(pgid, libc::SIGKILL);
@@ -105,28 +143,23 @@ pub async fn run(
             }
         }
     };
-    // Nothing of the command outlives it: its group's remaining processes are killed.
-    signal_group(pgid, libc::SIGKILL);
-    for r in readers {
-        let abort = r.abort_handle();
-        if tokio::time::timeout(PIPE_PATIENCE, r).await.is_err() {
-            // A process outside the group holds the pipe: the tail is what was read.
-            abort.abort();
-        }
-    }
-    let output = compose(
-        &out.lock().unwrap(),
-        &err.lock().unwrap(),
-        limits.output_bound,
-        redactor,
-    );
+    (status, stopped)
+}
+
+/// The attempt's outcome: succeeded on exit 0; failed otherwise, saying why.
+fn outcome(
+    status: std::io::Result<std::process::ExitStatus>,
+    stopped: Option<String>,
+    output: String,
+    kill_grace: Duration,
+) -> Outcome {
     match (status, stopped) {
         (_, Some(why)) => Outcome::failed(
             None,
             output,
             format!(
                 "{why}: process group stopped (SIGTERM, SIGKILL after {})",
-                crate::config::format_duration(limits.kill_grace)
+                crate::config::format_duration(kill_grace)
             ),
         ),
         (Ok(st), None) if st.success() => Outcome::succeeded(Some(0), output, None),

@@ -5,18 +5,14 @@ use crate::db_now_ms;
 use crate::schedule::Schedule;
 use crate::store::manage::{lock_cursor_floor, lock_project_status, ManageError, ProjectStatus};
 
-/// Takes the schedule row out of the claim index and fences out any live claim: the
-/// claim is cleared and `claim_version` / `state_version` bumped, so the holder's
-/// admission (which carries the whole fence in its WHERE) matches no row and commits
-/// nothing. An admission already past its UPDATE holds the row lock; we wait for it, so
-/// its run is committed before this command returns, never after.
+/// Takes the schedule row out of the claim index and fences out any live claim
+/// (`fence_out_claim!`): the holder's admission commits nothing. An admission already past
+/// its UPDATE holds the row lock; we wait for it, so its run is committed before this
+/// command returns, never after.
 const FENCE_OUT: &str = concat!(
     "UPDATE qlsched.trigger_schedules s
-        SET claimable_at_ms = NULL,
-            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-            claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
-            state_version = s.state_version + 1, updated_at_ms = ",
-    db_now_ms!(),
+        SET claimable_at_ms = NULL, ",
+    fence_out_claim!(),
     " WHERE s.trigger_id = $1"
 );
 
@@ -105,10 +101,8 @@ pub async fn enable(
         concat!(
             "UPDATE qlsched.trigger_schedules s
                 SET next_fire_at_ms = $3::bigint, claimable_at_ms = CASE WHEN $2 THEN coalesce($3::bigint, 0) END,
-                    claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-                    claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
-                    state_version = s.state_version + 1, updated_at_ms = ",
-            db_now_ms!(),
+                    ",
+            fence_out_claim!(),
             " WHERE s.trigger_id = $1"
         ),
         &[&id, &active, &first],
