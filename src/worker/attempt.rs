@@ -165,46 +165,12 @@ async fn execute(
     held_since: Instant,
     log: &Logger,
 ) -> (Outcome, bool) {
-    let vars = RunVars {
-        run_id: t.run_id,
-        attempt_no: t.attempt_no,
-        scheduled_for_ms: t.scheduled_for_ms,
-        idempotency_key: t.idempotency_key.clone(),
-        trigger_id: t.trigger_id.clone(),
-    };
     let limits = Limits {
         output_bound: shared.cfg.output_bound,
         kill_grace: shared.cfg.kill_grace,
     };
-    let (stop_tx, mut stop_rx) = watch::channel(None::<Stop>);
-    let exec = async {
-        match &spec.executor {
-            Executor::Shell(s) => {
-                shell::run(
-                    s,
-                    resolved,
-                    &vars,
-                    spec.timeout,
-                    &limits,
-                    redactor,
-                    &mut stop_rx,
-                )
-                .await
-            }
-            Executor::Http(h) => {
-                request::run(
-                    h,
-                    resolved,
-                    &vars,
-                    spec.timeout,
-                    &limits,
-                    redactor,
-                    &mut stop_rx,
-                )
-                .await
-            }
-        }
-    };
+    let (stop_tx, stop_rx) = watch::channel(None::<Stop>);
+    let exec = run_executor(spec, resolved, run_vars(t), limits, redactor, stop_rx);
     tokio::pin!(exec);
     let every = shared.cfg.heartbeat;
     let hold = hold_for(shared.cfg.lease, every, shared.cfg.kill_grace);
@@ -261,6 +227,54 @@ async fn execute(
             s = shell::stopped(&mut drain), if stopped.is_none() => {
                 stop(s, "the drain timeout passed", &mut stopped);
             }
+        }
+    }
+}
+
+/// The variables a command or request gets about its run.
+fn run_vars(t: &Taken) -> RunVars {
+    RunVars {
+        run_id: t.run_id,
+        attempt_no: t.attempt_no,
+        scheduled_for_ms: t.scheduled_for_ms,
+        idempotency_key: t.idempotency_key.clone(),
+        trigger_id: t.trigger_id.clone(),
+    }
+}
+
+/// Runs the spec's executor to its end, a timeout or a stop sent on `stop`.
+async fn run_executor(
+    spec: &Spec,
+    resolved: Vec<(String, String)>,
+    vars: RunVars,
+    limits: Limits,
+    redactor: &Redactor,
+    mut stop: watch::Receiver<Option<Stop>>,
+) -> Outcome {
+    match &spec.executor {
+        Executor::Shell(s) => {
+            shell::run(
+                s,
+                resolved,
+                &vars,
+                spec.timeout,
+                &limits,
+                redactor,
+                &mut stop,
+            )
+            .await
+        }
+        Executor::Http(h) => {
+            request::run(
+                h,
+                resolved,
+                &vars,
+                spec.timeout,
+                &limits,
+                redactor,
+                &mut stop,
+            )
+            .await
         }
     }
 }
