@@ -65,6 +65,30 @@ pub async fn take(c: &tokio_postgres::Client, batch: i64) -> Vec<Uuid> {
         .collect()
 }
 
+/// Starts taken `runs` through the direct start ([`START_SQL`]) on `c`; how many started.
+///
+/// [`START_SQL`]: qlsched::store::dispatch::START_SQL
+pub async fn start_direct(c: &tokio_postgres::Client, runs: &[Uuid]) -> usize {
+    c.query(qlsched::store::dispatch::START_SQL, &[&runs])
+        .await
+        .unwrap()
+        .len()
+}
+
+/// Finishes started `run` as `status`, with no error, through the direct finish
+/// ([`FINISH_SQL`]) on `c`; how many finished.
+///
+/// [`FINISH_SQL`]: qlsched::store::dispatch::FINISH_SQL
+pub async fn finish_direct(c: &tokio_postgres::Client, run: Uuid, status: &str) -> usize {
+    c.query(
+        qlsched::store::dispatch::FINISH_SQL,
+        &[&vec![run], &vec![status], &vec![None::<String>]],
+    )
+    .await
+    .unwrap()
+    .len()
+}
+
 /// An engine on `session` with the replica's bounds: admission bound `admit_timeout`, 3
 /// serialization retries, a 60 s reject back-off.
 pub fn engine(

@@ -29,13 +29,33 @@ pub fn binary() -> PathBuf {
     bin
 }
 
-pub struct ReplicaProc {
+/// A `qlsched` process a test started (a replica or a worker): its config file, log and HTTP
+/// address in a directory of its own; killed when dropped.
+pub struct Proc {
+    /// What it is (`replica`, `worker`), for messages.
+    kind: &'static str,
     pub id: String,
     pub http: SocketAddr,
     pub config_path: PathBuf,
     pub log_path: PathBuf,
     child: Option<Child>,
     _dir: tempfile::TempDir,
+}
+
+/// A running `qlsched run`.
+pub struct ReplicaProc(Proc);
+
+impl std::ops::Deref for ReplicaProc {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ReplicaProc {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.0
+    }
 }
 
 /// How a replica process is started, beyond its database and id.
@@ -132,8 +152,6 @@ impl ReplicaProc {
             ),
         )
         .unwrap();
-        let log_path = dir.path().join(format!("{id}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
         let mut cmd = match opts.systemd {
             None => match prefix.split_first() {
                 Some((program, args)) => {
@@ -158,17 +176,51 @@ impl ReplicaProc {
                 .env_remove("WATCHDOG_USEC")
                 .env_remove("WATCHDOG_PID");
         }
-        cmd.arg("run")
-            .arg("--config")
+        ReplicaProc(Proc::spawn(
+            cmd.arg("run"),
+            "replica",
+            id,
+            http,
+            config_path,
+            opts.env,
+            dir,
+        ))
+    }
+
+    /// A counter or gauge from the replica's `/metrics` (None if the replica does not answer
+    /// or does not export it).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        metric(&self.get("/metrics")?.1, name)
+    }
+}
+
+impl Proc {
+    /// Spawns `cmd` (the binary and its subcommand) with `--config config_path`, its output
+    /// to `<id>.log` in `dir`, and the extra environment `env`.
+    pub fn spawn(
+        cmd: &mut Command,
+        kind: &'static str,
+        id: &str,
+        http: SocketAddr,
+        config_path: PathBuf,
+        env: &[(&str, &str)],
+        dir: tempfile::TempDir,
+    ) -> Proc {
+        let log_path = dir.path().join(format!("{id}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        cmd.arg("--config")
             .arg(&config_path)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null());
-        for (k, v) in opts.env {
+        for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("spawn qlsched");
-        ReplicaProc {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn qlsched {kind}: {e}"));
+        Proc {
+            kind,
             id: id.to_string(),
             http,
             config_path,
@@ -182,15 +234,9 @@ impl ReplicaProc {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
-    /// GET `path` on the replica's HTTP port; (status, body) or None if it does not answer.
+    /// GET `path` on the process's HTTP port; (status, body) or None if it does not answer.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
         http_get(self.http, path)
-    }
-
-    /// A counter or gauge from the replica's `/metrics` (None if the replica does not answer
-    /// or does not export it).
-    pub fn metric(&self, name: &str) -> Option<f64> {
-        metric(&self.get("/metrics")?.1, name)
     }
 
     /// Waits until `/readyz` answers 200; panics with the log on time-out or early exit.
@@ -206,14 +252,16 @@ impl ReplicaProc {
                 .and_then(|c| c.try_wait().ok().flatten())
             {
                 panic!(
-                    "replica {} exited with {status} before it was ready; log:\n{}",
+                    "{} {} exited with {status} before it was ready; log:\n{}",
+                    self.kind,
                     self.id,
                     self.log()
                 );
             }
             assert!(
                 Instant::now() < deadline,
-                "replica {} not ready within {within:?}; log:\n{}",
+                "{} {} not ready within {within:?}; log:\n{}",
+                self.kind,
                 self.id,
                 self.log()
             );
@@ -232,8 +280,10 @@ impl ReplicaProc {
             }
             assert!(
                 Instant::now() < deadline,
-                "replica {} did not exit within {within:?}",
-                self.id
+                "{} {} did not exit within {within:?}; log:\n{}",
+                self.kind,
+                self.id,
+                std::fs::read_to_string(&self.log_path).unwrap_or_default()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -264,7 +314,7 @@ impl ReplicaProc {
     }
 }
 
-impl Drop for ReplicaProc {
+impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
     }

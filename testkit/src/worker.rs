@@ -2,24 +2,31 @@
 //! file, readiness over HTTP, SIGTERM / SIGKILL; and queues runs of a task with a given spec.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use qlsched::store::manage::{self, TriggerSpec};
 use qlsched::store::triggers::backfill_chunk;
 use uuid::Uuid;
 
-use crate::replica::{binary, http_get};
-use crate::TestDb;
+use crate::replica::{binary, Proc};
+use crate::{wait_until, TestDb};
 
-pub struct WorkerProc {
-    pub id: String,
-    pub http: SocketAddr,
-    pub config_path: PathBuf,
-    pub log_path: PathBuf,
-    child: Option<Child>,
-    _dir: tempfile::TempDir,
+/// A running `qlsched worker`.
+pub struct WorkerProc(Proc);
+
+impl std::ops::Deref for WorkerProc {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WorkerProc {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.0
+    }
 }
 
 /// How a worker process is started, beyond its database and id.
@@ -68,8 +75,6 @@ impl WorkerProc {
             ),
         )
         .unwrap();
-        let log_path = dir.path().join(format!("{id}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
         let mut cmd = match opts.prefix.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -82,98 +87,16 @@ impl WorkerProc {
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")
             .env_remove("CREDENTIALS_DIRECTORY")
-            .arg("worker")
-            .arg("--config")
-            .arg(&config_path)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null());
-        for (k, v) in opts.env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn qlsched worker");
-        WorkerProc {
-            id: id.to_string(),
+            .arg("worker");
+        WorkerProc(Proc::spawn(
+            &mut cmd,
+            "worker",
+            id,
             http,
             config_path,
-            log_path,
-            child: Some(child),
-            _dir: dir,
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
-    }
-
-    /// GET `path` on the worker's HTTP port; (status, body) or None if it does not answer.
-    pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        http_get(self.http, path)
-    }
-
-    /// Waits until `/readyz` answers 200; panics with the log on time-out or early exit.
-    pub async fn wait_ready(&mut self, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some((200, _)) = self.get("/readyz") {
-                return;
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "worker {} exited with {status} before it was ready; log:\n{}",
-                    self.id,
-                    self.log()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker {} not ready within {within:?}; log:\n{}",
-                self.id,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    /// Waits for the process to exit by itself; returns its status.
-    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        let child = self.child.as_mut().expect("running");
-        loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                self.child = None;
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker {} did not exit within {within:?}; log:\n{}",
-                self.id,
-                std::fs::read_to_string(&self.log_path).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    pub fn signal(&self, sig: i32) {
-        if let Some(c) = &self.child {
-            unsafe { libc::kill(c.id() as i32, sig) };
-        }
-    }
-
-    /// SIGKILL and reap.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+            opts.env,
+            dir,
+        ))
     }
 
     /// Waits (bounded) until the run's status is one of `statuses`; returns its outcome.
@@ -199,11 +122,11 @@ impl WorkerProc {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-}
 
-impl Drop for WorkerProc {
-    fn drop(&mut self) {
-        self.kill();
+    /// Waits (bounded by `within`) until the run has succeeded or failed; returns its outcome.
+    pub async fn await_finished(&self, db: &TestDb, run: Uuid, within: Duration) -> RunOutcome {
+        self.await_run(db, run, &["succeeded", "failed"], within)
+            .await
     }
 }
 
@@ -281,4 +204,46 @@ pub async fn run_outcome(db: &TestDb, run: Uuid) -> RunOutcome {
         error: r.get(6),
         result: r.get(7),
     }
+}
+
+/// Asks, as the admin role, that `runs` be cancelled; returns how many were asked.
+pub async fn request_cancel(db: &TestDb, runs: &[Uuid]) -> i64 {
+    db.admin()
+        .await
+        .query_one("SELECT qlsched.request_cancel($1)", &[&runs])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// No such process, or a zombie (dead, waiting for init to reap it).
+pub fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Waits until `pid` is gone (or a zombie); how long that took.
+pub async fn await_gone(pid: i32, what: &str, within: Duration) -> Duration {
+    let t0 = Instant::now();
+    wait_until(what, within, || async move { gone(pid) }).await;
+    t0.elapsed()
+}
+
+/// The pid a command wrote (a line) to `path`, once written.
+pub async fn await_pid(path: &Path, within: Duration) -> i32 {
+    wait_until("the command wrote its pid", within, || {
+        let path = path.to_path_buf();
+        async move { std::fs::read_to_string(path).is_ok_and(|p| p.ends_with('\n')) }
+    })
+    .await;
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }

@@ -203,13 +203,18 @@ async fn submit_filter(c: &Client, fields: &[(&str, &str)]) {
             e.send_keys(value).await.unwrap();
         }
     }
-    c.find(Locator::Css("form.filters button[type=submit]"))
+    click(c, "form.filters button[type=submit]").await;
+    await_url(c, "the filtered page", |u| u != before).await;
+}
+
+/// Clicks the element `css` selects.
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
-    await_url(c, "the filtered page", |u| u != before).await;
 }
 
 /// Where keyboard focus goes on `Tab` from the top of the page: the region of each stop.
@@ -316,12 +321,7 @@ async fn the_console_in_headless_chromium() {
     let pages: [&[&str]; 3] = [&["con-a", "con-b"], &["con-m", "con-x"], &["oth-1"]];
     for (n, page) in pages.iter().enumerate() {
         if n > 0 {
-            c.find(Locator::Css("a[rel=next]"))
-                .await
-                .unwrap()
-                .click()
-                .await
-                .unwrap();
+            click(&c, "a[rel=next]").await;
             let after = format!("after={}", pages[n - 1].last().unwrap());
             await_url(&c, &format!("page {}", n + 1), |u| u.contains(&after)).await;
         }
@@ -401,12 +401,7 @@ async fn the_console_in_headless_chromium() {
     );
     c.goto(&go("/runs?trigger=con-a&limit=2")).await.unwrap();
     let first = texts(&c, "#runs tbody tr td:first-child").await;
-    c.find(Locator::Css("a[rel=next]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "a[rel=next]").await;
     await_url(&c, "older runs", |u| u.contains("before=")).await;
     let second = texts(&c, "#runs tbody tr td:first-child").await;
     assert_eq!(second.len(), 2);

@@ -2,11 +2,13 @@
 //! can forge, and the protocol functions (V16) fencing every write by the attempt's token
 //! and lease, judged by the database clock.
 
-use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
+use qlsched::store::dispatch::TAKE_SQL;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::dispatcher::queued_runs;
+use crate::helpers::drive::{finish_direct, start_direct, take};
+use crate::helpers::worker::request_cancel;
 use crate::helpers::TestDb;
 
 /// Runs `sql` as `role` and returns the SQLSTATE it was refused with (None: accepted).
@@ -93,16 +95,9 @@ async fn a_finished_attempt_is_frozen() {
     let runs = queued_runs(&db, 1).await;
     // Finished through the direct statements: result, error and times are frozen.
     let d = db.client("qlsched_dispatcher").await;
-    d.query(TAKE_SQL, &[&1i64]).await.unwrap();
-    d.query(START_SQL, &[&vec![runs[0]]]).await.unwrap();
-    let done = d
-        .query(
-            FINISH_SQL,
-            &[&vec![runs[0]], &vec!["succeeded"], &vec![None::<String>]],
-        )
-        .await
-        .unwrap();
-    assert_eq!(done.len(), 1);
+    take(&d, 1).await;
+    start_direct(&d, &[runs[0]]).await;
+    assert_eq!(finish_direct(&d, runs[0], "succeeded").await, 1);
     for set in [
         "result = '{\"forged\":true}'",
         "error = 'forged'",
@@ -133,8 +128,8 @@ async fn a_result_is_bounded() {
     let db = TestDb::new().await;
     let runs = queued_runs(&db, 1).await;
     let d = db.client("qlsched_dispatcher").await;
-    d.query(TAKE_SQL, &[&1i64]).await.unwrap();
-    d.query(START_SQL, &[&vec![runs[0]]]).await.unwrap();
+    take(&d, 1).await;
+    start_direct(&d, &[runs[0]]).await;
     let sql = format!(
         "UPDATE qlsched.attempts SET state = 'succeeded', result = jsonb_build_object('x', repeat('y', 1048576)) WHERE run_id = '{}'",
         runs[0]
@@ -961,16 +956,10 @@ async fn a_requested_cancel_reaches_the_holders_heartbeat_and_stops_retries() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
-    let admin = db.admin().await;
-    let asked: i64 = admin
-        .query_one(
-            "SELECT qlsched.request_cancel($1)",
-            &[&vec![taken[0].run_id, taken[1].run_id]],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(asked, 2);
+    assert_eq!(
+        request_cancel(&db, &[taken[0].run_id, taken[1].run_id]).await,
+        2
+    );
     let (held, cancel) = heartbeat_and_cancel(&d, &taken[0], 30_000).await;
     assert!(held.is_some() && cancel, "the holder hears the cancel");
     // The holder stops the work and records it; the other's lease ends: not retried.
@@ -1043,13 +1032,17 @@ async fn a_protocol_take_behind_a_large_history_reads_only_the_runs_it_takes() {
 async fn the_reference_dispatcher_stops_a_run_an_operator_cancels() {
     let db = TestDb::new().await;
     let runs = queued_runs(&db, 1).await;
-    let mut child = tokio::process::Command::new(crate::dispatcher::example_binary())
-        .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--idle-ms", "50"])
-        .args(["--lease-ms", "1500", "--command", "sleep 60"])
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = crate::dispatcher::spawn_example(
+        &db,
+        &[
+            "--idle-ms",
+            "50",
+            "--lease-ms",
+            "1500",
+            "--command",
+            "sleep 60",
+        ],
+    );
     crate::helpers::wait_until(
         "the run is running",
         std::time::Duration::from_secs(20),
@@ -1060,14 +1053,7 @@ async fn the_reference_dispatcher_stops_a_run_an_operator_cancels() {
         },
     )
     .await;
-    let asked: i64 = db
-        .admin()
-        .await
-        .query_one("SELECT qlsched.request_cancel($1)", &[&runs])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(asked, 1);
+    assert_eq!(request_cancel(&db, &runs).await, 1);
     // The next heartbeat (every 0.5 s) hears it: the command is killed, the run failed.
     crate::helpers::wait_until(
         "the run is stopped",

@@ -7,14 +7,14 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use qlsched::schema;
-use qlsched::store::dispatch::{FINISH_SQL, START_SQL, TAKE_SQL};
+use qlsched::store::dispatch::TAKE_SQL;
 use qlsched::store::recovery::recover_on_startup;
 use qlsched::store::triggers::backfill_chunk;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::helpers::dispatchers::Stage;
-use crate::helpers::drive::take;
+use crate::helpers::drive::{finish_direct, start_direct, take};
 use crate::helpers::TestDb;
 
 /// `n` queued runs of trg-00000 (every second), admitted by the admin role as a backfill
@@ -124,18 +124,8 @@ async fn statuses_only_move_forward_whoever_writes() {
     let runs = queued_runs(&db, 2).await;
     let d = db.client("qlsched_dispatcher").await;
     assert_eq!(take(&d, 1).await, vec![runs[0]]);
-    assert_eq!(
-        d.query(START_SQL, &[&vec![runs[0]]]).await.unwrap().len(),
-        1
-    );
-    let done = d
-        .query(
-            FINISH_SQL,
-            &[&vec![runs[0]], &vec!["succeeded"], &vec![None::<String>]],
-        )
-        .await
-        .unwrap();
-    assert_eq!(done.len(), 1);
+    assert_eq!(start_direct(&d, &[runs[0]]).await, 1);
+    assert_eq!(finish_direct(&d, runs[0], "succeeded").await, 1);
     for (who, sql) in [
         (
             "qlsched_dispatcher",
@@ -225,17 +215,33 @@ pub fn example_binary() -> &'static PathBuf {
     })
 }
 
+/// The reference dispatcher on `db` as the dispatcher role with `args`, its stderr silenced;
+/// killed when dropped.
+pub fn spawn_example(db: &TestDb, args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(example_binary())
+        .args(["--dsn", &db.dsn("qlsched_dispatcher")])
+        .args(args)
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn the_reference_dispatcher_finishes_runs_a_replica_admits_and_stops_on_sigterm() {
     let db = TestDb::new().await;
     let mut stage = Stage::new(&db).await;
-    let mut child = tokio::process::Command::new(example_binary())
-        .args(["--dsn", &db.dsn("qlsched_dispatcher"), "--batch", "5"])
-        .args(["--idle-ms", "50", "--command", &stage.command])
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_example(
+        &db,
+        &[
+            "--batch",
+            "5",
+            "--idle-ms",
+            "50",
+            "--command",
+            &stage.command,
+        ],
+    );
     stage.finish(&db, &mut child).await;
     let su = db.superuser().await;
     let wrong = su

@@ -12,7 +12,10 @@ use uuid::Uuid;
 
 use crate::helpers::cli::{ok, ql, refused};
 use crate::helpers::replica::binary;
-use crate::helpers::worker::{queue_runs, run_outcome, WorkerOptions, WorkerProc};
+use crate::helpers::worker::{
+    await_gone, await_pid, queue_runs, request_cancel, run_outcome, RunOutcome, WorkerOptions,
+    WorkerProc,
+};
 use crate::helpers::{wait_until, TestDb};
 
 const WITHIN: Duration = Duration::from_secs(30);
@@ -40,6 +43,11 @@ fn shell(command: &[&str], extra: &str) -> String {
     )
 }
 
+/// `n` queued runs of task `task`, a shell command.
+async fn queue_shell(db: &TestDb, task: &str, command: &[&str], n: usize) -> Vec<Uuid> {
+    queue_runs(db, task, &shell(command, ""), n).await
+}
+
 async fn idempotency_key(db: &TestDb, run: Uuid) -> String {
     db.superuser()
         .await
@@ -62,6 +70,13 @@ pub(crate) fn metric(w: &WorkerProc, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The run failed, its error starting with `prefix`.
+fn assert_failed_with(o: &RunOutcome, prefix: &str) {
+    assert_eq!(o.status, "failed", "{o:?}");
+    let error = o.error.as_deref().unwrap();
+    assert!(error.starts_with(prefix), "{error}");
+}
+
 async fn stop(w: &mut WorkerProc) {
     w.signal(libc::SIGTERM);
     let st = w.wait_exit(WITHIN).await;
@@ -71,18 +86,16 @@ async fn stop(w: &mut WorkerProc) {
 #[tokio::test]
 async fn a_shell_run_succeeds_and_its_output_tail_is_recorded() {
     let db = TestDb::new().await;
-    let runs = queue_runs(
+    let runs = queue_shell(
         &db,
         "hello",
-        &shell(&["sh", "-c", "echo hello from $QLSCHED_RUN_ID"], ""),
+        &["sh", "-c", "echo hello from $QLSCHED_RUN_ID"],
         1,
     )
     .await;
     let mut w = start(&db, "");
     w.wait_ready(WITHIN).await;
-    let o = w
-        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = w.await_finished(&db, runs[0], WITHIN).await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     assert_eq!(o.exit_status, Some(0));
     assert_eq!(o.worker_id.as_deref(), Some("w1"));
@@ -106,11 +119,9 @@ async fn a_shell_run_succeeds_and_its_output_tail_is_recorded() {
 async fn a_failing_command_records_failure_and_its_stderr_tail() {
     let db = TestDb::new().await;
     let cmd = ["sh", "-c", "echo some output; echo it broke >&2; exit 3"];
-    let runs = queue_runs(&db, "broken", &shell(&cmd, ""), 1).await;
+    let runs = queue_shell(&db, "broken", &cmd, 1).await;
     let mut w = start(&db, "");
-    let o = w
-        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = w.await_finished(&db, runs[0], WITHIN).await;
     assert_eq!(o.status, "failed", "{o:?}");
     assert_eq!(o.state, "failed");
     assert_eq!(o.exit_status, Some(3));
@@ -137,38 +148,11 @@ async fn a_timeout_kills_the_process_group_grandchild_included() {
     )
     .await;
     let mut w = start(&db, "");
-    let o = w
-        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
-        .await;
-    assert_eq!(o.status, "failed", "{o:?}");
-    let error = o.error.unwrap();
-    assert!(
-        error.starts_with("timed out after 1s: process group stopped"),
-        "{error}"
-    );
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    wait_until(
-        "the grandchild is gone",
-        WITHIN,
-        || async move { gone(pid) },
-    )
-    .await;
+    let o = w.await_finished(&db, runs[0], WITHIN).await;
+    assert_failed_with(&o, "timed out after 1s: process group stopped");
+    let pid = await_pid(&pidfile, WITHIN).await;
+    await_gone(pid, "the grandchild is gone", WITHIN).await;
     stop(&mut w).await;
-}
-
-/// No such process, or a zombie (dead, waiting for init to reap it).
-pub(crate) fn gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
 }
 
 #[tokio::test]
@@ -193,9 +177,7 @@ async fn the_child_environment_holds_the_run_variables_and_no_credentials() {
             ("AWS_SECRET_ACCESS_KEY", "ambient-secret-4"),
         ],
     );
-    let o = w
-        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = w.await_finished(&db, runs[0], WITHIN).await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     let env = o.output_tail.unwrap();
     let vars: Vec<&str> = env.lines().collect();
@@ -267,9 +249,7 @@ async fn a_secret_is_resolved_on_the_worker_and_redacted_in_the_tail() {
     .await;
     let conf = format!("credentials_directory = \"{}\"", creds.path().display());
     let mut w = start(&db, &conf);
-    let o = w
-        .await_run(&db, good[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = w.await_finished(&db, good[0], WITHIN).await;
     assert_eq!(
         o.status, "succeeded",
         "the secret reached the command: {o:?}"
@@ -278,20 +258,32 @@ async fn a_secret_is_resolved_on_the_worker_and_redacted_in_the_tail() {
         o.output_tail.as_deref(),
         Some("token=[redacted]\n--- stderr ---\ntoken=[redacted]\n")
     );
-    let o = w
-        .await_run(&db, loose[0], &["succeeded", "failed"], WITHIN)
-        .await;
-    assert_eq!(o.status, "failed", "{o:?}");
+    let o = w.await_finished(&db, loose[0], WITHIN).await;
+    assert_failed_with(&o, "secret `loose`:");
     let error = o.error.unwrap();
-    assert!(
-        error.starts_with("secret `loose`:") && error.contains("mode 0640"),
-        "{error}"
-    );
+    assert!(error.contains("mode 0640"), "{error}");
     let everything = db
         .count("SELECT count(*) FROM qlsched.attempts WHERE concat(output_tail, error, result::text) SIMILAR TO '%(s3cr3t-value-42|loose-value)%'")
         .await;
     assert_eq!(everything, 0, "no secret value reached the database");
     stop(&mut w).await;
+}
+
+/// `qlsched task publish` of task `id` with `spec` in project `p`.
+fn publish(db: &TestDb, id: &str, spec: &str) -> std::process::Output {
+    ql(
+        db,
+        &[
+            "task",
+            "publish",
+            "--project",
+            "p",
+            "--id",
+            id,
+            "--spec",
+            spec,
+        ],
+    )
 }
 
 #[tokio::test]
@@ -318,49 +310,13 @@ async fn task_publish_refuses_a_bad_spec_naming_the_field() {
         ),
         ("not json", "spec field `(document)`"),
     ] {
-        let out = ql(
-            &db,
-            &[
-                "task",
-                "publish",
-                "--project",
-                "p",
-                "--id",
-                "t",
-                "--spec",
-                spec,
-            ],
-        );
+        let out = publish(&db, "t", spec);
         refused(out, 2, &[field]);
     }
     assert_eq!(db.count("SELECT count(*) FROM qlsched.tasks").await, 0);
     // Without an executor the spec is an external dispatcher's: accepted.
-    ok(ql(
-        &db,
-        &[
-            "task",
-            "publish",
-            "--project",
-            "p",
-            "--id",
-            "t",
-            "--spec",
-            r#"{"image": "x"}"#,
-        ],
-    ));
-    ok(ql(
-        &db,
-        &[
-            "task",
-            "publish",
-            "--project",
-            "p",
-            "--id",
-            "u",
-            "--spec",
-            &shell(&["true"], ""),
-        ],
-    ));
+    ok(publish(&db, "t", r#"{"image": "x"}"#));
+    ok(publish(&db, "u", &shell(&["true"], "")));
     assert_eq!(db.count("SELECT count(*) FROM qlsched.tasks").await, 2);
 }
 
@@ -369,11 +325,9 @@ async fn a_spec_without_executor_is_never_taken_by_the_worker() {
     let db = TestDb::new().await;
     // Admitted first: every take walks past them in admission order to reach the shell run.
     let external = queue_runs(&db, "external", r#"{"image": "demo"}"#, 2).await;
-    let ours = queue_runs(&db, "ours", &shell(&["true"], ""), 1).await;
+    let ours = queue_shell(&db, "ours", &["true"], 1).await;
     let mut w = start(&db, "concurrency = 8");
-    let o = w
-        .await_run(&db, ours[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = w.await_finished(&db, ours[0], WITHIN).await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     for run in external {
         let o = run_outcome(&db, run).await;
@@ -396,9 +350,7 @@ async fn a_worker_takes_only_runs_of_its_pools() {
     let in_a = queue_runs(&db, "in-a", &shell(&["true"], r#", "pool": "a""#), 1).await;
     let in_b = queue_runs(&db, "in-b", &shell(&["true"], r#", "pool": "b""#), 1).await;
     let mut wb = start_with(&db, "wb", "pools = [\"b\"]", &[]);
-    let o = wb
-        .await_run(&db, in_b[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = wb.await_finished(&db, in_b[0], WITHIN).await;
     assert_eq!(
         (o.status.as_str(), o.worker_id.as_deref()),
         ("succeeded", Some("wb"))
@@ -410,9 +362,7 @@ async fn a_worker_takes_only_runs_of_its_pools() {
         "pool a is not wb's"
     );
     let mut wa = start_with(&db, "wa", "pools = [\"a\", \"c\"]", &[]);
-    let o = wa
-        .await_run(&db, in_a[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = wa.await_finished(&db, in_a[0], WITHIN).await;
     assert_eq!(
         (o.status.as_str(), o.worker_id.as_deref()),
         ("succeeded", Some("wa"))
@@ -486,16 +436,12 @@ async fn the_http_executor_sends_the_idempotency_key_and_records_the_status() {
     let key = idempotency_key(&db, good[0]).await;
     let conf = format!("credentials_directory = \"{}\"", creds.path().display());
     let mut w = start(&db, &conf);
-    let o = w
-        .await_run(&db, good[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = w.await_finished(&db, good[0], WITHIN).await;
     assert_eq!(o.status, "succeeded", "{o:?}");
     assert_eq!(o.exit_status, Some(201));
     assert_eq!(o.result, Some(serde_json::json!({"http_status": 201})));
     assert_eq!(o.output_tail.as_deref(), Some("made!"));
-    let o = w
-        .await_run(&db, bad[0], &["succeeded", "failed"], WITHIN)
-        .await;
+    let o = w.await_finished(&db, bad[0], WITHIN).await;
     assert_eq!(o.status, "failed", "{o:?}");
     assert_eq!(o.exit_status, Some(503));
     assert_eq!(o.error.as_deref(), Some("answered HTTP 503"));
@@ -569,16 +515,10 @@ async fn the_http_executor_refuses_a_certificate_no_trusted_root_signed() {
     );
     let runs = queue_runs(&db, "hook-tls", &spec, 1).await;
     let mut w = start(&db, "");
-    let o = w
-        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
-        .await;
-    assert_eq!(o.status, "failed", "{o:?}");
-    let error = o.error.unwrap();
-    assert!(
-        error.starts_with(&format!(
-            "TLS with 127.0.0.1:{port}: invalid peer certificate"
-        )),
-        "{error}"
+    let o = w.await_finished(&db, runs[0], WITHIN).await;
+    assert_failed_with(
+        &o,
+        &format!("TLS with 127.0.0.1:{port}: invalid peer certificate"),
     );
     assert_eq!(handshakes.load(std::sync::atomic::Ordering::SeqCst), 0);
     stop(&mut w).await;
@@ -587,25 +527,14 @@ async fn the_http_executor_refuses_a_certificate_no_trusted_root_signed() {
 #[tokio::test]
 async fn an_operator_cancel_stops_the_command_and_fails_the_run() {
     let db = TestDb::new().await;
-    let runs = queue_runs(&db, "long", &shell(&["sleep", "300"], ""), 1).await;
+    let runs = queue_shell(&db, "long", &["sleep", "300"], 1).await;
     let mut w = start(&db, "");
     w.await_run(&db, runs[0], &["running"], WITHIN).await;
-    let asked: i64 = db
-        .admin()
-        .await
-        .query_one("SELECT qlsched.request_cancel($1)", &[&runs])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(asked, 1);
-    let o = w
-        .await_run(&db, runs[0], &["succeeded", "failed"], WITHIN)
-        .await;
-    assert_eq!(o.status, "failed");
-    let error = o.error.unwrap();
-    assert!(
-        error.starts_with("cancelled at an operator's request: process group stopped"),
-        "{error}"
+    assert_eq!(request_cancel(&db, &runs).await, 1);
+    let o = w.await_finished(&db, runs[0], WITHIN).await;
+    assert_failed_with(
+        &o,
+        "cancelled at an operator's request: process group stopped",
     );
     stop(&mut w).await;
 }
@@ -623,16 +552,7 @@ async fn a_refused_heartbeat_stops_the_command_and_records_nothing() {
     let mut w = start(&db, "drain_timeout = \"0s\"");
     w.await_run(&db, runs[0], &["running"], WITHIN).await;
     let first = dir.path().join("pid.1");
-    wait_until("the command wrote its pid", WITHIN, || {
-        let first = first.clone();
-        async move { std::fs::read_to_string(first).is_ok_and(|p| p.ends_with('\n')) }
-    })
-    .await;
-    let pid: i32 = std::fs::read_to_string(&first)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = await_pid(&first, WITHIN).await;
     // The lease ends under the worker (as after a pause past it); an expiry (the worker's
     // own, before its next take, or another dispatcher's) marks the attempt lost and queues
     // the run again under attempt 2.
@@ -646,12 +566,7 @@ async fn a_refused_heartbeat_stops_the_command_and_records_nothing() {
         .await
         .unwrap();
     // The next heartbeat is refused: the command is stopped, nothing is recorded by it.
-    wait_until(
-        "the first attempt's command is gone",
-        WITHIN,
-        || async move { gone(pid) },
-    )
-    .await;
+    await_gone(pid, "the first attempt's command is gone", WITHIN).await;
     wait_until("the lost lease is counted", WITHIN, || {
         let lost = metric(&w, "qlsched_worker_lost_total");
         async move { lost == 1.0 }
@@ -684,13 +599,7 @@ async fn a_refused_heartbeat_stops_the_command_and_records_nothing() {
 async fn sigterm_lets_a_running_attempt_finish_within_the_drain_timeout() {
     let db = TestDb::new().await;
     // Runs longer than the 5 s lease: only heartbeats keep it.
-    let runs = queue_runs(
-        &db,
-        "drained",
-        &shell(&["sh", "-c", "sleep 7; echo done"], ""),
-        1,
-    )
-    .await;
+    let runs = queue_shell(&db, "drained", &["sh", "-c", "sleep 7; echo done"], 1).await;
     let mut w = start(&db, "drain_timeout = \"20s\"");
     w.await_run(&db, runs[0], &["running"], WITHIN).await;
     w.signal(libc::SIGTERM);
@@ -710,7 +619,7 @@ async fn sigterm_lets_a_running_attempt_finish_within_the_drain_timeout() {
 #[tokio::test]
 async fn past_the_drain_timeout_a_running_attempt_is_stopped_and_failed() {
     let db = TestDb::new().await;
-    let runs = queue_runs(&db, "stuck", &shell(&["sleep", "300"], ""), 2).await;
+    let runs = queue_shell(&db, "stuck", &["sleep", "300"], 2).await;
     let mut w = start(&db, "drain_timeout = \"1s\"\nconcurrency = 1");
     // Admitted together (one queued_at_ms): either is taken first.
     let (taken, left) = crate::helpers::poll_until("one run running", WITHIN, || async {
@@ -727,11 +636,9 @@ async fn past_the_drain_timeout_a_running_attempt_is_stopped_and_failed() {
     let st = w.wait_exit(WITHIN).await;
     assert!(st.success(), "{st:?}; log:\n{}", w.log());
     let o = run_outcome(&db, taken).await;
-    assert_eq!(o.status, "failed", "{o:?}");
-    let error = o.error.unwrap();
-    assert!(
-        error.starts_with("interrupted: the worker stopped and its drain timeout passed"),
-        "{error}"
+    assert_failed_with(
+        &o,
+        "interrupted: the worker stopped and its drain timeout passed",
     );
     // Nothing held: the run it never took is still queued, untouched.
     let o = run_outcome(&db, left).await;
@@ -746,17 +653,22 @@ async fn past_the_drain_timeout_a_running_attempt_is_stopped_and_failed() {
     );
 }
 
+/// `qlsched check-config` of the file at `path`, outside systemd (no credentials directory).
+fn check_config(path: &Path) -> std::process::Output {
+    std::process::Command::new(binary())
+        .args(["check-config", "--config"])
+        .arg(path)
+        .env_remove("CREDENTIALS_DIRECTORY")
+        .output()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn check_config_rejects_an_out_of_bounds_worker_key_naming_file_key_and_bound() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("worker.toml");
     std::fs::write(&path, "[worker]\nid = \"w1\"\nconcurrency = 0\n").unwrap();
-    let out = std::process::Command::new(binary())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .env_remove("CREDENTIALS_DIRECTORY")
-        .output()
-        .unwrap();
+    let out = check_config(&path);
     let file = path.display().to_string();
     refused(
         out,
@@ -774,23 +686,14 @@ async fn check_config_rejects_an_out_of_bounds_worker_key_naming_file_key_and_bo
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(binary())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = check_config(&path);
     refused(
         out,
         2,
         &[&file, "worker.credentials_directory", "mode 0755"],
     );
     std::fs::write(&path, "[worker]\nid = \"w1\"\n").unwrap();
-    let out = std::process::Command::new(binary())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .env_remove("CREDENTIALS_DIRECTORY")
-        .output()
-        .unwrap();
+    let out = check_config(&path);
     assert!(ok(out).contains(": ok"));
 }
 

@@ -28,9 +28,9 @@ use uuid::Uuid;
 use super::check;
 use super::{tail, Drill, OwnPg};
 use crate::helpers::netns::{require_root, NetNs};
-use crate::helpers::worker::{queue_runs, WorkerOptions, WorkerProc};
+use crate::helpers::worker::{await_gone, await_pid, gone, queue_runs, WorkerOptions, WorkerProc};
 use crate::helpers::{wait_until, TestDb};
-use crate::worker::{gone, metric};
+use crate::worker::metric;
 
 /// Every drill task's spec allows one retry of a lost attempt.
 const MAX_ATTEMPTS: i64 = 2;
@@ -55,24 +55,7 @@ fn spec(dir: &Path, prologue: &str, attempt1: &str, later: &str) -> String {
 
 /// The pid attempt `n` of `run` wrote, once written.
 async fn pid_of(dir: &Path, run: Uuid, n: i32) -> i32 {
-    let path = dir.join(format!("{run}.{n}"));
-    wait_until("the command wrote its pid", WITHIN, || {
-        let path = path.clone();
-        async move { std::fs::read_to_string(path).is_ok_and(|p| p.ends_with('\n')) }
-    })
-    .await;
-    std::fs::read_to_string(&path)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// Waits until `pid` is gone (or a zombie); how long that took.
-async fn await_gone(pid: i32, what: &str, within: Duration) -> Duration {
-    let t0 = Instant::now();
-    wait_until(what, within, || async move { gone(pid) }).await;
-    t0.elapsed()
+    await_pid(&dir.join(format!("{run}.{n}")), WITHIN).await
 }
 
 /// One attempt of a run, as the database holds it.
