@@ -57,6 +57,14 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     stat_fields(pid).map(|f| f[11] + f[12]).unwrap_or(0)
 }
 
+/// utime + stime + cutime + cstime of a process (its reaped children counted), in clock
+/// ticks (0 when it is gone).
+pub fn cpu_ticks_with_children(pid: u32) -> u64 {
+    stat_fields(pid)
+        .map(|f| f[11] + f[12] + f[13] + f[14])
+        .unwrap_or(0)
+}
+
 /// Fields 3.. of /proc/PID/stat as numbers (index 0 = field 3, the state, read as 0).
 fn stat_fields(pid: u32) -> Option<Vec<u64>> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -284,6 +292,19 @@ impl Bench {
 
     /// The runtime role's top statements as markdown rows, ordered by `order` desc.
     pub async fn pgss_top(&self, order: &str, limit: u32) -> String {
+        self.pgss_top_where(&self.pgss_where(), order, limit).await
+    }
+
+    /// [`Bench::pgss_top`] for another role's statements on database `qlsched`.
+    pub async fn pgss_top_of(&self, role: &str, order: &str, limit: u32) -> String {
+        let filter = format!(
+            "dbid = {} and userid = (select oid from pg_roles where rolname = '{role}')",
+            self.qdb_oid
+        );
+        self.pgss_top_where(&filter, order, limit).await
+    }
+
+    async fn pgss_top_where(&self, filter: &str, order: &str, limit: u32) -> String {
         if !self.srv.pgss {
             return "| (pg_stat_statements not available) |".into();
         }
@@ -297,8 +318,7 @@ impl Bench {
                             round((shared_blks_hit + shared_blks_read)::numeric / greatest(calls, 1)),
                             round(wal_bytes / greatest(calls, 1)),
                             left(regexp_replace(query, '\\s+', ' ', 'g'), 100))
-                       from pg_stat_statements where {} order by {order} desc limit {limit}",
-                    self.pgss_where()
+                       from pg_stat_statements where {filter} order by {order} desc limit {limit}"
                 ),
                 &[],
             )

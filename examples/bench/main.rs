@@ -23,7 +23,9 @@
 //!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side (with
 //!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
 //!   `retention-choice [--quick]`: rows RC, batched deletes vs time partitions (about 5 min);
-//!   `console`: rows K, the web console at 100k triggers and 10 M runs
+//!   `console`: rows K, the web console at 100k triggers and 10 M runs;
+//!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
+//!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
 //!
 //! Environment: `QLSCHED_BIN` (the replica binary, else the one beside this program),
 //! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
@@ -45,9 +47,11 @@ mod report;
 mod retention;
 mod retention_choice;
 mod run;
+mod sink;
 mod sizes;
 mod stats;
 mod stock;
+mod worker;
 
 use std::path::PathBuf;
 
@@ -81,6 +85,21 @@ pub enum Mode {
         quick: bool,
     },
     Console,
+    /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
+    Worker {
+        /// W1's window (HTTP executor, 2,000 every-second triggers).
+        #[arg(long, default_value_t = 300)]
+        secs: i64,
+        /// The window of W1's phase without workers (its admission lag alone).
+        #[arg(long, default_value_t = 60)]
+        bare_secs: i64,
+        /// W2's window (shell executor, 200 every-second triggers).
+        #[arg(long, default_value_t = 120)]
+        shell_secs: i64,
+        /// The smoke mode's toy sizes instead (the windows above are then ignored).
+        #[arg(long)]
+        toy: bool,
+    },
 }
 
 #[derive(Subcommand)]

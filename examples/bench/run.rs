@@ -54,6 +54,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::RetentionQuick => "retention-quick",
         Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
+        Mode::Worker { .. } => "worker",
     }
 }
 
@@ -72,23 +73,32 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let load_before = load_average();
     let sizes = match mode {
         Mode::Full => Sizes::full(),
-        Mode::Smoke => Sizes::smoke(),
+        Mode::Smoke | Mode::Worker { toy: true, .. } => Sizes::smoke(),
         _ => Sizes::quick(),
     };
     let tls = matches!(mode, Mode::Tls | Mode::Smoke);
     // The smoke mode runs a second lane on a stock server beside the first (toy sizes leave
     // the machine mostly idle): S, C, R and K there, everything else on the tuned server.
-    // A third lane runs the retention choice on a server of its own (autovacuum off).
+    // A third lane runs the retention choice on a server of its own (autovacuum off), a
+    // fourth the worker rows W1–W3 on a stock server of their own.
     let stock_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     let choice_srv =
         (mode == Mode::Smoke).then(|| BenchServer::start_in_background(CHOICE_CONF, false));
+    let worker_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     say(&format!(
-        "starting a private durable PostgreSQL (tuned settings{})",
+        "starting a private durable PostgreSQL ({} settings{})",
+        if matches!(mode, Mode::Worker { .. }) {
+            "stock"
+        } else {
+            "tuned"
+        },
         if tls { ", ssl = on" } else { "" }
     ));
     // The retention choice measures every VACUUM itself: autovacuum off on its server.
+    // The worker rows run on a stock server (initdb's settings, durable).
     let conf = match mode {
         Mode::RetentionChoice { .. } => CHOICE_CONF,
+        Mode::Worker { .. } => "",
         _ => TUNED,
     };
     let srv = BenchServer::start(conf, tls);
@@ -116,8 +126,19 @@ async fn run_mode(mode: Mode) -> ExitCode {
                 crate::retention_choice::rows(&mut ch, 4_000).await;
                 ch
             };
-            let (_, mut st, mut ch) = tokio::join!(core_rows(&mut b, true), lane_b, lane_c);
-            for other in [&mut st, &mut ch] {
+            let rx = worker_srv.expect("started above");
+            let lane_d = async {
+                let srv =
+                    tokio::task::spawn_blocking(move || rx.recv().expect("the fourth server"))
+                        .await
+                        .unwrap();
+                let mut wk = Bench::new(srv, sizes.clone()).await;
+                crate::worker::rows(&mut wk, crate::worker::Lengths::smoke()).await;
+                wk
+            };
+            let (_, mut st, mut ch, mut wk) =
+                tokio::join!(core_rows(&mut b, true), lane_b, lane_c, lane_d);
+            for other in [&mut st, &mut ch, &mut wk] {
                 b.rows.append(&mut other.rows);
                 b.notes.append(&mut other.notes);
                 b.violations.append(&mut other.violations);
@@ -130,6 +151,19 @@ async fn run_mode(mode: Mode) -> ExitCode {
             crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
         }
         Mode::Console => crate::console::rows(&mut b).await,
+        Mode::Worker {
+            secs,
+            bare_secs,
+            shell_secs,
+            toy,
+        } => {
+            let l = if toy {
+                crate::worker::Lengths::smoke()
+            } else {
+                crate::worker::Lengths::real(secs, bare_secs, shell_secs)
+            };
+            crate::worker::rows(&mut b, l).await
+        }
         Mode::Ceiling => crate::ceiling::rows(&mut b).await,
         Mode::Lag => crate::lag::rows(&mut b).await,
         Mode::Wal => crate::pairs::wal_rows(&mut b).await,
