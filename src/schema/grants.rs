@@ -112,8 +112,11 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// The `dispatch_*` functions (V16) are the dispatcher protocol (docs/dispatcher.md): the
 /// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
 /// taken runs to stop them, an operator's (admin role). `dispatch_take_executable` (V17) is
-/// the take of `qlsched worker` (docs/worker.md).
-pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
+/// the take of `qlsched worker` (docs/worker.md) before V18; `dispatch_take_batch` (V18) is
+/// its take from V18 on. `spec_pool` and `spec_executor` (V16, V17) compute V18's generated
+/// columns of `execution_revisions`, evaluated as the role that inserts a revision: the admin
+/// role's (`task publish`); they only read the text they are given.
+pub const EXECUTE_GRANTS: [(&str, &str); 13] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -135,7 +138,13 @@ pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
         "qlsched.dispatch_take_executable(text,text[],text[],integer,bigint)",
         "dispatcher",
     ),
+    (
+        "qlsched.dispatch_take_batch(text,text[],text[],integer,bigint)",
+        "dispatcher",
+    ),
     ("qlsched.request_cancel(uuid[])", "admin"),
+    ("qlsched.spec_pool(text)", "admin"),
+    ("qlsched.spec_executor(text)", "admin"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

@@ -45,3 +45,4 @@ mod store_claim;
 mod tls;
 mod transport;
 mod worker;
+mod worker_take;
