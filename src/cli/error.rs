@@ -127,6 +127,8 @@ impl CliError {
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }
                 | ManageError::MisfireGrace { .. }
+                | ManageError::PauseAfterFailures { .. }
+                | ManageError::ExpectSuccessWithin { .. }
                 | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },

@@ -219,6 +219,36 @@ pub struct TriggerSpec {
     pub misfire_policy: MisfirePolicy,
     pub misfire_grace_ms: i64,
     pub enabled: bool,
+    /// Pause after failures and expected success (docs/policies-outcome.md).
+    pub outcome_policy: OutcomePolicy,
+}
+
+/// The outcome policies of a trigger (`--pause-after-failures`, `--expect-success-within`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutcomePolicy {
+    /// Disable the trigger (by `qlsched`) after this many consecutive failed runs.
+    pub pause_after_failures: Option<i32>,
+    /// Overdue when no run succeeded within this long of it starting to run or its last success.
+    pub expect_success_within_ms: Option<i64>,
+}
+
+/// Bounds of [`OutcomePolicy`], checked at publish and by the table's CHECKs (V19).
+pub const PAUSE_AFTER_FAILURES: std::ops::RangeInclusive<i32> = 1..=1000;
+pub const EXPECT_SUCCESS_WITHIN_MS: std::ops::RangeInclusive<i64> = 60_000..=31_622_400_000;
+
+impl OutcomePolicy {
+    /// What the policies add to the trigger's content digest: nothing when neither is set,
+    /// so a trigger published before them keeps its digest (a republish is a no-op).
+    fn digest_suffix(&self) -> String {
+        let mut s = String::new();
+        if let Some(n) = self.pause_after_failures {
+            s.push_str(&format!("\npause_after_failures={n}"));
+        }
+        if let Some(ms) = self.expect_success_within_ms {
+            s.push_str(&format!("\nexpect_success_within_ms={ms}"));
+        }
+        s
+    }
 }
 
 impl TriggerSpec {
@@ -238,12 +268,13 @@ impl TriggerSpec {
             misfire_policy: MisfirePolicy::Skip,
             misfire_grace_ms: DEFAULT_MISFIRE_GRACE_MS,
             enabled: true,
+            outcome_policy: OutcomePolicy::default(),
         }
     }
 
     pub fn content_digest(&self) -> String {
         sha256_hex(
-            format!(
+            (format!(
                 "trigger:v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
                 self.project_id,
                 self.task_id,
@@ -252,8 +283,8 @@ impl TriggerSpec {
                 self.misfire_policy.as_str(),
                 self.misfire_grace_ms,
                 self.enabled
-            )
-            .as_bytes(),
+            ) + &self.outcome_policy.digest_suffix())
+                .as_bytes(),
         )
     }
 }
@@ -282,6 +313,12 @@ pub enum ManageError {
     },
     #[error("trigger {id}: misfire grace {grace_ms} ms must be within 0..=86400000")]
     MisfireGrace { id: String, grace_ms: i64 },
+    #[error(
+        "trigger {id}: --pause-after-failures {n} must be within 1..=1000 consecutive failed runs"
+    )]
+    PauseAfterFailures { id: String, n: i32 },
+    #[error("trigger {id}: --expect-success-within {ms} ms must be within 1 minute..=366 days (60000..=31622400000 ms)")]
+    ExpectSuccessWithin { id: String, ms: i64 },
     #[error("unknown project `{id}`")]
     UnknownProject { id: String },
     #[error("unknown trigger `{id}`")]
@@ -422,8 +459,8 @@ async fn upsert_trigger(
             concat!(
                 "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, published_enabled,
                                                cron_expr, timezone, misfire_policy, misfire_grace_ms, content_digest,
-                                               updated_at_ms)
-                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, ",
+                                               pause_after_failures, expect_success_within_ms, updated_at_ms)
+                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, $10, $11, ",
                 db_now_ms!(),
                 ")
                  ON CONFLICT (trigger_id) DO UPDATE
@@ -433,7 +470,9 @@ async fn upsert_trigger(
                        enabled = EXCLUDED.published_enabled AND NOT qlsched.triggers.operator_disabled,
                        cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone,
                        misfire_policy = EXCLUDED.misfire_policy, misfire_grace_ms = EXCLUDED.misfire_grace_ms,
-                       content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms
+                       content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms,
+                       pause_after_failures = EXCLUDED.pause_after_failures,
+                       expect_success_within_ms = EXCLUDED.expect_success_within_ms
                  RETURNING revision, enabled"
             ),
             &[
@@ -446,6 +485,8 @@ async fn upsert_trigger(
                 &spec.misfire_policy.as_str(),
                 &spec.misfire_grace_ms,
                 &digest,
+                &spec.outcome_policy.pause_after_failures,
+                &spec.outcome_policy.expect_success_within_ms,
             ],
         )
         .await?;
@@ -491,6 +532,19 @@ fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
             id: id.clone(),
             grace_ms: spec.misfire_grace_ms,
         });
+    }
+    let p = spec.outcome_policy;
+    if let Some(n) = p
+        .pause_after_failures
+        .filter(|n| !PAUSE_AFTER_FAILURES.contains(n))
+    {
+        return Err(ManageError::PauseAfterFailures { id: id.clone(), n });
+    }
+    if let Some(ms) = p
+        .expect_success_within_ms
+        .filter(|ms| !EXPECT_SUCCESS_WITHIN_MS.contains(ms))
+    {
+        return Err(ManageError::ExpectSuccessWithin { id: id.clone(), ms });
     }
     Ok(schedule)
 }

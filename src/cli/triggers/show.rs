@@ -3,7 +3,9 @@
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::present as render;
-use crate::present::triggers::{holder, state_text, trigger_detail, trigger_page};
+use crate::present::triggers::{
+    holder, outcome_lines, outcome_mark, state_text, trigger_detail, trigger_page,
+};
 use crate::store::browse::TriggerFilter;
 use crate::store::triggers::StateFilter;
 
@@ -53,6 +55,7 @@ pub async fn list(
                 render::utc(v.last_scheduled_at_ms),
                 render::span(v.last_lag_ms),
                 holder(v),
+                outcome_mark(&v.outcome),
             ]
         })
         .collect();
@@ -70,7 +73,8 @@ pub async fn list(
                 "NEXT (LOCAL)",
                 "LAST ADMITTED",
                 "LAG",
-                "HELD BY"
+                "HELD BY",
+                "OUTCOME"
             ],
             &rows
         )
@@ -146,6 +150,9 @@ pub async fn show(
         v.claim_version,
         v.state_version
     );
+    for (label, text) in outcome_lines(&v.outcome) {
+        println!("{label:<12} {text}");
+    }
     println!("next {} occurrences:", upcoming.len());
     for o in upcoming {
         println!("  {}  {}", o.utc, o.local);
