@@ -127,6 +127,9 @@ impl CliError {
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }
                 | ManageError::MisfireGrace { .. }
+                | ManageError::JitterBound { .. }
+                | ManageError::JitterTooLong { .. }
+                | ManageError::Window { .. }
                 | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },

@@ -176,7 +176,7 @@ fn migration_names() -> Vec<String> {
 async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    // The database as the release before V13 left it: V13 to V17 not applied (V15 replaces
+    // The database as the release before V13 left it: V13 and later not applied (V15 replaces
     // V11's and V12's functions and drops nothing they need; they stay).
     su.batch_execute(&format!(
         "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;
@@ -202,7 +202,9 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
                        qlsched.request_cancel(uuid[]),
                        qlsched.spec_executor(text),
                        qlsched.dispatch_take_executable(text, text[], text[], integer, bigint);
-         ALTER TABLE qlsched.runs DROP COLUMN cancel_requested_at_ms;
+         ALTER TABLE qlsched.runs DROP COLUMN cancel_requested_at_ms, DROP COLUMN due_at_ms;
+         ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms,
+                                      DROP COLUMN end_at_ms;
          DROP INDEX qlsched.runs_queued_order_idx, qlsched.attempts_lease_expiry_idx;
          ALTER TABLE qlsched.attempts DROP COLUMN not_before_ms, DROP COLUMN exit_status,
                                       DROP COLUMN output_tail;
