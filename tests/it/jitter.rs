@@ -358,7 +358,7 @@ async fn jitter_and_window_are_part_of_the_definition() {
     let plain = TriggerSpec::new(ID, "proj", "task", "0 * * * * *", "UTC");
     // The digest as binaries before V20 computed it.
     let before_v20 = manage::sha256_hex(
-        format!("trigger:v1\nproj\ntask\n0 * * * * *\nUTC\nskip\n60000\ntrue").as_bytes(),
+        "trigger:v1\nproj\ntask\n0 * * * * *\nUTC\nskip\n60000\ntrue".as_bytes(),
     );
     assert_eq!(plain.content_digest(), before_v20);
     let now = db_now_ms(&db.superuser().await).await;
