@@ -320,14 +320,15 @@ pub enum ManageError {
     /// The jitter is not shorter than the shortest gap between two consecutive occurrences.
     #[error(
         "trigger {id}: jitter {jitter_ms} ms must be shorter than the shortest gap between two \
-         consecutive occurrences, {gap_ms} ms (after the occurrence at {after_ms} ms); nothing \
-         was written"
+         consecutive occurrences, {gap_ms} ms (after the occurrence at {after}); nothing was \
+         written"
     )]
     JitterTooLong {
         id: String,
         jitter_ms: i64,
         gap_ms: i64,
-        after_ms: i64,
+        /// The earlier occurrence of the shortest pair, in RFC 3339 (UTC).
+        after: String,
     },
     #[error(
         "trigger {id}: the window's start {start_at_ms} ms must be before its end {end_at_ms} ms"
@@ -587,7 +588,8 @@ fn check_jitter(spec: &TriggerSpec, schedule: &Schedule, first: i64) -> Result<(
             id: spec.trigger_id.clone(),
             jitter_ms: spec.jitter_ms,
             gap_ms: gap.gap_ms,
-            after_ms: gap.after_ms,
+            after: chrono::DateTime::from_timestamp_millis(gap.after_ms)
+                .map_or_else(|| format!("{} ms", gap.after_ms), |t| t.to_rfc3339()),
         }),
         _ => Ok(()),
     }
