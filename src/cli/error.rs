@@ -129,6 +129,9 @@ impl CliError {
                 | ManageError::MisfireGrace { .. }
                 | ManageError::PauseAfterFailures { .. }
                 | ManageError::ExpectSuccessWithin { .. }
+                | ManageError::JitterBound { .. }
+                | ManageError::JitterTooLong { .. }
+                | ManageError::Window { .. }
                 | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },

@@ -7,7 +7,8 @@ use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
 use crate::present::triggers::{
-    holder, outcome_lines, outcome_mark, state_text, TriggerDetail, TriggerItem, TriggerPage,
+    holder, outcome_lines, outcome_mark, state_text, timing_text, TriggerDetail, TriggerItem,
+    TriggerPage,
 };
 use crate::store::browse::{self, RunDetail, RunsPage};
 
@@ -292,6 +293,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Cron" } dd { code { (v.cron_expr) } " in " (v.timezone) }
                 dt { "Misfire" } dd { (v.misfire_policy) " (grace " (v.misfire_grace_ms) " ms)" }
                 dt { "State" } dd id="state" { (state_text(v)) }
+                dt { "Jitter, window" } dd id="timing" { (timing_text(v)) }
                 @if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
                     dt { "Last disable" } dd id="disable-note" {
                         (render::utc(Some(at))) " by " (by)
@@ -306,6 +308,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                         Some(c) => { (render::utc(Some(c))) " · " (render::local(Some(c), &v.timezone)) }
                         None => { "- (decided at the next claim)" }
                     }
+                    @if let Some(due) = &d.item.next_due_utc { " · due " (due) " (jittered)" }
                 }
                 dt { "Last admitted" } dd { (render::utc(v.last_scheduled_at_ms)) " (lag " (render::span(v.last_lag_ms)) ")" }
                 dt { "Lease" } dd { (holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
@@ -325,10 +328,13 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 p.empty { "None while the trigger is disabled." }
             } @else {
                 table id="upcoming" {
-                    thead { tr { th { "UTC" } th { "In " (v.timezone) } th { "DST" } } }
+                    thead { tr { th { "UTC" } th { "In " (v.timezone) } th { "DST" } @if v.jitter_ms > 0 { th { "Due (jittered)" } } } }
                     tbody {
                         @for o in &d.upcoming {
-                            tr { td { (o.utc) } td { (o.local) } td { @if let Some(m) = &o.dst { span.dst { "offset " (m) } } } }
+                            tr {
+                                td { (o.utc) } td { (o.local) } td { @if let Some(m) = &o.dst { span.dst { "offset " (m) } } }
+                                @if v.jitter_ms > 0 { td { (o.due_utc.as_deref().unwrap_or("-")) } }
+                            }
                         }
                     }
                 }
@@ -339,7 +345,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
             @if lag.len() >= 2 {
                 figure {
                     (charts::lines("Lag of the last runs", " ms", &[Series { class: "p99", label: "lag", points: lag.clone() }], x, (&first, &last)))
-                    figcaption { "Lag (queued − scheduled) of the runs below, by scheduled time" }
+                    figcaption { "Lag (queued − scheduled, or − the jittered due instant) of the runs below, by scheduled time" }
                 }
             }
             (runs_table(&d.runs, false))

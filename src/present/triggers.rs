@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::text::{local, utc};
 use crate::db::StoreError;
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, Timing};
 use crate::store::browse::{next_fire, run_page, RunFilter, RunItem, TriggerFilter, TriggerRows};
 use crate::store::manage::{ManageError, ProjectStatus};
 use crate::store::triggers::{self, TriggerOutcome, TriggerView};
@@ -22,14 +22,20 @@ pub struct TriggerItem {
     pub next_fire_ms: Option<i64>,
     pub next_fire_utc: Option<String>,
     pub next_fire_local: Option<String>,
+    /// The next fire's jittered instant (a trigger with a jitter only).
+    pub next_due_ms: Option<i64>,
+    pub next_due_utc: Option<String>,
     pub held: bool,
 }
 
 impl TriggerItem {
     pub fn new(view: TriggerView) -> TriggerItem {
         let next = next_fire(&view);
+        let due = next.and_then(|n| timing(&view).recorded_due_at_ms(n));
         TriggerItem {
             next_fire_ms: next,
+            next_due_ms: due,
+            next_due_utc: due.map(|d| utc(Some(d))),
             next_fire_utc: next.map(|n| utc(Some(n))),
             next_fire_local: next.map(|n| local(Some(n), &view.timezone)),
             held: view.claim_owner.is_some() && view.claim_expires_at_ms > Some(view.now_ms),
@@ -38,8 +44,39 @@ impl TriggerItem {
     }
 }
 
-/// `enabled`, `disabled 2026-… by alice via qlsched_admin: note`, `deleted …`, with the
-/// project's status when it is not active.
+/// The jitter and window of a trigger as read.
+pub fn timing(v: &TriggerView) -> Timing<'_> {
+    Timing {
+        trigger_id: &v.trigger_id,
+        jitter_ms: v.jitter_ms,
+        start_at_ms: v.start_at_ms,
+        end_at_ms: v.end_at_ms,
+    }
+}
+
+/// `jitter 10s, window 2026-… → 2026-…`, or `-` (docs/policies-jitter.md).
+pub fn timing_text(v: &TriggerView) -> String {
+    let mut parts = Vec::new();
+    if v.jitter_ms > 0 {
+        parts.push(format!("jitter {}", super::text::span(Some(v.jitter_ms))));
+    }
+    if v.start_at_ms.is_some() || v.end_at_ms.is_some() {
+        let at = |ms: Option<i64>| ms.map_or("…".to_string(), |m| utc(Some(m)));
+        parts.push(format!(
+            "window {} → {}",
+            at(v.start_at_ms),
+            at(v.end_at_ms)
+        ));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// `enabled`, `ended 2026-…`, `disabled 2026-… by alice via qlsched_admin: note`, `deleted …`,
+/// with the project's status when it is not active.
 pub fn state_text(v: &TriggerView) -> String {
     if v.deleted_at_ms.is_some() {
         return format!(
@@ -47,6 +84,9 @@ pub fn state_text(v: &TriggerView) -> String {
             utc(v.deleted_at_ms),
             v.deleted_by.as_deref().unwrap_or("-")
         );
+    }
+    if v.ended {
+        return format!("ended {}", utc(v.end_at_ms));
     }
     let base = if v.enabled { "enabled" } else { "disabled" };
     let mut s = base.to_string();
@@ -203,6 +243,9 @@ pub struct Occurrence {
     /// `+01:00 → +02:00` when the offset changed since the previous occurrence (or since
     /// the start of the listing).
     pub dst: Option<String>,
+    /// The jittered instant it is due at, in UTC (a trigger with a jitter only).
+    pub due_ms: Option<i64>,
+    pub due_utc: Option<String>,
 }
 
 /// The next `count` occurrences after `from_ms` (src/schedule), with DST marks.
@@ -229,6 +272,8 @@ pub fn occurrences(schedule: &Schedule, from_ms: i64, count: usize) -> Vec<Occur
                 utc: utc(Some(ms)),
                 local,
                 dst,
+                due_ms: None,
+                due_utc: None,
             }
         })
         .collect()
@@ -264,7 +309,20 @@ pub async fn trigger_detail(
                 source,
             }
         })?;
+        // Each with its jittered instant; none after the window's end.
+        let t = timing(&v);
         occurrences(&s, from, count)
+            .into_iter()
+            .filter(|o| !t.after_end(o.ms))
+            .map(|o| {
+                let due = t.recorded_due_at_ms(o.ms);
+                Occurrence {
+                    due_ms: due,
+                    due_utc: due.map(|d| utc(Some(d))),
+                    ..o
+                }
+            })
+            .collect()
     } else {
         Vec::new()
     };

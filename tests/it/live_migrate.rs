@@ -175,6 +175,8 @@ fn migration_names() -> Vec<String> {
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
+    ALTER TABLE qlsched.runs DROP COLUMN due_at_ms;
+    ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms, DROP COLUMN end_at_ms;
     DROP FUNCTION qlsched.trigger_outcome_of_run(), qlsched.trigger_outcome_follows_trigger() CASCADE;
     DROP TABLE qlsched.trigger_outcomes;
     ALTER TABLE qlsched.triggers DROP COLUMN pause_after_failures, DROP COLUMN expect_success_within_ms;";

@@ -23,6 +23,7 @@ mod integrity;
 #[cfg(feature = "fault-injection")]
 mod interrupted_migrate;
 mod invariants;
+mod jitter;
 mod layers;
 mod lifecycle;
 mod live_migrate;

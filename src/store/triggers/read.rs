@@ -33,7 +33,8 @@ pub struct TriggerView {
     /// The schedule cursor: the next occurrence the cron will admit (None: not yet decided).
     pub next_fire_at_ms: Option<i64>,
     pub last_scheduled_at_ms: Option<i64>,
-    /// queued − scheduled of the run admitted for `last_scheduled_at_ms`.
+    /// queued − due (the jittered instant; scheduled without a jitter) of the run admitted for
+    /// `last_scheduled_at_ms`.
     pub last_lag_ms: Option<i64>,
     pub claim_owner: Option<String>,
     pub claim_expires_at_ms: Option<i64>,
@@ -42,6 +43,14 @@ pub struct TriggerView {
     pub now_ms: i64,
     /// Outcome policies and summary (V19).
     pub outcome: TriggerOutcome,
+    /// Jitter (ms, 0 = none) and validity window (docs/policies-jitter.md).
+    pub jitter_ms: i64,
+    pub start_at_ms: Option<i64>,
+    pub end_at_ms: Option<i64>,
+    /// Past its window: the cursor is after the end (the last occurrence in the window was
+    /// admitted), or the end has passed while the row is out of the claim index (disabled,
+    /// project inactive). Nothing more is admitted by the schedule.
+    pub ended: bool,
 }
 
 /// Which triggers `trigger list` shows.
@@ -80,10 +89,13 @@ const VIEW_COLUMNS: &str = concat!(
        t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
        t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
        s.next_fire_at_ms, s.last_scheduled_at_ms,
-       (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
+       (SELECT r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
          ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms, ",
+       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
+       t.jitter_ms, t.start_at_ms, t.end_at_ms,
+       coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
+                false) AS ended, ",
     crate::outcome_columns!()
 );
 
@@ -100,10 +112,13 @@ SELECT ",
        t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
        t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
        s.next_fire_at_ms, s.last_scheduled_at_ms,
-       (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
+       (SELECT r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
          ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms, ",
+       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
+       t.jitter_ms, t.start_at_ms, t.end_at_ms,
+       coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
+                false) AS ended, ",
     crate::outcome_columns!(),
     "
   FROM qlsched.triggers t
@@ -151,6 +166,10 @@ fn view(r: &tokio_postgres::Row) -> TriggerView {
         state_version: r.get("state_version"),
         now_ms: r.get("now_ms"),
         outcome: TriggerOutcome::from_row(r),
+        jitter_ms: r.get("jitter_ms"),
+        start_at_ms: r.get("start_at_ms"),
+        end_at_ms: r.get("end_at_ms"),
+        ended: r.get("ended"),
     }
 }
 
