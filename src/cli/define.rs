@@ -49,6 +49,10 @@ pub struct PublishArgs {
     pub grace_ms: i64,
     #[arg(long)]
     pub disabled: bool,
+    /// What an occurrence due while a run of the trigger is unfinished does
+    /// (docs/policies-overlap.md).
+    #[arg(long, default_value = "allow", value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+    pub overlap: String,
 }
 
 pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
@@ -68,6 +72,7 @@ pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
         misfire_policy,
         misfire_grace_ms: a.grace_ms,
         enabled: !a.disabled,
+        overlap_policy: a.overlap.parse().expect("clap checked the spelling"),
     };
     // Validate before connecting: a bad expression never needs a database to be refused.
     Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {

@@ -6,7 +6,9 @@ use maud::{html, Markup, DOCTYPE};
 use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
-use crate::present::triggers::{holder, state_text, TriggerDetail, TriggerItem, TriggerPage};
+use crate::present::triggers::{
+    holder, overlap_mark, overlap_text, state_text, TriggerDetail, TriggerItem, TriggerPage,
+};
 use crate::store::browse::{self, RunDetail, RunsPage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -255,7 +257,7 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (v.task_id) }
             td { code { (v.cron_expr) } }
             td { (v.timezone) }
-            td.wrap { (state_text(v)) }
+            td.wrap { (state_text(v)) (overlap_mark(v)) }
             td { (t.next_fire_utc.as_deref().unwrap_or("-")) }
             td { (t.next_fire_local.as_deref().unwrap_or("-")) }
             td { (render::utc(v.last_scheduled_at_ms)) }
@@ -288,6 +290,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Task" } dd { (v.task_id) }
                 dt { "Cron" } dd { code { (v.cron_expr) } " in " (v.timezone) }
                 dt { "Misfire" } dd { (v.misfire_policy) " (grace " (v.misfire_grace_ms) " ms)" }
+                dt { "Overlap" } dd id="overlap" { (overlap_text(v)) }
                 dt { "State" } dd id="state" { (state_text(v)) }
                 @if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
                     dt { "Last disable" } dd id="disable-note" {

@@ -17,7 +17,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 16] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -48,6 +48,9 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
     // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
     ("schema_compat", &["SELECT"], &["SELECT"]),
     ("grant_manifest", &["SELECT"], &["SELECT"]),
+    // Overlap state (V21): `trigger show` and the console read it; only the owner's
+    // functions write it (row triggers on runs, and overlap_adopt below).
+    ("trigger_overlap", &["SELECT"], &["SELECT"]),
 ];
 
 /// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
@@ -112,8 +115,14 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// The `dispatch_*` functions (V16) are the dispatcher protocol (docs/dispatcher.md): the
 /// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
 /// taken runs to stop them, an operator's (admin role). `dispatch_take_executable` (V17) is
-/// the take of `qlsched worker` (docs/worker.md).
-pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
+/// the take of `qlsched worker` (docs/worker.md). `overlap_adopt` (V21) is `trigger
+/// publish`'s (admin role) when a trigger's overlap policy becomes other than allow: it
+/// marks the trigger's unfinished runs counted. The overlap decision (`overlap_admit`) and
+/// a run end's count and buffered admission (`overlap_run_ended`) are SECURITY DEFINER row
+/// triggers on runs: no role executes them, they run as the owner inside whichever role's
+/// insert or status change fires them (the runtime's admission, the admin's fire, backfill
+/// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
+pub const EXECUTE_GRANTS: [(&str, &str); 11] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -136,6 +145,7 @@ pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
         "dispatcher",
     ),
     ("qlsched.request_cancel(uuid[])", "admin"),
+    ("qlsched.overlap_adopt(text)", "admin"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

@@ -7,6 +7,7 @@ use uuid::Uuid;
 use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::schedule::{MisfirePolicy, Schedule, ScheduleError, DEFAULT_MISFIRE_GRACE_MS};
+pub use crate::store::overlap::OverlapPolicy;
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -219,6 +220,8 @@ pub struct TriggerSpec {
     pub misfire_policy: MisfirePolicy,
     pub misfire_grace_ms: i64,
     pub enabled: bool,
+    /// What an occurrence due while a run of the trigger is unfinished does (V21).
+    pub overlap_policy: OverlapPolicy,
 }
 
 impl TriggerSpec {
@@ -238,23 +241,27 @@ impl TriggerSpec {
             misfire_policy: MisfirePolicy::Skip,
             misfire_grace_ms: DEFAULT_MISFIRE_GRACE_MS,
             enabled: true,
+            overlap_policy: OverlapPolicy::Allow,
         }
     }
 
     pub fn content_digest(&self) -> String {
-        sha256_hex(
-            format!(
-                "trigger:v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
-                self.project_id,
-                self.task_id,
-                self.cron_expr,
-                self.timezone,
-                self.misfire_policy.as_str(),
-                self.misfire_grace_ms,
-                self.enabled
-            )
-            .as_bytes(),
-        )
+        let mut text = format!(
+            "trigger:v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            self.project_id,
+            self.task_id,
+            self.cron_expr,
+            self.timezone,
+            self.misfire_policy.as_str(),
+            self.misfire_grace_ms,
+            self.enabled
+        );
+        // Only a policy other than allow joins the text: every digest published before V21
+        // (allow) stays the same, so republishing it is still a no-op.
+        if self.overlap_policy != OverlapPolicy::Allow {
+            text.push_str(&format!("\noverlap:{}", self.overlap_policy.as_str()));
+        }
+        sha256_hex(text.as_bytes())
     }
 }
 
@@ -308,6 +315,9 @@ pub enum ManageError {
         "trigger {id}: the task's execution revision is missing or corrupt; nothing was written"
     )]
     CorruptExecutionRevision { id: String },
+    /// `trigger fire` while a run of the trigger is unfinished, under forbid or buffer_one.
+    #[error("trigger {id}: a run of the trigger is unfinished; {}", if *buffered { "kept by overlap policy buffer_one: admitted when that run ends" } else { "not admitted by its overlap policy, recorded as a skip (reason overlap); `--overlap allow` fires anyway" })]
+    Overlap { id: String, buffered: bool },
     #[error("unknown task `{id}` (publish it first: `qlsched task publish --project P --id {id} --spec ...`)")]
     UnknownTask { id: String },
     /// A task belongs to the project it was first published in; a trigger must be in it too.
@@ -396,6 +406,7 @@ pub async fn publish_trigger(
         }
     }
     let (revision, enabled) = upsert_trigger(&tx, spec, &digest).await?;
+    super::overlap::set_policy(&tx, id, spec.overlap_policy).await?;
     let claimable = enabled && project_active;
     upsert_schedule(&tx, spec, revision, claimable, first).await?;
     if claimable {

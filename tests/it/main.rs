@@ -33,6 +33,7 @@ mod manage_wake;
 mod migrations;
 mod on_time;
 mod operate;
+mod overlap;
 mod pgbouncer;
 mod plans;
 mod retention;

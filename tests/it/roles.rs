@@ -285,6 +285,11 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_dispatcher",
         "qlsched_admin",
     ),
+    (
+        "qlsched.overlap_adopt(text)",
+        "qlsched_admin",
+        "qlsched_runtime",
+    ),
 ];
 
 /// `db check` expects exactly the one EXECUTE grant of each function: an extra grant to

@@ -13,7 +13,8 @@ mod read;
 mod state;
 
 pub use manual::{
-    backfill_chunk, backfill_definition, fire, manual_key, BackfillCount, BackfillDefinition, Fired,
+    backfill_chunk, backfill_chunk_with, backfill_definition, fire, fire_with, manual_key,
+    BackfillCount, BackfillDefinition, Fired,
 };
 pub use read::{
     list, list_among, list_with_prefix, show, walk_ids, ListQuery, StateFilter, TriggerView,

@@ -38,6 +38,16 @@ pub struct TriggerView {
     pub claim_version: i64,
     pub state_version: i64,
     pub now_ms: i64,
+    /// The overlap policy (V21): allow, forbid, buffer_one, replace.
+    pub overlap_policy: String,
+    /// Occurrences not admitted because a run of the trigger was unfinished (reason
+    /// `overlap`), and the scheduled instants of the last few, newest last.
+    pub skipped_overlap: i64,
+    pub last_skipped_ms: Vec<i64>,
+    /// buffer_one: the instant of the occurrence kept for when the unfinished run ends.
+    pub buffered_for_ms: Option<i64>,
+    /// The unfinished runs the policy counts (None: never counted, an allow trigger).
+    pub overlap_unfinished: Option<i32>,
 }
 
 /// Which triggers `trigger list` shows.
@@ -75,7 +85,10 @@ const VIEW_COLUMNS: &str = "
        (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
          ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms";
+       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
+       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished";
 
 /// The page query of `trigger list`, public so a test can EXPLAIN it. A keyset page walks
 /// `triggers_pkey` (or `triggers_project_page_idx` with a project) from `$3` in id order and
@@ -93,10 +106,14 @@ SELECT ",
        (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
          ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms
+       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
+       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished
   FROM qlsched.triggers t
   JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
   JOIN qlsched.projects p ON p.project_id = t.project_id
+  LEFT JOIN qlsched.trigger_overlap ov ON ov.trigger_id = t.trigger_id
   CROSS JOIN n
  WHERE t.deleted_at_ms IS NULL
    AND ($1::text IS NULL OR t.project_id = $1)
@@ -135,6 +152,11 @@ fn view(r: &tokio_postgres::Row) -> TriggerView {
         claim_version: r.get("claim_version"),
         state_version: r.get("state_version"),
         now_ms: r.get("now_ms"),
+        overlap_policy: r.get("overlap_policy"),
+        skipped_overlap: r.get("skipped_overlap"),
+        last_skipped_ms: r.get("last_skipped_ms"),
+        buffered_for_ms: r.get("buffered_for_ms"),
+        overlap_unfinished: r.get("overlap_unfinished"),
     }
 }
 
@@ -235,6 +257,7 @@ pub async fn show(
            FROM qlsched.triggers t
            JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
            JOIN qlsched.projects p ON p.project_id = t.project_id
+           LEFT JOIN qlsched.trigger_overlap ov ON ov.trigger_id = t.trigger_id
            CROSS JOIN n
           WHERE t.trigger_id = $1",
         db_now_ms!()
