@@ -176,10 +176,17 @@ fn migration_names() -> Vec<String> {
 async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let db = TestDb::new().await;
     let su = db.superuser().await;
-    // The database as the release before V13 left it: V13 to V17 not applied (V15 replaces
-    // V11's and V12's functions and drops nothing they need; they stay).
+    // The database as the release before V13 left it: V13 to V17 and V21 not applied (V15
+    // replaces V11's and V12's functions and drops nothing they need; they stay).
     su.batch_execute(&format!(
-        "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;
+        "DROP TABLE qlsched.trigger_overlap;
+         DROP FUNCTION qlsched.overlap_admit() CASCADE;
+         DROP FUNCTION qlsched.overlap_run_ended() CASCADE;
+         DROP FUNCTION qlsched.overlap_replace(text, bigint), qlsched.overlap_adopt(text),
+                       qlsched.overlap_record_skip(text, bigint, bigint);
+         ALTER TABLE qlsched.runs DROP COLUMN overlap_policy;
+         ALTER TABLE qlsched.triggers DROP COLUMN overlap_policy;
+         DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;
          DROP FUNCTION qlsched.keep_pruned_out(uuid[]);
          DROP FUNCTION qlsched.maintenance_horizon_is_guarded() CASCADE;
          REVOKE UPDATE (finished_after_floor_ms) ON qlsched.maintenance FROM qlsched_admin;
