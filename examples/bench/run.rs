@@ -54,6 +54,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::RetentionQuick => "retention-quick",
         Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
+        Mode::Overlap { .. } => "overlap",
         Mode::Worker { .. } => "worker",
     }
 }
@@ -87,7 +88,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let worker_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     say(&format!(
         "starting a private durable PostgreSQL ({} settings{})",
-        if matches!(mode, Mode::Worker { .. }) {
+        if matches!(mode, Mode::Worker { .. } | Mode::Overlap { .. }) {
             "stock"
         } else {
             "tuned"
@@ -98,7 +99,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     // The worker rows run on a stock server (initdb's settings, durable).
     let conf = match mode {
         Mode::RetentionChoice { .. } => CHOICE_CONF,
-        Mode::Worker { .. } => "",
+        Mode::Worker { .. } | Mode::Overlap { .. } => "",
         _ => TUNED,
     };
     let srv = BenchServer::start(conf, tls);
@@ -151,6 +152,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
             crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
         }
         Mode::Console => crate::console::rows(&mut b).await,
+        Mode::Overlap { boundaries } => crate::overlap::rows(&mut b, boundaries).await,
         Mode::Worker {
             secs,
             bare_secs,
