@@ -237,6 +237,31 @@ BEGIN
 END
 $$;
 
+-- Retention of the recorded skips: the instants scheduled before `before_ms` leave the list
+-- of the last ones (the count stays). Called by the replica that holds the prune lease after
+-- its batches, with the horizon it pruned finished runs to (src/retention.rs); EXECUTE to
+-- the runtime role only. Locking: each changed row's lock, one short statement; a row an
+-- admission holds is waited for.
+CREATE FUNCTION qlsched.overlap_prune_skips(before_ms bigint)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF before_ms IS NULL THEN
+        RAISE EXCEPTION 'overlap_prune_skips: before_ms must be given' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE qlsched.trigger_overlap o
+       SET last_skipped_ms = ARRAY(SELECT x FROM unnest(o.last_skipped_ms) WITH ORDINALITY AS u(x, i)
+                                    WHERE x >= before_ms ORDER BY i)
+     WHERE o.last_skipped_ms[1] < before_ms;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
 CREATE TRIGGER runs_overlap_admit BEFORE INSERT ON qlsched.runs
     FOR EACH ROW WHEN (NEW.overlap_policy IS NOT NULL)
     EXECUTE FUNCTION qlsched.overlap_admit();
@@ -255,3 +280,4 @@ REVOKE ALL ON FUNCTION qlsched.overlap_admit() FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.overlap_replace(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.overlap_run_ended() FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.overlap_adopt(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION qlsched.overlap_prune_skips(bigint) FROM PUBLIC;

@@ -117,12 +117,13 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// taken runs to stop them, an operator's (admin role). `dispatch_take_executable` (V17) is
 /// the take of `qlsched worker` (docs/worker.md). `overlap_adopt` (V21) is `trigger
 /// publish`'s (admin role) when a trigger's overlap policy becomes other than allow: it
-/// marks the trigger's unfinished runs counted. The overlap decision (`overlap_admit`) and
+/// marks the trigger's unfinished runs counted. `overlap_prune_skips` (V21) is the
+/// pruning replica's (runtime role): recorded skip instants older than its horizon go. The overlap decision (`overlap_admit`) and
 /// a run end's count and buffered admission (`overlap_run_ended`) are SECURITY DEFINER row
 /// triggers on runs: no role executes them, they run as the owner inside whichever role's
 /// insert or status change fires them (the runtime's admission, the admin's fire, backfill
 /// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
-pub const EXECUTE_GRANTS: [(&str, &str); 11] = [
+pub const EXECUTE_GRANTS: [(&str, &str); 12] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -146,6 +147,7 @@ pub const EXECUTE_GRANTS: [(&str, &str); 11] = [
     ),
     ("qlsched.request_cancel(uuid[])", "admin"),
     ("qlsched.overlap_adopt(text)", "admin"),
+    ("qlsched.overlap_prune_skips(bigint)", "runtime"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

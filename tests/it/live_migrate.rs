@@ -183,7 +183,8 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
          DROP FUNCTION qlsched.overlap_admit() CASCADE;
          DROP FUNCTION qlsched.overlap_run_ended() CASCADE;
          DROP FUNCTION qlsched.overlap_replace(text, bigint), qlsched.overlap_adopt(text),
-                       qlsched.overlap_record_skip(text, bigint, bigint);
+                       qlsched.overlap_record_skip(text, bigint, bigint),
+                       qlsched.overlap_prune_skips(bigint);
          ALTER TABLE qlsched.runs DROP COLUMN overlap_policy;
          ALTER TABLE qlsched.triggers DROP COLUMN overlap_policy;
          DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;

@@ -319,6 +319,35 @@ async fn fire_follows_the_policy_unless_told_otherwise_and_backfill_admits_what_
     db.assert_invariants().await;
 }
 
+/// The recorded skip instants are kept as long as finished runs: the pruning replica
+/// (runtime role) drops those before its horizon; the count stays.
+#[tokio::test]
+async fn retention_drops_old_skip_instants_and_keeps_the_count() {
+    let db = with_policy(OverlapPolicy::Forbid).await;
+    let (_, first) = scheduled(&db, "a").await;
+    assert!(
+        matches!(first, Ok(AdmitOutcome::Admitted { .. })),
+        "{first:?}"
+    );
+    let (sf, _) = scheduled(&db, "a").await;
+    let runtime = db.client("qlsched_runtime").await;
+    let kept = qlsched::store::retention::prune_skips(&runtime, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(kept, 0, "an instant within the hour stays");
+    assert_eq!(state(&db).await.2, vec![sf]);
+    wait_until("the skip in the past", Duration::from_secs(5), || async {
+        db.now_ms().await > sf
+    })
+    .await;
+    let n = qlsched::store::retention::prune_skips(&runtime, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(state(&db).await, (Some(1), 1, vec![], None));
+    db.assert_invariants().await;
+}
+
 /// A policy set on a trigger with unfinished runs counts them (they were admitted under
 /// allow), and a republish with the policy unchanged is no new revision.
 #[tokio::test]
