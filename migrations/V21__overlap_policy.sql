@@ -11,10 +11,10 @@
 --   trigger, so an allow trigger's runs call no trigger function at all: the WHEN clauses
 --   below are false for them);
 -- - inserting a counted run (any path) runs overlap_admit() first: it locks the row, reads
---   the count and decides: admit (count + 1), skip (recorded: a count by reason and the
---   last instants), buffer (buffer_one: the whole run row kept in the row), or, for
---   replace, cancel the unfinished runs (a queued one cancelled, a taken one asked to stop
---   at its next heartbeat) and admit;
+--   the count and decides: admit, skip (recorded: a count by reason and the last
+--   instants), buffer (buffer_one: the whole run row kept in the row), or, for replace,
+--   cancel the unfinished runs (a queued one cancelled, a taken one asked to stop at its
+--   next heartbeat) and admit; a run really inserted raises the count (overlap_counted());
 -- - a counted run that ends (succeeded, failed, cancelled, or a queued run pruned) runs
 --   overlap_run_ended(): it locks the row, lowers the count and, when it reaches 0 with an
 --   occurrence buffered, admits that occurrence in the same transaction;
@@ -59,7 +59,10 @@ CREATE TABLE qlsched.trigger_overlap (
     -- scheduled_for_ms of the last skipped occurrences, newest last (at most 5).
     last_skipped_ms   bigint[] NOT NULL DEFAULT '{}',
     updated_at_ms     bigint NOT NULL
-);
+-- Room on each page so the count's updates stay HOT: an update that inserted an index entry
+-- would conflict with the page-level predicate locks concurrent SERIALIZABLE admissions
+-- hold on the primary key's leaf pages.
+) WITH (fillfactor = 50);
 
 -- Records a skip of `sf` (reason overlap) on the locked row of `trigger`.
 CREATE FUNCTION qlsched.overlap_record_skip(trigger text, sf bigint, now_ms bigint)
@@ -76,7 +79,11 @@ $$;
 
 -- BEFORE INSERT of a counted run: the decision. The request's own policy (`trigger fire
 -- --overlap`, `trigger backfill`) is the run's overlap_policy. Returns NULL (nothing
--- inserted) for a skip or a buffered occurrence.
+-- inserted) for a skip or a kept occurrence. With no unfinished run (the common case) it
+-- only locks the row: the count is raised by overlap_counted() once the run is really
+-- inserted (an existing key is dropped by the statement's ON CONFLICT after this trigger),
+-- and nothing else is read, so a SERIALIZABLE admission takes no predicate lock on the
+-- pages of runs' keys that other replicas' admissions insert into.
 CREATE FUNCTION qlsched.overlap_admit() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -85,7 +92,7 @@ SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 AS $$
 DECLARE
-    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    now_ms bigint;
     n integer;
     has_buffer boolean;
 BEGIN
@@ -103,15 +110,19 @@ BEGIN
         NEW.overlap_policy := NULL;
         RETURN NEW;
     END IF;
-    -- A key that exists already is left to the statement's ON CONFLICT: not counted.
+    IF n = 0 OR NEW.overlap_policy = 'allow' THEN
+        RETURN NEW;
+    END IF;
+    -- A key that exists already is left to the statement's ON CONFLICT: nothing decided.
     IF EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = NEW.idempotency_key) THEN
         RETURN NEW;
     END IF;
-    IF n > 0 AND NEW.overlap_policy = 'forbid' THEN
+    now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF NEW.overlap_policy = 'forbid' THEN
         PERFORM qlsched.overlap_record_skip(NEW.trigger_id, NEW.scheduled_for_ms, now_ms);
         RETURN NULL;
     END IF;
-    IF n > 0 AND NEW.overlap_policy = 'buffer_one' THEN
+    IF NEW.overlap_policy = 'buffer_one' THEN
         IF has_buffer THEN
             PERFORM qlsched.overlap_record_skip(NEW.trigger_id, NEW.scheduled_for_ms, now_ms);
         ELSE
@@ -120,12 +131,24 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    IF n > 0 AND NEW.overlap_policy = 'replace' THEN
-        PERFORM qlsched.overlap_replace(NEW.trigger_id, now_ms);
-    END IF;
-    UPDATE qlsched.trigger_overlap o SET unfinished = o.unfinished + 1, updated_at_ms = now_ms
-     WHERE o.trigger_id = NEW.trigger_id;
+    PERFORM qlsched.overlap_replace(NEW.trigger_id, now_ms);
     RETURN NEW;
+END
+$$;
+
+-- AFTER INSERT of a counted run (the row locked by overlap_admit in the same transaction):
+-- the count goes up.
+CREATE FUNCTION qlsched.overlap_counted() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+BEGIN
+    UPDATE qlsched.trigger_overlap o
+       SET unfinished = o.unfinished + 1,
+           updated_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+     WHERE o.trigger_id = NEW.trigger_id;
+    RETURN NULL;
 END
 $$;
 
@@ -265,6 +288,9 @@ $$;
 CREATE TRIGGER runs_overlap_admit BEFORE INSERT ON qlsched.runs
     FOR EACH ROW WHEN (NEW.overlap_policy IS NOT NULL)
     EXECUTE FUNCTION qlsched.overlap_admit();
+CREATE TRIGGER runs_overlap_counted AFTER INSERT ON qlsched.runs
+    FOR EACH ROW WHEN (NEW.overlap_policy IS NOT NULL)
+    EXECUTE FUNCTION qlsched.overlap_counted();
 CREATE TRIGGER runs_overlap_ended AFTER UPDATE OF status ON qlsched.runs
     FOR EACH ROW WHEN (NEW.overlap_policy IS NOT NULL
                        AND OLD.status IN ('queued', 'dispatching', 'running')
@@ -277,6 +303,7 @@ CREATE TRIGGER runs_overlap_pruned AFTER DELETE ON qlsched.runs
 
 REVOKE ALL ON FUNCTION qlsched.overlap_record_skip(text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.overlap_admit() FROM PUBLIC;
+REVOKE ALL ON FUNCTION qlsched.overlap_counted() FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.overlap_replace(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.overlap_run_ended() FROM PUBLIC;
 REVOKE ALL ON FUNCTION qlsched.overlap_adopt(text) FROM PUBLIC;

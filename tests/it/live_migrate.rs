@@ -182,6 +182,7 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
         "DROP TABLE qlsched.trigger_overlap;
          DROP FUNCTION qlsched.overlap_admit() CASCADE;
          DROP FUNCTION qlsched.overlap_run_ended() CASCADE;
+         DROP FUNCTION qlsched.overlap_counted() CASCADE;
          DROP FUNCTION qlsched.overlap_replace(text, bigint), qlsched.overlap_adopt(text),
                        qlsched.overlap_record_skip(text, bigint, bigint),
                        qlsched.overlap_prune_skips(bigint);

@@ -538,7 +538,8 @@ async fn a_dispatchers_finish_admits_the_kept_occurrence_through_the_owners_trig
     ] {
         let row = su
             .query_one(
-                "SELECT has_function_privilege($1, 'qlsched.overlap_admit()', 'EXECUTE'),
+                "SELECT has_function_privilege($1, 'qlsched.overlap_admit()', 'EXECUTE')
+                            OR has_function_privilege($1, 'qlsched.overlap_counted()', 'EXECUTE'),
                         has_function_privilege($1, 'qlsched.overlap_run_ended()', 'EXECUTE'),
                         has_table_privilege($1, 'qlsched.trigger_overlap', 'INSERT, UPDATE, DELETE')",
                 &[&role],
