@@ -109,6 +109,8 @@ impl Pruner {
                         break;
                     }
                 }
+                // The recorded overlap skips keep their instants as long as finished runs.
+                retention::prune_skips(client, keep).await?;
                 retention::release_lease(client, &self.owner, lease.token).await?;
             }
         }

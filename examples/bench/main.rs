@@ -25,6 +25,8 @@
 //!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
 //!   `retention-choice [--quick]`: rows RC, batched deletes vs time partitions (about 5 min);
 //!   `console`: rows K, the web console at 100k triggers and 10 M runs;
+//!   `overlap [--boundaries 3]`: rows O, the 10,000-trigger herd under `forbid` against
+//!   `allow` and their WAL per occurrence, on a stock server (about 6 min);
 //!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
 //!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
 //!
@@ -42,6 +44,7 @@ mod herd;
 mod idle;
 mod lag;
 mod load;
+mod overlap;
 mod pairs;
 mod replicas;
 mod report;
@@ -88,6 +91,11 @@ pub enum Mode {
         quick: bool,
     },
     Console,
+    /// Rows O: the overlap policy's cost, 10,000-trigger herds under allow and forbid.
+    Overlap {
+        #[arg(long, default_value_t = 3)]
+        boundaries: usize,
+    },
     /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
     Worker {
         /// W1's window (HTTP executor, 2,000 every-second triggers).

@@ -55,6 +55,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::RetentionQuick => "retention-quick",
         Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
+        Mode::Overlap { .. } => "overlap",
         Mode::Worker { .. } => "worker",
     }
 }
@@ -88,7 +89,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let worker_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     say(&format!(
         "starting a private durable PostgreSQL ({} settings{})",
-        if matches!(mode, Mode::Worker { .. }) {
+        if matches!(mode, Mode::Worker { .. } | Mode::Overlap { .. }) {
             "stock"
         } else {
             "tuned"
@@ -100,7 +101,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     // durable).
     let conf = match mode {
         Mode::RetentionChoice { .. } => CHOICE_CONF,
-        Mode::Worker { .. } => "",
+        Mode::Worker { .. } | Mode::Overlap { .. } => "",
         // Issue 35's policy rows are measured on a stock durable server.
         Mode::HerdJitter => "",
         _ => TUNED,
@@ -155,6 +156,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
             crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
         }
         Mode::Console => crate::console::rows(&mut b).await,
+        Mode::Overlap { boundaries } => crate::overlap::rows(&mut b, boundaries).await,
         Mode::Worker {
             secs,
             bare_secs,

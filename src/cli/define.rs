@@ -67,6 +67,10 @@ pub struct PublishArgs {
     /// is ended.
     #[arg(long, value_parser = parse_instant)]
     pub end_at: Option<i64>,
+    /// What an occurrence due while a run of the trigger is unfinished does
+    /// (docs/policies-overlap.md).
+    #[arg(long, default_value = "allow", value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+    pub overlap: String,
 }
 
 /// `--jitter`: a duration, in ms.
@@ -117,6 +121,7 @@ pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
         jitter_ms: a.jitter,
         start_at_ms: a.start_at,
         end_at_ms: a.end_at,
+        overlap_policy: a.overlap.parse().expect("clap checked the spelling"),
     };
     // Validate before connecting: a bad expression never needs a database to be refused.
     Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {

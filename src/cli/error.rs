@@ -123,7 +123,8 @@ impl CliError {
                 | ManageError::ProjectInactive { .. }
                 | ManageError::RevisionChanged { .. }
                 | ManageError::HorizonMoved { .. }
-                | ManageError::CorruptExecutionRevision { .. } => 4,
+                | ManageError::CorruptExecutionRevision { .. }
+                | ManageError::Overlap { .. } => 4,
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }
                 | ManageError::MisfireGrace { .. }

@@ -194,6 +194,9 @@ pub enum TriggerCommand {
         request_id: Option<String>,
         #[arg(long)]
         actor: Option<String>,
+        /// This fire's overlap policy instead of the trigger's (docs/policies-overlap.md).
+        #[arg(long, value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+        overlap: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -373,8 +376,20 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             id,
             request_id,
             actor,
+            overlap,
             json,
-        } => triggers::fire(&target, &id, request_id.as_deref(), actor.as_deref(), json).await,
+        } => {
+            let overlap = overlap.map(|o| o.parse().expect("clap checked the spelling"));
+            triggers::fire(
+                &target,
+                &id,
+                request_id.as_deref(),
+                actor.as_deref(),
+                overlap,
+                json,
+            )
+            .await
+        }
         TriggerCommand::Backfill(args) => triggers::backfill(args).await,
     }
 }

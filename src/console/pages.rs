@@ -7,8 +7,8 @@ use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
 use crate::present::triggers::{
-    holder, outcome_lines, outcome_mark, state_text, timing_text, TriggerDetail, TriggerItem,
-    TriggerPage,
+    holder, outcome_lines, outcome_mark, overlap_mark, overlap_text, state_text, timing_text,
+    TriggerDetail, TriggerItem, TriggerPage,
 };
 use crate::store::browse::{self, RunDetail, RunsPage};
 
@@ -258,7 +258,7 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (v.task_id) }
             td { code { (v.cron_expr) } }
             td { (v.timezone) }
-            td.wrap { (state_text(v)) }
+            td.wrap { (state_text(v)) (overlap_mark(v)) }
             td { (t.next_fire_utc.as_deref().unwrap_or("-")) }
             td { (t.next_fire_local.as_deref().unwrap_or("-")) }
             td { (render::utc(v.last_scheduled_at_ms)) }
@@ -292,6 +292,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Task" } dd { (v.task_id) }
                 dt { "Cron" } dd { code { (v.cron_expr) } " in " (v.timezone) }
                 dt { "Misfire" } dd { (v.misfire_policy) " (grace " (v.misfire_grace_ms) " ms)" }
+                dt { "Overlap" } dd id="overlap" { (overlap_text(v)) }
                 dt { "State" } dd id="state" { (state_text(v)) }
                 dt { "Jitter, window" } dd id="timing" { (timing_text(v)) }
                 @if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {

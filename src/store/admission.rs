@@ -100,8 +100,9 @@ pub enum AdmitOutcome {
     /// Committed: exactly one run, one attempt, two events; cursor advanced; claim cleared.
     Admitted { queued_at_ms: i64 },
     /// The occurrence's idempotency key already existed (a backfill, or a run admitted by
-    /// other means) or its run was pruned (a tombstone): nothing new was written for it, the
-    /// cursor advanced past it under the fence and the claim was cleared.
+    /// other means), its run was pruned (a tombstone), or the trigger's overlap policy did
+    /// not admit it (skipped and recorded as such, or buffered; V21): nothing new was
+    /// written for it, the cursor advanced past it under the fence and the claim was cleared.
     AlreadyAdmitted,
     /// A verification failed; nothing was written. `why` names what changed.
     Refused { why: Refusal },
@@ -379,6 +380,11 @@ WITH obs AS MATERIALIZED (
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS pool,
               (SELECT e.executor FROM qlsched.tasks k, qlsched.execution_revisions e
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS executor,
+              -- The trigger's overlap policy (V21), NULL for allow: a counted run's insert
+              -- runs the decision (overlap_admit, a row trigger on runs, V21), an allow
+              -- trigger's runs call nothing.
+              (SELECT nullif(t.overlap_policy, 'allow') FROM qlsched.triggers t
+                WHERE t.trigger_id = d.trigger_id) AS opol,
               d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms
 ), tomb AS MATERIALIZED (
     -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
@@ -389,9 +395,9 @@ WITH obs AS MATERIALIZED (
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
-                              queued_at_ms, admitted_by, pool, executor, due_at_ms)
+                              queued_at_ms, admitted_by, pool, executor, due_at_ms, overlap_policy)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by,
-           pool, executor, due_ms
+           pool, executor, due_ms, opol
       FROM adv
      WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
     ON CONFLICT (idempotency_key) DO NOTHING

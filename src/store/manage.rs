@@ -9,6 +9,7 @@ use crate::db_now_ms;
 use crate::schedule::{
     min_gap, MisfirePolicy, Schedule, ScheduleError, Timing, DEFAULT_MISFIRE_GRACE_MS,
 };
+pub use crate::store::overlap::OverlapPolicy;
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -231,6 +232,8 @@ pub struct TriggerSpec {
     pub end_at_ms: Option<i64>,
     /// Pause after failures and expected success (docs/policies-outcome.md).
     pub outcome_policy: OutcomePolicy,
+    /// What an occurrence due while a run of the trigger is unfinished does (V21).
+    pub overlap_policy: OverlapPolicy,
 }
 
 /// The outcome policies of a trigger (`--pause-after-failures`, `--expect-success-within`).
@@ -282,6 +285,7 @@ impl TriggerSpec {
             start_at_ms: None,
             end_at_ms: None,
             outcome_policy: OutcomePolicy::default(),
+            overlap_policy: OverlapPolicy::Allow,
         }
     }
 
@@ -319,6 +323,11 @@ impl TriggerSpec {
             text.push_str(&format!("\nend_at_ms={at}"));
         }
         text.push_str(&self.outcome_policy.digest_suffix());
+        // Only a policy other than allow joins the text: every digest published before V21
+        // (allow) stays the same, so republishing it is still a no-op.
+        if self.overlap_policy != OverlapPolicy::Allow {
+            text.push_str(&format!("\noverlap:{}", self.overlap_policy.as_str()));
+        }
         sha256_hex(text.as_bytes())
     }
 }
@@ -402,6 +411,9 @@ pub enum ManageError {
         "trigger {id}: the task's execution revision is missing or corrupt; nothing was written"
     )]
     CorruptExecutionRevision { id: String },
+    /// `trigger fire` while a run of the trigger is unfinished, under forbid or buffer_one.
+    #[error("trigger {id}: a run of the trigger is unfinished; {}", if *buffered { "kept by overlap policy buffer_one: admitted when that run ends" } else { "not admitted by its overlap policy, recorded as a skip (reason overlap); `--overlap allow` fires anyway" })]
+    Overlap { id: String, buffered: bool },
     #[error("unknown task `{id}` (publish it first: `qlsched task publish --project P --id {id} --spec ...`)")]
     UnknownTask { id: String },
     /// A task belongs to the project it was first published in; a trigger must be in it too.
@@ -491,6 +503,7 @@ pub async fn publish_trigger(
         }
     }
     let (revision, enabled) = upsert_trigger(&tx, spec, &digest).await?;
+    super::overlap::set_policy(&tx, id, spec.overlap_policy).await?;
     let claimable = enabled && project_active;
     let claimable_at = spec.timing().claimable_at_ms(first).filter(|_| claimable);
     upsert_schedule(&tx, spec, revision, claimable_at, first).await?;

@@ -71,6 +71,7 @@ pub mod dispatch;
 #[cfg(test)]
 mod lock_order;
 pub mod manage;
+pub mod overlap;
 
 pub mod queued_prune;
 pub mod recovery;

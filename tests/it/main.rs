@@ -35,6 +35,7 @@ mod migrations;
 mod on_time;
 mod operate;
 mod outcomes;
+mod overlap;
 mod pgbouncer;
 mod plans;
 mod retention;
