@@ -105,14 +105,18 @@ struct Tree {
 }
 
 impl Tree {
-    /// Reaps every ended child, keeping the command's status.
-    fn reap(&mut self) {
+    /// Reaps every ended child, keeping the command's status; whether any child is left.
+    fn reap(&mut self) -> bool {
         loop {
             let mut status = 0;
             // SAFETY: waitpid on any child of this process, without blocking.
             let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if r <= 0 {
-                return;
+            if r == 0 {
+                return true;
+            }
+            if r < 0 {
+                // ECHILD: no child at all (EINTR cannot happen: SIGCHLD is blocked).
+                return false;
             }
             if r == self.pid {
                 self.status = Some(status);
@@ -121,18 +125,18 @@ impl Tree {
     }
 
     /// SIGKILLs the command's group and every descendant of this process until none is left.
+    /// With no child left there is no descendant either (an orphan becomes this subreaper's
+    /// child): the common end, a command that left nothing running, costs no `/proc` scan.
     fn kill(&mut self) {
         for _ in 0..1000 {
-            signal(-self.pid, libc::SIGKILL);
-            let all = descendants(self.me);
-            for d in &all {
-                signal(*d, libc::SIGKILL);
-            }
-            self.reap();
-            if all.is_empty() {
+            if !self.reap() {
                 return;
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            signal(-self.pid, libc::SIGKILL);
+            for d in descendants(self.me) {
+                signal(d, libc::SIGKILL);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
 }
