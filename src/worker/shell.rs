@@ -63,7 +63,8 @@ pub async fn run(
     for r in readers {
         let abort = r.abort_handle();
         if tokio::time::timeout(PIPE_PATIENCE, r).await.is_err() {
-            // A process outside the group holds the pipe: the tail is what was read.
+            // A process outside the command's tree holds the pipe (it was handed the
+            // descriptor): the tail is what was read.
             abort.abort();
         }
     }
