@@ -2,6 +2,7 @@
 //! [`error`] for the codes). One function per subcommand, in the module of its group; no
 //! SQL here (every statement is in `store/`).
 
+mod audit;
 mod connect;
 mod db;
 mod define;
@@ -85,6 +86,9 @@ pub enum Command {
     /// Admitted runs.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// The audit log, newest first: who changed which project, task or trigger, or acted on
+    /// runs, when, and each changed field before → after (admin role; docs/audit.md).
+    Audit(audit::AuditArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -305,6 +309,7 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
         }
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,
+        Command::Audit(args) => audit::audit(args).await,
         Command::CheckConfig { .. } | Command::Run { .. } | Command::Worker { .. } => {
             unreachable!("handled in main")
         }

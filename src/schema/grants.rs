@@ -17,7 +17,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 16] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -48,6 +48,10 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
     // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
     ("schema_compat", &["SELECT"], &["SELECT"]),
     ("grant_manifest", &["SELECT"], &["SELECT"]),
+    // The audit log (V22, docs/audit.md): read by `qlsched audit` (admin) and the console
+    // (runtime); appended through the column-level INSERT of [`COLUMN_GRANTS`]; never updated
+    // or deleted by either (retention removes old rows through `prune_audit`).
+    ("audit_log", &["SELECT"], &["SELECT"]),
 ];
 
 /// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
@@ -67,7 +71,7 @@ pub const DISPATCHER_GRANTS: [(&str, &[&str]); 4] = [
 /// only forward moves of `status` and `state`. The floor of retention on the maintenance row
 /// (V15) is the admin's; the recorded horizon only the prune functions move (V15's row
 /// trigger holds the runtime, whose table UPDATE claims the 'prune' lease, to that).
-pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 5] = [
+pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 7] = [
     ("dispatcher", "runs", "UPDATE", &["status"]),
     (
         "dispatcher",
@@ -89,6 +93,26 @@ pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 5] = [
         "UPDATE",
         &["finished_after_floor_ms"],
     ),
+    // The audit log (V22): a row names who and what; the database fills in its id, its time
+    // (at_ms) and its session_user (db_user), which no role may set. The admin role appends
+    // for every operator command; the runtime role for the replicas' own actions (a system
+    // pause) and the console's.
+    ("admin", "audit_log", "INSERT", AUDIT_COLUMNS),
+    ("runtime", "audit_log", "INSERT", AUDIT_COLUMNS),
+];
+
+/// The columns of `qlsched.audit_log` a role may give when it appends (V22).
+pub const AUDIT_COLUMNS: &[&str] = &[
+    "actor",
+    "host",
+    "source",
+    "source_label",
+    "object_kind",
+    "object_id",
+    "project_id",
+    "action",
+    "changes",
+    "note",
 ];
 
 /// The column-level grants a role kind must hold, as (table, column, privilege), sorted.
@@ -113,7 +137,7 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
 /// taken runs to stop them, an operator's (admin role). `dispatch_take_executable` (V17) is
 /// the take of `qlsched worker` (docs/worker.md).
-pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
+pub const EXECUTE_GRANTS: [(&str, &str); 11] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -136,6 +160,8 @@ pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
         "dispatcher",
     ),
     ("qlsched.request_cancel(uuid[])", "admin"),
+    // Retention of the audit log (V22), under the replicas' 'prune' lease.
+    ("qlsched.prune_audit(bigint,integer,text,uuid)", "runtime"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

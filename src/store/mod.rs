@@ -21,6 +21,7 @@ macro_rules! fence_out_claim {
 }
 
 pub mod admission;
+pub mod audit;
 pub mod browse;
 pub mod claim;
 pub mod dispatch;
