@@ -2,4 +2,6 @@
 //! ([`file`]), checked in full before anything is written. The plan against the database,
 //! `qlsched apply` and `qlsched export` build on it (docs/apply.md).
 
+pub mod export;
 pub mod file;
+pub mod plan;

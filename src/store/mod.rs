@@ -24,6 +24,7 @@ pub mod admission;
 pub mod audit;
 pub mod browse;
 pub mod claim;
+pub mod definitions;
 pub mod dispatch;
 #[cfg(test)]
 mod lock_order;
