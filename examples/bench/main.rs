@@ -20,6 +20,7 @@
 //!   6 herd boundaries; about 17 min
 //! - `smoke`: every row of every mode at toy size, no minute-boundary wait; in CI
 //! - `lag`, `wal`, `tls`: only those rows; `herd100k`, `capacity`: the scale rows H and C;
+//!   `herd-jitter`: rows 7 and J (the 10k herd, then the same herd with `--jitter 10s`);
 //!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side (with
 //!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
 //!   `retention-choice [--quick]`: rows RC, batched deletes vs time partitions (about 5 min);
@@ -75,6 +76,8 @@ pub enum Mode {
     Wal,
     Tls,
     Herd100k,
+    /// Rows 7 and J: the 10,000-trigger herd, then the same herd with `--jitter 10s`.
+    HerdJitter,
     Capacity,
     StockVsTuned,
     Retention,

@@ -48,6 +48,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Wal => "wal",
         Mode::Tls => "tls",
         Mode::Herd100k => "herd100k",
+        Mode::HerdJitter => "herd-jitter",
         Mode::Capacity => "capacity",
         Mode::StockVsTuned => "stock-vs-tuned",
         Mode::Retention => "retention",
@@ -95,10 +96,13 @@ async fn run_mode(mode: Mode) -> ExitCode {
         if tls { ", ssl = on" } else { "" }
     ));
     // The retention choice measures every VACUUM itself: autovacuum off on its server.
-    // The worker rows run on a stock server (initdb's settings, durable).
+    // The worker rows and the herd-jitter rows run on a stock server (initdb's settings,
+    // durable).
     let conf = match mode {
         Mode::RetentionChoice { .. } => CHOICE_CONF,
         Mode::Worker { .. } => "",
+        // Issue 35's policy rows are measured on a stock durable server.
+        Mode::HerdJitter => "",
         _ => TUNED,
     };
     let srv = BenchServer::start(conf, tls);
@@ -180,9 +184,26 @@ async fn run_mode(mode: Mode) -> ExitCode {
                     n,
                     boundaries: 3,
                     second_n: 200,
+                    jitter_ms: 0,
                 },
             )
             .await
+        }
+        Mode::HerdJitter => {
+            // Row 7 and row J in one run: the plain herd, then the same herd jittered.
+            let s = b.sizes.clone();
+            crate::herd::row(
+                &mut b,
+                Herd {
+                    key: "herd_10000",
+                    n: s.herd_n,
+                    boundaries: s.herd_b,
+                    second_n: 0,
+                    jitter_ms: 0,
+                },
+            )
+            .await;
+            jitter_herd(&mut b, "herd_jitter_10000", 10_000).await;
         }
         Mode::Capacity => crate::capacity::rows(&mut b).await,
         Mode::StockVsTuned => crate::stock::rows(&mut b).await,
@@ -258,13 +279,34 @@ async fn core_rows(b: &mut Bench, smoke: bool) {
             n: s.herd_n,
             boundaries: s.herd_b,
             second_n,
+            jitter_ms: 0,
         },
     )
     .await;
     if smoke {
+        // Row J at toy size: the smoke herd fires every 5 s, so a 2 s jitter.
+        jitter_herd(b, "herd_jitter_smoke", 2_000).await;
+    }
+    if smoke {
         crate::pairs::tls_rows(b).await;
         crate::pairs::wal_rows(b).await;
     }
+}
+
+/// Row J: the herd of row 7 with `--jitter` on every trigger.
+async fn jitter_herd(b: &mut Bench, key: &'static str, jitter_ms: i64) {
+    let s = b.sizes.clone();
+    crate::herd::row(
+        b,
+        Herd {
+            key,
+            n: s.herd_n,
+            boundaries: s.herd_b,
+            second_n: 0,
+            jitter_ms,
+        },
+    )
+    .await;
 }
 
 fn git_commit() -> (String, bool) {

@@ -144,6 +144,11 @@ impl CliError {
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }
                 | ManageError::MisfireGrace { .. }
+                | ManageError::PauseAfterFailures { .. }
+                | ManageError::ExpectSuccessWithin { .. }
+                | ManageError::JitterBound { .. }
+                | ManageError::JitterTooLong { .. }
+                | ManageError::Window { .. }
                 | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },

@@ -3,7 +3,9 @@
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::present as render;
-use crate::present::triggers::{holder, state_text, trigger_detail, trigger_page};
+use crate::present::triggers::{
+    holder, outcome_lines, outcome_mark, state_text, timing_text, trigger_detail, trigger_page,
+};
 use crate::store::browse::TriggerFilter;
 use crate::store::triggers::StateFilter;
 
@@ -53,6 +55,12 @@ pub async fn list(
                 render::utc(v.last_scheduled_at_ms),
                 render::span(v.last_lag_ms),
                 holder(v),
+                if v.jitter_ms > 0 {
+                    render::span(Some(v.jitter_ms))
+                } else {
+                    "-".into()
+                },
+                outcome_mark(&v.outcome),
             ]
         })
         .collect();
@@ -70,7 +78,9 @@ pub async fn list(
                 "NEXT (LOCAL)",
                 "LAST ADMITTED",
                 "LAG",
-                "HELD BY"
+                "HELD BY",
+                "JITTER",
+                "OUTCOME"
             ],
             &rows
         )
@@ -111,6 +121,7 @@ pub async fn show(
         v.misfire_policy, v.misfire_grace_ms
     );
     println!("state        {}", state_text(v));
+    println!("timing       {}", timing_text(v));
     if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
         println!(
             "last disable {} by {}{}",
@@ -126,14 +137,19 @@ pub async fn show(
         println!("last enable  {} by {}", render::utc(Some(at)), by);
     }
     println!(
-        "cursor       {}",
+        "cursor       {}{}",
         v.next_fire_at_ms
             .map(|c| format!(
                 "{}  {}",
                 render::utc(Some(c)),
                 render::local(Some(c), &v.timezone)
             ))
-            .unwrap_or_else(|| "- (decided at the next claim)".into())
+            .unwrap_or_else(|| "- (decided at the next claim)".into()),
+        d.item
+            .next_due_utc
+            .as_deref()
+            .map(|due| format!("  due {due} (jittered)"))
+            .unwrap_or_default()
     );
     println!(
         "last         {} (lag {})",
@@ -146,9 +162,15 @@ pub async fn show(
         v.claim_version,
         v.state_version
     );
+    for (label, text) in outcome_lines(&v.outcome) {
+        println!("{label:<12} {text}");
+    }
     println!("next {} occurrences:", upcoming.len());
     for o in upcoming {
-        println!("  {}  {}", o.utc, o.local);
+        match &o.due_utc {
+            Some(due) => println!("  {}  {}  due {due}", o.utc, o.local),
+            None => println!("  {}  {}", o.utc, o.local),
+        }
     }
     println!("last {} runs:", recent.len());
     for r in recent {
