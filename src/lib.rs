@@ -5,6 +5,7 @@
 //! source comments point there by section name ("docs/design.md, Waking").
 
 pub mod actors;
+pub mod apply;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -500,7 +500,8 @@ async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<()
     Err(StartupError::NotReady { problems })
 }
 
-fn hostname() -> String {
+/// This machine's host name (`unknown` if it cannot be read).
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())

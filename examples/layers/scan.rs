@@ -33,6 +33,8 @@ pub const LAYERS: &[&[&str]] = &[
     // The composition roots: builds and runs a replica (startup) or a worker (worker, which
     // shares startup's signal handling).
     &["startup", "worker"],
+    // Definitions as code: the files of `qlsched apply` (they check specs as the worker would).
+    &["apply"],
     // The command line (`run` calls into startup, `worker` into worker).
     &["cli"],
 ];

@@ -9,6 +9,7 @@ use crate::store::manage;
 
 pub async fn project_set(target: &Target, id: &str, status: &str) -> Result<(), CliError> {
     let mut c = connect::connect_target(target).await?;
+    super::audit::declare_origin(&c, None).await?;
     manage::set_project(&mut c, id, status).await?;
     println!("project {id} {status}");
     Ok(())
@@ -23,6 +24,7 @@ pub async fn task_publish(
     // Refused before connecting: a spec `qlsched worker` could not run (docs/worker.md).
     crate::worker::spec::parse(spec)?;
     let mut c = connect::connect_target(target).await?;
+    super::audit::declare_origin(&c, None).await?;
     let (rev, exec) = manage::publish_task(&mut c, project, id, spec).await?;
     println!("task {id} revision {rev} execution revision {exec}");
     Ok(())
@@ -131,6 +133,7 @@ pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
         }
     })?;
     let mut c = connect::connect_target(&a.target).await?;
+    super::audit::declare_origin(&c, None).await?;
     let p = manage::publish_trigger(&mut c, &spec).await?;
     println!(
         "trigger {} revision {}{}",

@@ -4,6 +4,7 @@
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::audit::{self, ObjectKind};
 use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::schedule::{
@@ -80,18 +81,20 @@ pub async fn set_project(
     status: &str,
 ) -> Result<(), StoreError> {
     let tx = client.transaction().await?;
-    tx.execute(
-        concat!(
-            "INSERT INTO qlsched.projects (project_id, status, created_at_ms, updated_at_ms)
-             VALUES ($1, $2, ",
-            db_now_ms!(),
-            ", ",
-            db_now_ms!(),
-            ") ON CONFLICT (project_id) DO NOTHING"
-        ),
-        &[&project_id, &status],
-    )
-    .await?;
+    let created = tx
+        .query_opt(
+            concat!(
+                "INSERT INTO qlsched.projects (project_id, status, created_at_ms, updated_at_ms)
+                 VALUES ($1, $2, ",
+                db_now_ms!(),
+                ", ",
+                db_now_ms!(),
+                ") ON CONFLICT (project_id) DO NOTHING RETURNING true"
+            ),
+            &[&project_id, &status],
+        )
+        .await?
+        .is_some();
     let current: String = tx
         .query_one(
             "SELECT status FROM qlsched.projects WHERE project_id = $1 FOR UPDATE",
@@ -99,7 +102,14 @@ pub async fn set_project(
         )
         .await?
         .get(0);
+    let before = match created {
+        true => None,
+        false => audit::snapshot(&tx, ObjectKind::Project, project_id).await?,
+    };
     if current == status {
+        if created {
+            audit::append_change(&tx, ObjectKind::Project, project_id, "set", None, None).await?;
+        }
         tx.commit().await?;
         return Ok(());
     }
@@ -139,6 +149,15 @@ pub async fn set_project(
         // Resumed rows are claimable at their cursors (or pending): wake the replicas.
         super::wake::notify(&tx, None).await?;
     }
+    audit::append_change(
+        &tx,
+        ObjectKind::Project,
+        project_id,
+        "set",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok(())
 }
@@ -186,6 +205,7 @@ pub async fn publish_task(
             return Ok(out);
         }
     }
+    let before = audit::snapshot(&tx, ObjectKind::Task, task_id).await?;
     let exec_id = Uuid::new_v4();
     tx.execute(
         &format!(
@@ -211,6 +231,15 @@ pub async fn publish_task(
         )
         .await?
         .get(0);
+    audit::append_change(
+        &tx,
+        ObjectKind::Task,
+        task_id,
+        "publish",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok((revision, exec_id))
 }
@@ -478,6 +507,7 @@ pub async fn publish_trigger(
             return Err(ManageError::Deleted { id: id.clone() });
         }
     }
+    let before = audit::snapshot(&tx, ObjectKind::Trigger, id).await?;
     let project_active = lock_project_status(&tx, &spec.project_id).await? == ProjectStatus::Active;
     lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
     let floor = lock_cursor_floor(&tx, id).await?;
@@ -511,6 +541,15 @@ pub async fn publish_trigger(
         // Wake the replicas for the first occurrence (delivered at commit).
         super::wake::notify(&tx, Some(first)).await?;
     }
+    audit::append_change(
+        &tx,
+        ObjectKind::Trigger,
+        id,
+        "publish",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Published {
         revision,

@@ -65,8 +65,10 @@ macro_rules! claimable_at_sql {
 }
 
 pub mod admission;
+pub mod audit;
 pub mod browse;
 pub mod claim;
+pub mod definitions;
 pub mod dispatch;
 #[cfg(test)]
 mod lock_order;

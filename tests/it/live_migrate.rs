@@ -175,6 +175,8 @@ fn migration_names() -> Vec<String> {
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
+    DROP TABLE qlsched.audit_log;
+    DROP FUNCTION qlsched.prune_audit(bigint, integer, text, uuid), qlsched.audit_is_append_only();
     DROP TABLE qlsched.trigger_overlap;
     DROP FUNCTION qlsched.overlap_admit() CASCADE;
     DROP FUNCTION qlsched.overlap_run_ended() CASCADE;

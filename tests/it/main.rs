@@ -2,6 +2,8 @@
 
 use qlsched_testkit as helpers;
 
+mod apply;
+mod audit;
 mod config_validation;
 mod connect;
 mod console;

@@ -7,6 +7,7 @@ use uuid::Uuid;
 use super::{lock_trigger, LockedTrigger};
 use crate::db_now_ms;
 use crate::store::admission::{idempotency_key, mint_run_id};
+use crate::store::audit::{self, ObjectKind};
 use crate::store::manage::{lock_project_status, ManageError, ProjectStatus};
 use crate::store::overlap::OverlapPolicy;
 
@@ -185,12 +186,29 @@ pub async fn fire_with(
         )
         .await?;
     let fired = match rows.first() {
-        Some(r) => Fired {
-            run_id: r.get(0),
-            idempotency_key: key,
-            scheduled_for_ms: r.get(1),
-            admitted: true,
-        },
+        Some(r) => {
+            let fired = Fired {
+                run_id: r.get(0),
+                idempotency_key: key,
+                scheduled_for_ms: r.get(1),
+                admitted: true,
+            };
+            let changes = serde_json::json!({
+                "run_id": fired.run_id.to_string(), "request_id": request_id,
+                "idempotency_key": fired.idempotency_key, "scheduled_for_ms": fired.scheduled_for_ms,
+            });
+            let entry = audit::Entry {
+                kind: ObjectKind::Trigger,
+                id,
+                project: Some(&t.project),
+                action: "fire",
+                changes,
+                note: None,
+                origin: None,
+            };
+            audit::append(&tx, &entry).await?;
+            fired
+        }
         None => match tx
             .query_opt(
                 "SELECT run_id, scheduled_for_ms FROM qlsched.runs WHERE idempotency_key = $1",
@@ -264,7 +282,8 @@ pub async fn backfill_chunk_with(
     overlap: OverlapPolicy,
 ) -> Result<BackfillCount, ManageError> {
     let tx = client.transaction().await?;
-    let now_rev = lock_admittable(&tx, id).await?.revision;
+    let t = lock_admittable(&tx, id).await?;
+    let now_rev = t.revision;
     if now_rev != revision {
         return Err(ManageError::RevisionChanged {
             id: id.into(),
@@ -334,8 +353,27 @@ pub async fn backfill_chunk_with(
             ],
         )
         .await?;
-    tx.commit().await?;
     let admitted = rows.len() as u64;
+    if admitted > 0 {
+        let instants = rows.iter().map(|r| r.get::<_, i64>(1));
+        let changes = serde_json::json!({
+            "revision": revision, "admitted": admitted,
+            "already_existed": occurrences.len() as u64 - admitted,
+            "first_scheduled_for_ms": instants.clone().min(),
+            "last_scheduled_for_ms": instants.max(),
+        });
+        let entry = audit::Entry {
+            kind: ObjectKind::Trigger,
+            id,
+            project: Some(&t.project),
+            action: "backfill",
+            changes,
+            note: None,
+            origin: None,
+        };
+        audit::append(&tx, &entry).await?;
+    }
+    tx.commit().await?;
     Ok(BackfillCount {
         admitted,
         already_existed: occurrences.len() as u64 - admitted,
