@@ -24,6 +24,7 @@
 //!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
 //!   `retention-choice [--quick]`: rows RC, batched deletes vs time partitions (about 5 min);
 //!   `console`: rows K, the web console at 100k triggers and 10 M runs;
+//!   `outcome`: rows O, the overdue evaluation at 100k triggers with a success window;
 //!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
 //!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
 //!
@@ -41,6 +42,7 @@ mod herd;
 mod idle;
 mod lag;
 mod load;
+mod outcome;
 mod pairs;
 mod replicas;
 mod report;
@@ -85,6 +87,8 @@ pub enum Mode {
         quick: bool,
     },
     Console,
+    /// Rows O: the expected-success (overdue) evaluation at 100,000 triggers.
+    Outcome,
     /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
     Worker {
         /// W1's window (HTTP executor, 2,000 every-second triggers).

@@ -54,6 +54,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::RetentionQuick => "retention-quick",
         Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
+        Mode::Outcome => "outcome",
         Mode::Worker { .. } => "worker",
     }
 }
@@ -78,7 +79,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     };
     let tls = matches!(mode, Mode::Tls | Mode::Smoke);
     // The smoke mode runs a second lane on a stock server beside the first (toy sizes leave
-    // the machine mostly idle): S, C, R and K there, everything else on the tuned server.
+    // the machine mostly idle): S, C, R, K and O there, everything else on the tuned server.
     // A third lane runs the retention choice on a server of its own (autovacuum off), a
     // fourth the worker rows W1–W3 on a stock server of their own.
     let stock_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
@@ -115,6 +116,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
                 crate::capacity::rows(&mut st).await;
                 crate::retention::rows(&mut st, true).await;
                 crate::console::rows(&mut st).await;
+                crate::outcome::rows(&mut st).await;
                 st
             };
             let rx = choice_srv.expect("started above");
@@ -151,6 +153,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
             crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
         }
         Mode::Console => crate::console::rows(&mut b).await,
+        Mode::Outcome => crate::outcome::rows(&mut b).await,
         Mode::Worker {
             secs,
             bare_secs,

@@ -463,3 +463,50 @@ async fn no_role_writes_an_outcome_by_hand() {
     }
     assert_eq!(outcome_of(&db, "t").await.consecutive_failures, 1);
 }
+
+/// The gauge statement reads only the deadlines already passed: 20,000 triggers with a
+/// deadline, 30 of them past, and the due index's scan returns those 30 (the clock is its
+/// index condition, not a filter over every deadline), whatever the plan's shape.
+#[tokio::test]
+async fn the_overdue_count_reads_only_the_passed_deadlines_from_its_index() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    su.batch_execute(concat!(
+        "INSERT INTO qlsched.trigger_outcomes (trigger_id, project_id, expect_success_within_ms,
+                                               enabled_since_ms, success_due_at_ms, updated_at_ms)
+         SELECT 'o' || g, 'p' || (g % 7), 86400000, n, n + CASE WHEN g <= 30 THEN -1000 ELSE 86400000 END, n
+           FROM generate_series(1, 20000) g, (SELECT ",
+        qlsched::db_now_ms!(),
+        " AS n) x"
+    ))
+    .await
+    .unwrap();
+    su.batch_execute("VACUUM ANALYZE qlsched.trigger_outcomes")
+        .await
+        .unwrap();
+    let p = crate::helpers::plan(
+        &su,
+        &format!("EXPLAIN (ANALYZE, BUFFERS) {}", outcome::OUTCOME_GAUGES_SQL),
+        &[],
+    )
+    .await;
+    let due_scan = p
+        .lines()
+        .position(|l| l.contains("trigger_outcomes_due_idx"))
+        .unwrap_or_else(|| panic!("the due index is not read:\n{p}"));
+    let scan_lines: Vec<&str> = p.lines().skip(due_scan).take(3).collect();
+    assert!(
+        scan_lines
+            .iter()
+            .any(|l| l.contains("Index Cond") && l.contains("success_due_at_ms")),
+        "the clock is not the index condition:\n{p}"
+    );
+    assert!(!p.contains("Rows Removed by Filter"), "{p}");
+    let total: i64 = outcome::gauges(&su)
+        .await
+        .unwrap()
+        .iter()
+        .map(|g| g.1)
+        .sum();
+    assert_eq!(total, 30);
+}

@@ -75,16 +75,18 @@ impl TriggerOutcome {
 }
 
 /// Per project: triggers overdue (a success deadline passed) and triggers paused by the
-/// system. Reads only index entries: the deadlines up to now in `trigger_outcomes_due_idx`
+/// system. The clock is read once, in a sub-select, so it is the index condition (a
+/// volatile `clock_timestamp()` in the comparison itself would be a filter over every
+/// deadline). Reads only index entries: the deadlines up to now in `trigger_outcomes_due_idx`
 /// (only running triggers with a window have one) and the paused rows in
 /// `trigger_outcomes_paused_idx`; a trigger that is neither costs nothing, so 100,000 triggers
 /// with a window and none overdue read no row at all (docs/benchmark.md, row O1).
 pub const OUTCOME_GAUGES_SQL: &str = concat!(
     "SELECT project_id, sum(overdue)::bigint AS overdue, sum(paused)::bigint AS paused
        FROM (SELECT o.project_id, 1 AS overdue, 0 AS paused FROM qlsched.trigger_outcomes o
-              WHERE o.success_due_at_ms IS NOT NULL AND o.success_due_at_ms <= ",
+              WHERE o.success_due_at_ms IS NOT NULL AND o.success_due_at_ms <= (SELECT ",
     db_now_ms!(),
-    "
+    ")
              UNION ALL
              SELECT o.project_id, 0, 1 FROM qlsched.trigger_outcomes o
               WHERE o.system_paused_at_ms IS NOT NULL) x
