@@ -3,7 +3,8 @@
 //! trigger rows, so V19's trigger writes each outcome row and its deadline), then the
 //! replicas' gauge statement (`store::triggers::outcome::OUTCOME_GAUGES_SQL`) runs as the
 //! runtime role, REPS times for each of three states: none overdue, 1 % overdue, all overdue
-//! (deadlines moved into the past by the superuser). Its database time comes from
+//! (deadlines moved into the past by the superuser; the statement reads at most 10,000 of
+//! them). Its database time comes from
 //! pg_stat_statements (execution time of that statement only), and the row reports it per
 //! minute as if each of 3 replicas evaluated it once a minute (by default a replica does
 //! every `retention.interval`, 5 min: a fifth of that). Target: ≤ 50 ms of database time
@@ -74,7 +75,7 @@ pub async fn rows(b: &mut Bench) {
             .sum();
         b.check(
             &format!("O: {what}: the gauge counted {counted}, {overdue} set"),
-            counted == overdue as i64,
+            counted == (overdue as i64).min(10_000),
         );
         b.pgss_reset().await;
         let w0 = Instant::now();
