@@ -27,6 +27,7 @@
 //!   `console`: rows K, the web console at 100k triggers and 10 M runs;
 //!   `overlap [--boundaries 3]`: rows O, the 10,000-trigger herd under `forbid` against
 //!   `allow` and their WAL per occurrence, on a stock server (about 6 min);
+//!   `outcome`: row E1, the overdue evaluation at 100k triggers with a success window;
 //!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
 //!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
 //!
@@ -44,6 +45,7 @@ mod herd;
 mod idle;
 mod lag;
 mod load;
+mod outcome;
 mod overlap;
 mod pairs;
 mod replicas;
@@ -96,6 +98,8 @@ pub enum Mode {
         #[arg(long, default_value_t = 3)]
         boundaries: usize,
     },
+    /// Row E1: the expected-success (overdue) evaluation at 100,000 triggers.
+    Outcome,
     /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
     Worker {
         /// W1's window (HTTP executor, 2,000 every-second triggers).

@@ -56,6 +56,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
         Mode::Overlap { .. } => "overlap",
+        Mode::Outcome => "outcome",
         Mode::Worker { .. } => "worker",
     }
 }
@@ -80,7 +81,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     };
     let tls = matches!(mode, Mode::Tls | Mode::Smoke);
     // The smoke mode runs a second lane on a stock server beside the first (toy sizes leave
-    // the machine mostly idle): S, C, R and K there, everything else on the tuned server.
+    // the machine mostly idle): S, C, R, K and O there, everything else on the tuned server.
     // A third lane runs the retention choice on a server of its own (autovacuum off), a
     // fourth the worker rows W1–W3 on a stock server of their own.
     let stock_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
@@ -120,6 +121,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
                 crate::capacity::rows(&mut st).await;
                 crate::retention::rows(&mut st, true).await;
                 crate::console::rows(&mut st).await;
+                crate::outcome::rows(&mut st).await;
                 st
             };
             let rx = choice_srv.expect("started above");
@@ -157,6 +159,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
         }
         Mode::Console => crate::console::rows(&mut b).await,
         Mode::Overlap { boundaries } => crate::overlap::rows(&mut b, boundaries).await,
+        Mode::Outcome => crate::outcome::rows(&mut b).await,
         Mode::Worker {
             secs,
             bare_secs,
