@@ -13,6 +13,7 @@ pub mod db;
 pub mod engine;
 pub mod health;
 pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod present;
 pub mod retention;

@@ -75,7 +75,7 @@ impl Bench {
         self.exec(
             "SET session_replication_role = replica;
              TRUNCATE qlsched.run_events, qlsched.attempts, qlsched.runs, qlsched.trigger_schedules,
-                      qlsched.triggers, qlsched.replicas;
+                      qlsched.triggers, qlsched.trigger_overlap, qlsched.replicas;
              RESET session_replication_role",
         )
         .await;
@@ -164,6 +164,20 @@ impl Bench {
         cron: &str,
         parallel: usize,
     ) -> f64 {
+        self.publish_jittered(prefix, first, n, cron, parallel, 0)
+            .await
+    }
+
+    /// [`Bench::publish`] with `--jitter` of `jitter_ms` on every trigger (0: none).
+    pub async fn publish_jittered(
+        &self,
+        prefix: &str,
+        first: u64,
+        n: u64,
+        cron: &str,
+        parallel: usize,
+        jitter_ms: i64,
+    ) -> f64 {
         let t0 = Instant::now();
         let mut admin = self.srv.connect("qlsched_admin", "qlsched").await;
         manage::set_project(&mut admin, "bench", "active")
@@ -198,13 +212,16 @@ impl Bench {
                         .await
                         .expect("connect");
                     tokio::spawn(conn);
-                    let spec = TriggerSpec::new(
-                        &format!("{prefix}{i:07}"),
-                        "bench",
-                        "bench-task",
-                        &cron,
-                        "UTC",
-                    );
+                    let spec = TriggerSpec {
+                        jitter_ms,
+                        ..TriggerSpec::new(
+                            &format!("{prefix}{i:07}"),
+                            "bench",
+                            "bench-task",
+                            &cron,
+                            "UTC",
+                        )
+                    };
                     manage::publish_trigger(&mut c, &spec)
                         .await
                         .expect("trigger publish");

@@ -49,12 +49,14 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::WalTake => "wal-take",
         Mode::Tls => "tls",
         Mode::Herd100k => "herd100k",
+        Mode::HerdJitter => "herd-jitter",
         Mode::Capacity => "capacity",
         Mode::StockVsTuned => "stock-vs-tuned",
         Mode::Retention => "retention",
         Mode::RetentionQuick => "retention-quick",
         Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
+        Mode::Overlap { .. } => "overlap",
         Mode::Worker { .. } => "worker",
     }
 }
@@ -88,7 +90,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let worker_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     say(&format!(
         "starting a private durable PostgreSQL ({} settings{})",
-        if matches!(mode, Mode::Worker { .. }) {
+        if matches!(mode, Mode::Worker { .. } | Mode::Overlap { .. }) {
             "stock"
         } else {
             "tuned"
@@ -96,10 +98,13 @@ async fn run_mode(mode: Mode) -> ExitCode {
         if tls { ", ssl = on" } else { "" }
     ));
     // The retention choice measures every VACUUM itself: autovacuum off on its server.
-    // The worker rows run on a stock server (initdb's settings, durable).
+    // The worker rows and the herd-jitter rows run on a stock server (initdb's settings,
+    // durable).
     let conf = match mode {
         Mode::RetentionChoice { .. } => CHOICE_CONF,
-        Mode::Worker { .. } => "",
+        Mode::Worker { .. } | Mode::Overlap { .. } => "",
+        // Issue 35's policy rows are measured on a stock durable server.
+        Mode::HerdJitter => "",
         _ => TUNED,
     };
     let srv = BenchServer::start(conf, tls);
@@ -152,6 +157,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
             crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
         }
         Mode::Console => crate::console::rows(&mut b).await,
+        Mode::Overlap { boundaries } => crate::overlap::rows(&mut b, boundaries).await,
         Mode::Worker {
             secs,
             bare_secs,
@@ -182,9 +188,26 @@ async fn run_mode(mode: Mode) -> ExitCode {
                     n,
                     boundaries: 3,
                     second_n: 200,
+                    jitter_ms: 0,
                 },
             )
             .await
+        }
+        Mode::HerdJitter => {
+            // Row 7 and row J in one run: the plain herd, then the same herd jittered.
+            let s = b.sizes.clone();
+            crate::herd::row(
+                &mut b,
+                Herd {
+                    key: "herd_10000",
+                    n: s.herd_n,
+                    boundaries: s.herd_b,
+                    second_n: 0,
+                    jitter_ms: 0,
+                },
+            )
+            .await;
+            jitter_herd(&mut b, "herd_jitter_10000", 10_000).await;
         }
         Mode::Capacity => crate::capacity::rows(&mut b).await,
         Mode::StockVsTuned => crate::stock::rows(&mut b).await,
@@ -260,15 +283,36 @@ async fn core_rows(b: &mut Bench, smoke: bool) {
             n: s.herd_n,
             boundaries: s.herd_b,
             second_n,
+            jitter_ms: 0,
         },
     )
     .await;
+    if smoke {
+        // Row J at toy size: the smoke herd fires every 5 s, so a 2 s jitter.
+        jitter_herd(b, "herd_jitter_smoke", 2_000).await;
+    }
     if smoke {
         crate::pairs::tls_rows(b).await;
         crate::pairs::wal_rows(b).await;
         // Last in its lane: it publishes a spec naming an executor for the bench task.
         crate::pairs::wal_take_rows(b).await;
     }
+}
+
+/// Row J: the herd of row 7 with `--jitter` on every trigger.
+async fn jitter_herd(b: &mut Bench, key: &'static str, jitter_ms: i64) {
+    let s = b.sizes.clone();
+    crate::herd::row(
+        b,
+        Herd {
+            key,
+            n: s.herd_n,
+            boundaries: s.herd_b,
+            second_n: 0,
+            jitter_ms,
+        },
+    )
+    .await;
 }
 
 fn git_commit() -> (String, bool) {

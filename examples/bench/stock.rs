@@ -70,6 +70,7 @@ pub async fn rows(b: &mut Bench) {
                     n: s.herd_n,
                     boundaries: s.herd_b,
                     second_n: 0,
+                    jitter_ms: 0,
                 },
             )
             .await;

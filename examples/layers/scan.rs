@@ -24,8 +24,8 @@ pub const LAYERS: &[&[&str]] = &[
     &["store"],
     // The admission decision over claimed rows (no actix).
     &["engine"],
-    // The replica's actors and the retention sweep.
-    &["actors", "retention"],
+    // The replica's actors, the retention sweep and the replica's identity lock.
+    &["actors", "retention", "identity"],
     // Text shared by the command line and the console: durations, spans, state, tables.
     &["present"],
     // The HTTP endpoints and the web console.

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::admit::AdmitActor;
 pub use crate::engine::Kind;
 use crate::engine::{Action, AdmitError, Job, Outcome};
-use crate::schedule::{self, Decision};
+use crate::schedule::{self, Decision, Schedule};
 use crate::store::admission::Occurrence;
 use crate::store::claim::ClaimedRow;
 
@@ -22,18 +22,23 @@ use crate::store::claim::ClaimedRow;
 /// where the row was read is a reject (released with back-off, diagnosed when released).
 pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
     let def = &claim.def;
-    let decision = match &def.misfire_policy {
-        Ok(policy) => schedule::decide(
-            &def.cron_expr,
-            &def.timezone,
+    let timing = def.timing(&claim.trigger_id);
+    let decision = match (
+        &def.misfire_policy,
+        Schedule::parse(&def.cron_expr, &def.timezone),
+    ) {
+        (Ok(policy), Ok(schedule)) => schedule::decide_timed(
+            &schedule,
             *policy,
             def.misfire_grace_ms,
+            &timing,
             claim.next_fire_at_ms,
             claim.observed_at_ms,
         ),
-        Err(e) => Decision::Reject {
+        (Err(e), _) => Decision::Reject {
             reason: e.clone().into(),
         },
+        (_, Err(e)) => Decision::Reject { reason: e.into() },
     };
     let admit = |scheduled_for_ms: i64, next_fire_at_ms: i64| {
         Action::Admit(Occurrence {
@@ -43,10 +48,9 @@ pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
             attempt_id: Uuid::new_v4(),
         })
     };
+    let advance = |next_fire_at_ms: i64| Action::Advance { next_fire_at_ms };
     match decision {
-        Decision::Initialise { next_fire_at_ms } => {
-            (Action::Advance { next_fire_at_ms }, Kind::Initialise)
-        }
+        Decision::Initialise { next_fire_at_ms } => (advance(next_fire_at_ms), Kind::Initialise),
         Decision::Fire {
             scheduled_for_ms,
             next_fire_at_ms,
@@ -57,13 +61,22 @@ pub fn plan(claim: &ClaimedRow, reject_backoff: Duration) -> (Action, Kind) {
         } => (admit(scheduled_for_ms, next_fire_at_ms), Kind::FireOnce),
         Decision::MisfiredSkip {
             next_fire_at_ms, ..
-        } => (Action::Advance { next_fire_at_ms }, Kind::Skip),
-        // Claimed before its time (a republish raced the claim): give it back untouched.
+        } => (advance(next_fire_at_ms), Kind::Skip),
+        // Claimed before its time (a republish raced the claim, or a release put a jittered
+        // row back at its nominal instant): give it back untouched; the release puts it at its
+        // jittered instant.
         Decision::NotDue { .. } => (
             Action::Release {
                 backoff: Duration::ZERO,
             },
             Kind::NotDue,
+        ),
+        // Past its window: the release takes the row out of the claim index.
+        Decision::Ended { .. } => (
+            Action::Release {
+                backoff: Duration::ZERO,
+            },
+            Kind::Ended,
         ),
         Decision::Reject { reason } => (
             Action::Release {
@@ -190,13 +203,18 @@ impl Actor for ClaimActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let (action, kind) = plan(&self.args.claim, self.args.reject_backoff);
+        let timing = self.args.claim.def.timing(&self.args.claim.trigger_id);
         debug!(self.log, "decided"; "decision" => ?kind);
         match &action {
+            // When the row is claimable next: its new cursor's jittered instant (none once the
+            // cursor is past the trigger's window).
             Action::Admit(a) => {
-                self.next_after_admit = Some(a.next_fire_at_ms);
-                self.next_cursor_ms = Some(a.next_fire_at_ms);
+                self.next_after_admit = timing.claimable_at_ms(a.next_fire_at_ms);
+                self.next_cursor_ms = self.next_after_admit;
             }
-            Action::Advance { next_fire_at_ms } => self.next_cursor_ms = Some(*next_fire_at_ms),
+            Action::Advance { next_fire_at_ms } => {
+                self.next_cursor_ms = timing.claimable_at_ms(*next_fire_at_ms)
+            }
             Action::Release { .. } => {}
         }
         if super::faults::claim_actor_should_die() {

@@ -49,6 +49,50 @@ pub struct PublishArgs {
     pub grace_ms: i64,
     #[arg(long)]
     pub disabled: bool,
+    /// Disable the trigger (by `qlsched`) after this many consecutive failed runs (1..=1000).
+    #[arg(long, value_name = "N")]
+    pub pause_after_failures: Option<i32>,
+    /// Overdue when no run succeeds within this long (1m..=366d), e.g. 26h.
+    #[arg(long, value_name = "DURATION", value_parser = policy_duration)]
+    pub expect_success_within: Option<std::time::Duration>,
+    /// Admit each occurrence at its nominal instant plus a deterministic offset in [0, this)
+    /// (`10s`, `250ms`, `2m`; default none). Must be shorter than the shortest gap between two
+    /// consecutive occurrences (docs/policies-jitter.md).
+    #[arg(long, value_parser = parse_jitter, default_value = "0s")]
+    pub jitter: i64,
+    /// Admit no occurrence whose nominal instant is before this (RFC 3339).
+    #[arg(long, value_parser = parse_instant)]
+    pub start_at: Option<i64>,
+    /// Admit no occurrence whose nominal instant is after this (RFC 3339); then the trigger
+    /// is ended.
+    #[arg(long, value_parser = parse_instant)]
+    pub end_at: Option<i64>,
+    /// What an occurrence due while a run of the trigger is unfinished does
+    /// (docs/policies-overlap.md).
+    #[arg(long, default_value = "allow", value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+    pub overlap: String,
+}
+
+/// `--jitter`: a duration, in ms.
+pub(super) fn parse_jitter(text: &str) -> Result<i64, String> {
+    let d = crate::config::parse_duration(text)?;
+    i64::try_from(d.as_millis()).map_err(|_| "too large".to_string())
+}
+
+/// `--start-at`, `--end-at`: an RFC 3339 time, in Unix ms.
+fn parse_instant(text: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| format!("not an RFC 3339 time such as 2026-03-01T00:00:00Z ({e})"))
+}
+
+/// A policy's duration: `500ms`, `2s`, `10m`, `26h` as `db migrate` takes them, or `7d`.
+fn policy_duration(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().strip_suffix('d').map(str::parse::<u64>) {
+        Some(Ok(n)) if n > 0 => Ok(std::time::Duration::from_secs(n.saturating_mul(86_400))),
+        Some(_) => Err(format!("`{s}`: not a duration such as 10m, 26h, 7d")),
+        None => super::db::parse_duration(s),
+    }
 }
 
 pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
@@ -68,6 +112,16 @@ pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
         misfire_policy,
         misfire_grace_ms: a.grace_ms,
         enabled: !a.disabled,
+        outcome_policy: manage::OutcomePolicy {
+            pause_after_failures: a.pause_after_failures,
+            expect_success_within_ms: a
+                .expect_success_within
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        },
+        jitter_ms: a.jitter,
+        start_at_ms: a.start_at,
+        end_at_ms: a.end_at,
+        overlap_policy: a.overlap.parse().expect("clap checked the spelling"),
     };
     // Validate before connecting: a bad expression never needs a database to be refused.
     Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {
@@ -92,17 +146,62 @@ pub fn trigger_explain(
     tz: &str,
     count: usize,
     after: Option<&str>,
+    jitter: Option<(&str, i64)>,
 ) -> Result<(), CliError> {
     let schedule = Schedule::parse(cron, tz)?;
     let after_ms = match after {
         Some(s) => super::triggers::parse_time("--after", s)?,
         None => chrono::Utc::now().timestamp_millis(),
     };
-    for (ms, local) in schedule.explain(after_ms, count) {
-        let utc = chrono::DateTime::from_timestamp_millis(ms)
+    let rfc3339 = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms)
             .map(|d| d.to_rfc3339())
-            .unwrap_or_default();
-        println!("{utc}  {local}");
+            .unwrap_or_default()
+    };
+    if let Some((_, jitter_ms)) = jitter.filter(|(_, j)| *j > 0) {
+        match crate::schedule::min_gap(&schedule, after_ms, None, jitter_ms) {
+            Some(g) if g.gap_ms <= jitter_ms => println!(
+                "jitter {jitter_ms} ms is not shorter than the shortest gap, {} ms after {}: \
+                 publish refuses it",
+                g.gap_ms,
+                rfc3339(g.after_ms)
+            ),
+            Some(g) => println!(
+                "jitter {jitter_ms} ms; shortest gap {} ms (after {})",
+                g.gap_ms,
+                rfc3339(g.after_ms)
+            ),
+            None => println!("jitter {jitter_ms} ms"),
+        }
+    }
+    for (ms, local) in schedule.explain(after_ms, count) {
+        match jitter {
+            Some((id, jitter_ms)) if jitter_ms > 0 => {
+                let due = crate::schedule::Timing {
+                    trigger_id: id,
+                    jitter_ms,
+                    ..Default::default()
+                }
+                .due_at_ms(ms);
+                println!("{}  {local}  due {}", rfc3339(ms), rfc3339(due));
+            }
+            _ => println!("{}  {local}", rfc3339(ms)),
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::policy_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn policy_durations_take_days_too() {
+        assert_eq!(policy_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(policy_duration("26h"), Ok(Duration::from_secs(26 * 3_600)));
+        assert!(policy_duration("0d").is_err());
+        assert!(policy_duration("xd").is_err());
+        assert!(policy_duration("1w").is_err());
+    }
 }

@@ -123,10 +123,16 @@ impl CliError {
                 | ManageError::ProjectInactive { .. }
                 | ManageError::RevisionChanged { .. }
                 | ManageError::HorizonMoved { .. }
-                | ManageError::CorruptExecutionRevision { .. } => 4,
+                | ManageError::CorruptExecutionRevision { .. }
+                | ManageError::Overlap { .. } => 4,
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }
                 | ManageError::MisfireGrace { .. }
+                | ManageError::PauseAfterFailures { .. }
+                | ManageError::ExpectSuccessWithin { .. }
+                | ManageError::JitterBound { .. }
+                | ManageError::JitterTooLong { .. }
+                | ManageError::Window { .. }
                 | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },

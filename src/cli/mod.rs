@@ -133,6 +133,13 @@ pub enum TriggerCommand {
         /// Start after this instant (RFC 3339); default now.
         #[arg(long)]
         after: Option<String>,
+        /// With --id: print each occurrence's jittered due instant beside its nominal one
+        /// (the offset is derived from the trigger id; docs/policies-jitter.md).
+        #[arg(long, value_parser = define::parse_jitter, requires = "id")]
+        jitter: Option<i64>,
+        /// The trigger id the jitter is derived from.
+        #[arg(long)]
+        id: Option<String>,
     },
     /// One page of triggers in id order: state, next fire (UTC and local), last admitted
     /// occurrence and its lag, the claim holder.
@@ -141,7 +148,7 @@ pub enum TriggerCommand {
         target: Target,
         #[arg(long)]
         project: Option<String>,
-        #[arg(long, default_value = "all", value_parser = ["enabled", "disabled", "all"])]
+        #[arg(long, default_value = "all", value_parser = ["enabled", "disabled", "all", "overdue"])]
         state: String,
         /// Page size (1..=10000).
         #[arg(long, default_value_t = 100)]
@@ -187,6 +194,9 @@ pub enum TriggerCommand {
         request_id: Option<String>,
         #[arg(long)]
         actor: Option<String>,
+        /// This fire's overlap policy instead of the trigger's (docs/policies-overlap.md).
+        #[arg(long, value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+        overlap: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -319,7 +329,12 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             tz,
             count,
             after,
-        } => define::trigger_explain(&cron, &tz, count, after.as_deref()),
+            jitter,
+            id,
+        } => {
+            let jitter = id.as_deref().zip(jitter);
+            define::trigger_explain(&cron, &tz, count, after.as_deref(), jitter)
+        }
         TriggerCommand::List {
             target,
             project,
@@ -331,6 +346,7 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             let state = match state.as_str() {
                 "enabled" => StateFilter::Enabled,
                 "disabled" => StateFilter::Disabled,
+                "overdue" => StateFilter::Overdue,
                 _ => StateFilter::All,
             };
             triggers::list(
@@ -360,8 +376,20 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             id,
             request_id,
             actor,
+            overlap,
             json,
-        } => triggers::fire(&target, &id, request_id.as_deref(), actor.as_deref(), json).await,
+        } => {
+            let overlap = overlap.map(|o| o.parse().expect("clap checked the spelling"));
+            triggers::fire(
+                &target,
+                &id,
+                request_id.as_deref(),
+                actor.as_deref(),
+                overlap,
+                json,
+            )
+            .await
+        }
         TriggerCommand::Backfill(args) => triggers::backfill(args).await,
     }
 }

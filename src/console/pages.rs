@@ -6,7 +6,10 @@ use maud::{html, Markup, DOCTYPE};
 use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
-use crate::present::triggers::{holder, state_text, TriggerDetail, TriggerItem, TriggerPage};
+use crate::present::triggers::{
+    holder, outcome_lines, outcome_mark, overlap_mark, overlap_text, state_text, timing_text,
+    TriggerDetail, TriggerItem, TriggerPage,
+};
 use crate::store::browse::{self, RunDetail, RunsPage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -210,7 +213,7 @@ pub fn triggers(q: &TriggersQuery, limit: i64, page: &TriggerPage) -> String {
             label { "Project " input type="text" name="project" value=[q.project.as_deref()] autocomplete="off"; }
             label { "State "
                 select name="state" {
-                    @for s in ["all", "enabled", "disabled"] {
+                    @for s in ["all", "enabled", "disabled", "overdue"] {
                         option value=(s) selected[s == state] { (s) }
                     }
                 }
@@ -224,7 +227,7 @@ pub fn triggers(q: &TriggersQuery, limit: i64, page: &TriggerPage) -> String {
             table.sortable id="triggers" {
                 thead { tr {
                     th { "Id" } th { "Project" } th { "Task" } th { "Cron" } th { "Zone" } th { "State" }
-                    th { "Next (UTC)" } th { "Next (zone)" } th { "Last admitted" } th.num { "Lag" } th { "Held by" }
+                    th { "Next (UTC)" } th { "Next (zone)" } th { "Last admitted" } th.num { "Lag" } th { "Held by" } th { "Outcome" }
                 } }
                 tbody {
                     @for t in &page.triggers { (trigger_row(t)) }
@@ -255,12 +258,13 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (v.task_id) }
             td { code { (v.cron_expr) } }
             td { (v.timezone) }
-            td.wrap { (state_text(v)) }
+            td.wrap { (state_text(v)) (overlap_mark(v)) }
             td { (t.next_fire_utc.as_deref().unwrap_or("-")) }
             td { (t.next_fire_local.as_deref().unwrap_or("-")) }
             td { (render::utc(v.last_scheduled_at_ms)) }
             td.num { (render::span(v.last_lag_ms)) }
             td { (holder(v)) }
+            td.outcome { @if v.outcome.overdue { strong.overdue { "overdue " } } (outcome_mark(&v.outcome)) }
         }
     }
 }
@@ -288,7 +292,9 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Task" } dd { (v.task_id) }
                 dt { "Cron" } dd { code { (v.cron_expr) } " in " (v.timezone) }
                 dt { "Misfire" } dd { (v.misfire_policy) " (grace " (v.misfire_grace_ms) " ms)" }
+                dt { "Overlap" } dd id="overlap" { (overlap_text(v)) }
                 dt { "State" } dd id="state" { (state_text(v)) }
+                dt { "Jitter, window" } dd id="timing" { (timing_text(v)) }
                 @if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
                     dt { "Last disable" } dd id="disable-note" {
                         (render::utc(Some(at))) " by " (by)
@@ -303,9 +309,18 @@ pub fn trigger(d: &TriggerDetail) -> String {
                         Some(c) => { (render::utc(Some(c))) " · " (render::local(Some(c), &v.timezone)) }
                         None => { "- (decided at the next claim)" }
                     }
+                    @if let Some(due) = &d.item.next_due_utc { " · due " (due) " (jittered)" }
                 }
                 dt { "Last admitted" } dd { (render::utc(v.last_scheduled_at_ms)) " (lag " (render::span(v.last_lag_ms)) ")" }
                 dt { "Lease" } dd { (holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
+            }
+        }
+        section aria-labelledby="outcome-h" {
+            h2 id="outcome-h" { "Outcome" @if v.outcome.overdue { " " strong.overdue id="overdue" { "overdue" } } }
+            dl.facts id="outcome" {
+                @for (label, text) in outcome_lines(&v.outcome) {
+                    dt { (label) } dd { (text) }
+                }
             }
         }
         section aria-labelledby="next-h" {
@@ -314,10 +329,13 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 p.empty { "None while the trigger is disabled." }
             } @else {
                 table id="upcoming" {
-                    thead { tr { th { "UTC" } th { "In " (v.timezone) } th { "DST" } } }
+                    thead { tr { th { "UTC" } th { "In " (v.timezone) } th { "DST" } @if v.jitter_ms > 0 { th { "Due (jittered)" } } } }
                     tbody {
                         @for o in &d.upcoming {
-                            tr { td { (o.utc) } td { (o.local) } td { @if let Some(m) = &o.dst { span.dst { "offset " (m) } } } }
+                            tr {
+                                td { (o.utc) } td { (o.local) } td { @if let Some(m) = &o.dst { span.dst { "offset " (m) } } }
+                                @if v.jitter_ms > 0 { td { (o.due_utc.as_deref().unwrap_or("-")) } }
+                            }
                         }
                     }
                 }
@@ -328,7 +346,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
             @if lag.len() >= 2 {
                 figure {
                     (charts::lines("Lag of the last runs", " ms", &[Series { class: "p99", label: "lag", points: lag.clone() }], x, (&first, &last)))
-                    figcaption { "Lag (queued − scheduled) of the runs below, by scheduled time" }
+                    figcaption { "Lag (queued − scheduled, or − the jittered due instant) of the runs below, by scheduled time" }
                 }
             }
             (runs_table(&d.runs, false))

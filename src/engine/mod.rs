@@ -54,6 +54,8 @@ pub enum Kind {
     FireOnce,
     Skip,
     NotDue,
+    /// The cursor is past the trigger's validity window: released out of the claim index.
+    Ended,
     Reject(RejectReason),
 }
 
@@ -631,13 +633,19 @@ impl Engine {
         }
     }
 
-    /// Our run committed: counted, and its lag observed by kind (on time or misfired).
+    /// Our run committed: counted, and its lag observed by kind (on time or misfired), from
+    /// the instant the occurrence was due (its jittered instant under a jitter).
     fn admitted(&self, job: &Job, queued_at_ms: i64) -> Outcome {
         let scheduled_for_ms = match &job.action {
             Action::Admit(o) => o.scheduled_for_ms,
             _ => unreachable!("only admissions are admitted"),
         };
-        let lag_ms = queued_at_ms - scheduled_for_ms;
+        let due_at_ms = job
+            .claim
+            .def
+            .timing(&job.claim.trigger_id)
+            .due_at_ms(scheduled_for_ms);
+        let lag_ms = queued_at_ms - due_at_ms;
         self.metrics.admits.inc();
         let lag = lag_ms.max(0) as f64 / 1000.0;
         match job.kind {

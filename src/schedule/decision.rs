@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{Schedule, ScheduleError};
+use super::{Schedule, ScheduleError, Timing};
 
 /// What to do with an occurrence found more than the grace late.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +74,9 @@ pub enum Decision {
     /// definition cannot be evaluated: nothing admitted; the caller releases the claim with
     /// back-off.
     Reject { reason: RejectReason },
+    /// The cursor is past the trigger's validity window (`end_at`): nothing admitted, the
+    /// cursor kept; the row leaves the claim index (docs/policies-jitter.md).
+    Ended { next_fire_at_ms: i64 },
 }
 
 /// Why a definition cannot be evaluated.
@@ -156,4 +159,49 @@ pub fn decide_with(
         }),
     };
     decided.unwrap_or_else(|reject| reject)
+}
+
+/// [`decide_with`] under a trigger's jitter and validity window ([`Timing`],
+/// docs/policies-jitter.md):
+///
+/// - a cursor past the window's end is [`Decision::Ended`];
+/// - a NULL cursor, or one before the window's start, moves to the first occurrence in the
+///   window after the observation ([`Decision::Initialise`]);
+/// - otherwise the cursor's occurrence is due at its jittered instant: the decision is
+///   [`decide_with`]'s with the observation moved back by the cursor's offset, so it is not
+///   due before the jittered instant, the misfire grace counts from it, and a misfire moves the
+///   cursor to the first occurrence after the observation less that offset.
+///
+/// With no jitter and no window this is exactly [`decide_with`].
+#[must_use]
+pub fn decide_timed(
+    schedule: &Schedule,
+    policy: MisfirePolicy,
+    grace_ms: i64,
+    timing: &Timing<'_>,
+    cursor_ms: Option<i64>,
+    observed_at_ms: i64,
+) -> Decision {
+    match cursor_ms {
+        Some(cursor) if timing.after_end(cursor) => Decision::Ended {
+            next_fire_at_ms: cursor,
+        },
+        Some(cursor) if timing.start_at_ms.map_or(true, |start| cursor >= start) => {
+            let offset = timing.due_at_ms(cursor) - cursor;
+            decide_with(
+                schedule,
+                policy,
+                grace_ms,
+                Some(cursor),
+                observed_at_ms.saturating_sub(offset),
+            )
+        }
+        _ => decide_with(
+            schedule,
+            policy,
+            grace_ms,
+            None,
+            timing.search_from(observed_at_ms),
+        ),
+    }
 }

@@ -47,6 +47,7 @@ mod decision;
 mod error;
 mod expr;
 mod field;
+mod timing;
 mod zone;
 
 #[cfg(test)]
@@ -61,9 +62,11 @@ mod tests_props;
 mod tests_zone;
 
 pub use decision::{
-    decide, decide_with, Decision, MisfirePolicy, RejectReason, DEFAULT_MISFIRE_GRACE_MS,
+    decide, decide_timed, decide_with, Decision, MisfirePolicy, RejectReason,
+    DEFAULT_MISFIRE_GRACE_MS,
 };
 pub use error::ScheduleError;
+pub use timing::{jitter_offset_ms, min_gap, Gap, Timing, GAP_HORIZON_MS, GAP_SCAN_LIMIT};
 
 use chrono_tz::Tz;
 

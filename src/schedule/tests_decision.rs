@@ -287,3 +287,129 @@ fn a_reject_carries_a_typed_reason() {
             if after_ms == utc("2028-01-01 00:00:00")
     ));
 }
+
+/// Jitter and window (docs/policies-jitter.md): an hourly trigger with a 10-minute jitter.
+mod timed {
+    use super::super::{decide_timed, jitter_offset_ms, Timing};
+    use super::*;
+
+    const ID: &str = "nightly";
+    const JITTER: i64 = 600_000;
+
+    fn timed(timing: &Timing<'_>, cursor: Option<i64>, observed: i64, grace: i64) -> Decision {
+        decide_timed(
+            &schedule("0 * * * *", "UTC"),
+            MisfirePolicy::Skip,
+            grace,
+            timing,
+            cursor,
+            observed,
+        )
+    }
+
+    fn jittered() -> Timing<'static> {
+        Timing {
+            trigger_id: ID,
+            jitter_ms: JITTER,
+            ..Timing::default()
+        }
+    }
+
+    #[test]
+    fn a_jittered_occurrence_is_not_due_before_its_jittered_instant() {
+        let cursor = utc("2026-05-01 10:00");
+        let offset = jitter_offset_ms(ID, cursor, JITTER);
+        assert!(offset > 0, "pick an id whose offset is not 0");
+        let t = jittered();
+        assert_eq!(
+            timed(&t, Some(cursor), cursor + offset - 1, GRACE),
+            Decision::NotDue {
+                next_fire_at_ms: cursor
+            }
+        );
+        assert_eq!(
+            timed(&t, Some(cursor), cursor + offset, GRACE),
+            Decision::Fire {
+                scheduled_for_ms: cursor,
+                next_fire_at_ms: utc("2026-05-01 11:00"),
+            }
+        );
+    }
+
+    #[test]
+    fn the_misfire_grace_counts_from_the_jittered_instant() {
+        let cursor = utc("2026-05-01 10:00");
+        let offset = jitter_offset_ms(ID, cursor, JITTER);
+        let t = jittered();
+        let grace = 1_000;
+        // Later than the grace from the nominal instant, within it from the jittered one.
+        assert!(matches!(
+            timed(&t, Some(cursor), cursor + offset + grace, grace),
+            Decision::Fire { .. }
+        ));
+        assert!(matches!(
+            timed(&t, Some(cursor), cursor + offset + grace + 1, grace),
+            Decision::MisfiredSkip { missed_ms, .. } if missed_ms == cursor
+        ));
+    }
+
+    #[test]
+    fn nothing_before_the_start_or_after_the_end_of_the_window() {
+        let start = utc("2026-05-01 10:30");
+        let end = utc("2026-05-01 12:00");
+        let t = Timing {
+            trigger_id: ID,
+            start_at_ms: Some(start),
+            end_at_ms: Some(end),
+            ..Timing::default()
+        };
+        // A pending row, or a cursor before the start, goes to the first occurrence in it.
+        for cursor in [None, Some(utc("2026-05-01 10:00"))] {
+            assert_eq!(
+                timed(&t, cursor, utc("2026-05-01 09:00"), GRACE),
+                Decision::Initialise {
+                    next_fire_at_ms: utc("2026-05-01 11:00")
+                }
+            );
+        }
+        // The end itself is in the window; after it, the trigger has ended.
+        assert!(matches!(
+            timed(&t, Some(end), end, GRACE),
+            Decision::Fire { scheduled_for_ms, .. } if scheduled_for_ms == end
+        ));
+        assert_eq!(
+            timed(
+                &t,
+                Some(utc("2026-05-01 13:00")),
+                utc("2026-05-01 13:00"),
+                GRACE
+            ),
+            Decision::Ended {
+                next_fire_at_ms: utc("2026-05-01 13:00")
+            }
+        );
+    }
+
+    #[test]
+    fn without_jitter_or_window_it_is_the_plain_decision() {
+        let t = Timing {
+            trigger_id: ID,
+            ..Timing::default()
+        };
+        let cursor = utc("2026-05-01 10:00");
+        for observed in [cursor - 1, cursor, cursor + GRACE, cursor + GRACE + 1] {
+            for c in [None, Some(cursor)] {
+                assert_eq!(
+                    timed(&t, c, observed, GRACE),
+                    decide_with(
+                        &schedule("0 * * * *", "UTC"),
+                        MisfirePolicy::Skip,
+                        GRACE,
+                        c,
+                        observed
+                    )
+                );
+            }
+        }
+    }
+}

@@ -171,6 +171,21 @@ pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[
         unique: false,
         on: "qlsched.runs (queued_at_ms) WHERE status = 'queued' AND pool IS NULL",
     },
+    // V19: the overdue gauge and `trigger list --state overdue` read only the triggers with a
+    // success deadline, in deadline order (an index-only scan up to now).
+    ConcurrentIndex {
+        version: 19,
+        name: "trigger_outcomes_due_idx",
+        unique: false,
+        on: "qlsched.trigger_outcomes (success_due_at_ms, project_id) WHERE success_due_at_ms IS NOT NULL",
+    },
+    // V19: the system-paused gauge reads only the paused triggers.
+    ConcurrentIndex {
+        version: 19,
+        name: "trigger_outcomes_paused_idx",
+        unique: false,
+        on: "qlsched.trigger_outcomes (project_id) WHERE system_paused_at_ms IS NOT NULL",
+    },
 ];
 
 /// The refinery history table, as refinery creates it.

@@ -17,7 +17,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 17] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -48,6 +48,13 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
     // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
     ("schema_compat", &["SELECT"], &["SELECT"]),
     ("grant_manifest", &["SELECT"], &["SELECT"]),
+    // Trigger outcomes (V19): `trigger show/list` and the console read them, the replicas'
+    // gauges count overdue and system-paused triggers. Only the owner writes them, through
+    // the triggers of V19 (docs/policies-outcome.md): no role updates a summary by hand.
+    ("trigger_outcomes", &["SELECT"], &["SELECT"]),
+    // Overlap state (V21): `trigger show` and the console read it; only the owner's
+    // functions write it (row triggers on runs, and overlap_adopt below).
+    ("trigger_overlap", &["SELECT"], &["SELECT"]),
 ];
 
 /// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
@@ -116,7 +123,24 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// its take from V18 on. `spec_pool` and `spec_executor` (V16, V17) compute V18's generated
 /// columns of `execution_revisions`, evaluated as the role that inserts a revision: the admin
 /// role's (`task publish`); they only read the text they are given.
-pub const EXECUTE_GRANTS: [(&str, &str); 13] = [
+///
+/// Not here, because no role may call them: the trigger functions of V19,
+/// `qlsched.trigger_outcome_of_run()` (a deferred trigger on runs reaching succeeded, failed or
+/// cancelled: reached by the dispatcher role finishing or expiring a run, and by the admin role
+/// cancelling one) and `qlsched.trigger_outcome_follows_trigger()` (on triggers: reached by the
+/// admin role's publish, disable, enable and delete). Both are SECURITY DEFINER, so they write
+/// `trigger_outcomes` (and, for a pause, the trigger and its schedule row) as the owner;
+/// PostgreSQL checks EXECUTE on a trigger function only when the trigger is created.
+///
+/// `overlap_adopt` (V21) is `trigger
+/// publish`'s (admin role) when a trigger's overlap policy becomes other than allow: it
+/// marks the trigger's unfinished runs counted. `overlap_prune_skips` (V21) is the
+/// pruning replica's (runtime role): recorded skip instants older than its horizon go. The overlap decision (`overlap_admit`) and
+/// a run end's count and buffered admission (`overlap_run_ended`) are SECURITY DEFINER row
+/// triggers on runs: no role executes them, they run as the owner inside whichever role's
+/// insert or status change fires them (the runtime's admission, the admin's fire, backfill
+/// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
+pub const EXECUTE_GRANTS: [(&str, &str); 15] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -145,6 +169,8 @@ pub const EXECUTE_GRANTS: [(&str, &str); 13] = [
     ("qlsched.request_cancel(uuid[])", "admin"),
     ("qlsched.spec_pool(text)", "admin"),
     ("qlsched.spec_executor(text)", "admin"),
+    ("qlsched.overlap_adopt(text)", "admin"),
+    ("qlsched.overlap_prune_skips(bigint)", "runtime"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

@@ -74,6 +74,11 @@ impl<'a> Admission<'a> {
         self.occurrence
     }
 
+    /// The claimed trigger's jitter and window.
+    pub fn timing(&self) -> crate::schedule::Timing<'_> {
+        self.claim.def.timing(&self.claim.trigger_id)
+    }
+
     pub fn key(&self) -> String {
         idempotency_key(
             &self.claim.trigger_id,
@@ -95,8 +100,9 @@ pub enum AdmitOutcome {
     /// Committed: exactly one run, one attempt, two events; cursor advanced; claim cleared.
     Admitted { queued_at_ms: i64 },
     /// The occurrence's idempotency key already existed (a backfill, or a run admitted by
-    /// other means) or its run was pruned (a tombstone): nothing new was written for it, the
-    /// cursor advanced past it under the fence and the claim was cleared.
+    /// other means), its run was pruned (a tombstone), or the trigger's overlap policy did
+    /// not admit it (skipped and recorded as such, or buffered; V21): nothing new was
+    /// written for it, the cursor advanced past it under the fence and the claim was cleared.
     AlreadyAdmitted,
     /// A verification failed; nothing was written. `why` names what changed.
     Refused { why: Refusal },
@@ -215,6 +221,11 @@ struct Columns {
     text: [Vec<String>; 7],
     int: [Vec<i64>; 6],
     cursors: Vec<Option<i64>>,
+    /// Where the claim index holds the row next (its new cursor's jittered instant; NULL once
+    /// the cursor is past the trigger's window), and the jittered instant recorded on the run
+    /// (NULL without a jitter): docs/policies-jitter.md.
+    claimable: Vec<Option<i64>>,
+    due: Vec<Option<i64>>,
     uuid: [Vec<Uuid>; 3],
 }
 
@@ -242,6 +253,14 @@ impl Columns {
                 int(|a| a.next_fire_at_ms),
             ],
             cursors: batch.iter().map(|a| a.claim.next_fire_at_ms).collect(),
+            claimable: batch
+                .iter()
+                .map(|a| a.timing().claimable_at_ms(a.next_fire_at_ms))
+                .collect(),
+            due: batch
+                .iter()
+                .map(|a| a.timing().recorded_due_at_ms(a.scheduled_for_ms))
+                .collect(),
             uuid: [
                 uid(|a| a.claim.fence.token),
                 uid(|a| a.run_id),
@@ -250,8 +269,8 @@ impl Columns {
         }
     }
 
-    /// `$1` … `$17` of [`ADMIT_SQL`], with their types.
-    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 17] {
+    /// `$1` … `$19` of [`ADMIT_SQL`], with their types.
+    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 19] {
         let [tids, ids, owners, tdigs, tasks, keys, bys] = &self.text;
         let [revs, svs, cvs, obs, sfs, nexts] = &self.int;
         let [tokens, runs, atts] = &self.uuid;
@@ -274,6 +293,8 @@ impl Columns {
             (atts, uuid_a.clone()),
             (keys, text_a.clone()),
             (bys, text_a),
+            (&self.claimable, int8_a.clone()),
+            (&self.due, int8_a),
         ]
     }
 }
@@ -312,15 +333,15 @@ WITH obs AS MATERIALIZED (
 ), d AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[], $7::uuid[],
                          $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::text[], $14::uuid[],
-                         $15::uuid[], $16::text[], $17::text[])
+                         $15::uuid[], $16::text[], $17::text[], $18::int8[], $19::int8[])
         AS d(tid, trigger_id, rev, sv, cursor_ms, owner, token, cv, observed_ms, sf, next_ms, tdig, task_id, run_id,
-             attempt_id, ikey, admitted_by)
+             attempt_id, ikey, admitted_by, claimable_ms, due_ms)
 ), adv AS (
     UPDATE qlsched.trigger_schedules s
        SET next_fire_at_ms = d.next_ms, last_scheduled_at_ms = d.sf,
            admitted_through_ms = greatest(s.admitted_through_ms, d.sf),
            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-           claimable_at_ms = d.next_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
+           claimable_at_ms = d.claimable_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
       FROM obs, d
      WHERE s.ctid = ANY ($1::text[]::tid[]) AND s.ctid = d.tid::tid
        -- Compared as an expression, not as an index key: the schedule row must be reached by
@@ -359,7 +380,12 @@ WITH obs AS MATERIALIZED (
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS pool,
               (SELECT e.executor FROM qlsched.tasks k, qlsched.execution_revisions e
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS executor,
-              d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by
+              -- The trigger's overlap policy (V21), NULL for allow: a counted run's insert
+              -- runs the decision (overlap_admit, a row trigger on runs, V21), an allow
+              -- trigger's runs call nothing.
+              (SELECT nullif(t.overlap_policy, 'allow') FROM qlsched.triggers t
+                WHERE t.trigger_id = d.trigger_id) AS opol,
+              d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms
 ), tomb AS MATERIALIZED (
     -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
     -- the whole batch, skipped (a one-time filter) while there is no tombstone at all, the
@@ -369,9 +395,9 @@ WITH obs AS MATERIALIZED (
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
-                              queued_at_ms, admitted_by, pool, executor)
+                              queued_at_ms, admitted_by, pool, executor, due_at_ms, overlap_policy)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by,
-           pool, executor
+           pool, executor, due_ms, opol
       FROM adv
      WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
     ON CONFLICT (idempotency_key) DO NOTHING
@@ -523,6 +549,11 @@ pub async fn advance_batch(
     let tokens: Vec<Uuid> = batch.iter().map(|(c, _)| c.fence.token).collect();
     let cvs: Vec<i64> = batch.iter().map(|(c, _)| c.fence.version).collect();
     let nexts: Vec<i64> = batch.iter().map(|(_, n)| *n).collect();
+    // The new cursor's jittered instant, or out of the claim index past the trigger's window.
+    let claimable: Vec<Option<i64>> = batch
+        .iter()
+        .map(|(c, n)| c.def.timing(&c.trigger_id).claimable_at_ms(*n))
+        .collect();
     let rows = conn
         .query(
             concat!(
@@ -531,12 +562,12 @@ pub async fn advance_batch(
                 " AS now_ms
              ), d AS (
                  SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::uuid[],
-                                      $7::int8[], $8::int8[])
-                     AS d(trigger_id, rev, sv, cursor_ms, owner, token, cv, next_ms)
+                                      $7::int8[], $8::int8[], $9::int8[])
+                     AS d(trigger_id, rev, sv, cursor_ms, owner, token, cv, next_ms, claimable_ms)
              )
              UPDATE qlsched.trigger_schedules s
                 SET next_fire_at_ms = d.next_ms, claim_owner = NULL, claim_token = NULL,
-                    claim_expires_at_ms = NULL, claimable_at_ms = d.next_ms,
+                    claim_expires_at_ms = NULL, claimable_at_ms = d.claimable_ms,
                     state_version = s.state_version + 1, updated_at_ms = obs.now_ms
                FROM obs, d
               WHERE s.trigger_id = d.trigger_id AND s.trigger_revision = d.rev AND s.state_version = d.sv
@@ -545,7 +576,7 @@ pub async fn advance_batch(
                 AND s.claim_expires_at_ms > obs.now_ms
              RETURNING s.trigger_id"
             ),
-            &[&ids, &revs, &svs, &cursors, &owners, &tokens, &cvs, &nexts],
+            &[&ids, &revs, &svs, &cursors, &owners, &tokens, &cvs, &nexts, &claimable],
         )
         .await?;
     Ok(ids

@@ -18,7 +18,7 @@ pub const PAGE_MAX: i64 = 100;
 /// The next occurrence the cron will admit: the cursor, or (not yet decided) the first
 /// after now; none while the trigger cannot fire.
 pub fn next_fire(v: &TriggerView) -> Option<i64> {
-    if !v.enabled || v.project_status != ProjectStatus::Active {
+    if !v.enabled || v.project_status != ProjectStatus::Active || v.ended {
         return None;
     }
     v.next_fire_at_ms.or_else(|| {
@@ -102,7 +102,10 @@ pub struct RunItem {
     pub status: String,
     pub scheduled_for_ms: i64,
     pub queued_at_ms: Option<i64>,
-    /// `queued_at − scheduled_for`.
+    /// The jittered instant the occurrence was due at (a trigger with a jitter only,
+    /// docs/policies-jitter.md); `scheduled_for_ms` stays the nominal instant.
+    pub due_at_ms: Option<i64>,
+    /// `queued_at − due_at` (`− scheduled_for` without a jitter).
     pub lag_ms: Option<i64>,
     pub admitted_by: String,
 }
@@ -136,8 +139,8 @@ pub fn parse_run_cursor(s: &str) -> Option<(i64, uuid::Uuid)> {
 fn run_columns() -> String {
     format!(
         "r.run_id::text AS run_id, r.trigger_id, r.idempotency_key, {RUN_KIND_SQL} AS kind,
-         r.status, r.scheduled_for_ms, r.queued_at_ms,
-         r.queued_at_ms - r.scheduled_for_ms AS lag_ms, r.admitted_by"
+         r.status, r.scheduled_for_ms, r.queued_at_ms, r.due_at_ms,
+         r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) AS lag_ms, r.admitted_by"
     )
 }
 
@@ -151,6 +154,7 @@ fn run_item(r: &tokio_postgres::Row) -> RunItem {
         status: r.get("status"),
         scheduled_for_ms: r.get("scheduled_for_ms"),
         queued_at_ms: r.get("queued_at_ms"),
+        due_at_ms: r.get("due_at_ms"),
         lag_ms: r.get("lag_ms"),
         admitted_by: r.get("admitted_by"),
     }

@@ -32,6 +32,22 @@ pub struct TriggerDef {
     pub task_revision: i64,
     pub task_digest: String,
     pub execution_revision_id: Uuid,
+    /// The trigger's jitter (0: none) and validity window (docs/policies-jitter.md).
+    pub jitter_ms: i64,
+    pub start_at_ms: Option<i64>,
+    pub end_at_ms: Option<i64>,
+}
+
+impl TriggerDef {
+    /// The jitter and window of the trigger `trigger_id` of this definition.
+    pub fn timing<'a>(&self, trigger_id: &'a str) -> crate::schedule::Timing<'a> {
+        crate::schedule::Timing {
+            trigger_id,
+            jitter_ms: self.jitter_ms,
+            start_at_ms: self.start_at_ms,
+            end_at_ms: self.end_at_ms,
+        }
+    }
 }
 
 /// One leased schedule row as the claim statement left it.
@@ -241,7 +257,8 @@ RETURNING s.trigger_id, s.ctid::text AS tid, s.next_fire_at_ms, s.state_version,
           obs.now_ms AS observed_at_ms, s.project_id, s.trigger_revision,
           t.content_digest AS trigger_digest, t.cron_expr, t.timezone, t.misfire_policy,
           t.misfire_grace_ms, t.task_id, k.revision AS task_revision,
-          k.content_digest AS task_digest, k.execution_revision_id
+          k.content_digest AS task_digest, k.execution_revision_id,
+          t.jitter_ms, t.start_at_ms, t.end_at_ms
 )
 SELECT claimed.*, NULL::bigint AS next_due_ms, NULL::bigint AS guard_extended,
        NULL::bigint AS guard_held
@@ -251,6 +268,7 @@ UNION ALL
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint,
        NULL::bigint, obs.now_ms, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text,
        NULL::text, NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::uuid,
+       NULL::bigint, NULL::bigint, NULL::bigint,
        (SELECT n.claimable_at_ms FROM qlsched.trigger_schedules n
          WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1),
        (SELECT count(*) FROM guard WHERE extended), (SELECT count(*) FROM held)
@@ -323,6 +341,9 @@ fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
             task_revision: r.get("task_revision"),
             task_digest: r.get("task_digest"),
             execution_revision_id: r.get("execution_revision_id"),
+            jitter_ms: r.get("jitter_ms"),
+            start_at_ms: r.get("start_at_ms"),
+            end_at_ms: r.get("end_at_ms"),
         },
     }
 }

@@ -6,7 +6,10 @@ use uuid::Uuid;
 
 use crate::db::StoreError;
 use crate::db_now_ms;
-use crate::schedule::{MisfirePolicy, Schedule, ScheduleError, DEFAULT_MISFIRE_GRACE_MS};
+use crate::schedule::{
+    min_gap, MisfirePolicy, Schedule, ScheduleError, Timing, DEFAULT_MISFIRE_GRACE_MS,
+};
+pub use crate::store::overlap::OverlapPolicy;
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -115,7 +118,9 @@ pub async fn set_project(
     tx.execute(
         concat!(
             "UPDATE qlsched.trigger_schedules s
-                SET claimable_at_ms = CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.next_fire_at_ms, 0) END,
+                SET claimable_at_ms = CASE WHEN $2 = 'active' AND t.enabled THEN ",
+            claimable_at_sql!("s.trigger_id", "s.next_fire_at_ms"),
+            " END,
                     ",
             fence_out_claim!(),
             "
@@ -123,7 +128,9 @@ pub async fn set_project(
               -- through triggers_project_idx and the schedule's primary key (V7)
               WHERE t.project_id = $1 AND s.trigger_id = t.trigger_id AND s.project_id = $1
                 AND (s.claim_owner IS NOT NULL OR s.claimable_at_ms IS DISTINCT FROM
-                     CASE WHEN $2 = 'active' AND t.enabled THEN coalesce(s.next_fire_at_ms, 0) END)"
+                     CASE WHEN $2 = 'active' AND t.enabled THEN ",
+            claimable_at_sql!("s.trigger_id", "s.next_fire_at_ms"),
+            " END)"
         ),
         &[&project_id, &status],
     )
@@ -219,6 +226,42 @@ pub struct TriggerSpec {
     pub misfire_policy: MisfirePolicy,
     pub misfire_grace_ms: i64,
     pub enabled: bool,
+    /// Jitter (ms, 0 = none) and validity window (docs/policies-jitter.md).
+    pub jitter_ms: i64,
+    pub start_at_ms: Option<i64>,
+    pub end_at_ms: Option<i64>,
+    /// Pause after failures and expected success (docs/policies-outcome.md).
+    pub outcome_policy: OutcomePolicy,
+    /// What an occurrence due while a run of the trigger is unfinished does (V21).
+    pub overlap_policy: OverlapPolicy,
+}
+
+/// The outcome policies of a trigger (`--pause-after-failures`, `--expect-success-within`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutcomePolicy {
+    /// Disable the trigger (by `qlsched`) after this many consecutive failed runs.
+    pub pause_after_failures: Option<i32>,
+    /// Overdue when no run succeeded within this long of it starting to run or its last success.
+    pub expect_success_within_ms: Option<i64>,
+}
+
+/// Bounds of [`OutcomePolicy`], checked at publish and by the table's CHECKs (V19).
+pub const PAUSE_AFTER_FAILURES: std::ops::RangeInclusive<i32> = 1..=1000;
+pub const EXPECT_SUCCESS_WITHIN_MS: std::ops::RangeInclusive<i64> = 60_000..=31_622_400_000;
+
+impl OutcomePolicy {
+    /// What the policies add to the trigger's content digest: nothing when neither is set,
+    /// so a trigger published before them keeps its digest (a republish is a no-op).
+    fn digest_suffix(&self) -> String {
+        let mut s = String::new();
+        if let Some(n) = self.pause_after_failures {
+            s.push_str(&format!("\npause_after_failures={n}"));
+        }
+        if let Some(ms) = self.expect_success_within_ms {
+            s.push_str(&format!("\nexpect_success_within_ms={ms}"));
+        }
+        s
+    }
 }
 
 impl TriggerSpec {
@@ -238,23 +281,54 @@ impl TriggerSpec {
             misfire_policy: MisfirePolicy::Skip,
             misfire_grace_ms: DEFAULT_MISFIRE_GRACE_MS,
             enabled: true,
+            jitter_ms: 0,
+            start_at_ms: None,
+            end_at_ms: None,
+            outcome_policy: OutcomePolicy::default(),
+            overlap_policy: OverlapPolicy::Allow,
         }
     }
 
+    /// The trigger's jitter and window.
+    pub fn timing(&self) -> Timing<'_> {
+        Timing {
+            trigger_id: &self.trigger_id,
+            jitter_ms: self.jitter_ms,
+            start_at_ms: self.start_at_ms,
+            end_at_ms: self.end_at_ms,
+        }
+    }
+
+    /// The digest of the definition. A policy at its default adds nothing to the digested
+    /// text, so a trigger published before the policy existed keeps its digest (an unchanged
+    /// publish stays a no-op); a set one is a line of its own.
     pub fn content_digest(&self) -> String {
-        sha256_hex(
-            format!(
-                "trigger:v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
-                self.project_id,
-                self.task_id,
-                self.cron_expr,
-                self.timezone,
-                self.misfire_policy.as_str(),
-                self.misfire_grace_ms,
-                self.enabled
-            )
-            .as_bytes(),
-        )
+        let mut text = format!(
+            "trigger:v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            self.project_id,
+            self.task_id,
+            self.cron_expr,
+            self.timezone,
+            self.misfire_policy.as_str(),
+            self.misfire_grace_ms,
+            self.enabled
+        );
+        if self.jitter_ms > 0 {
+            text.push_str(&format!("\njitter_ms={}", self.jitter_ms));
+        }
+        if let Some(at) = self.start_at_ms {
+            text.push_str(&format!("\nstart_at_ms={at}"));
+        }
+        if let Some(at) = self.end_at_ms {
+            text.push_str(&format!("\nend_at_ms={at}"));
+        }
+        text.push_str(&self.outcome_policy.digest_suffix());
+        // Only a policy other than allow joins the text: every digest published before V21
+        // (allow) stays the same, so republishing it is still a no-op.
+        if self.overlap_policy != OverlapPolicy::Allow {
+            text.push_str(&format!("\noverlap:{}", self.overlap_policy.as_str()));
+        }
+        sha256_hex(text.as_bytes())
     }
 }
 
@@ -282,6 +356,35 @@ pub enum ManageError {
     },
     #[error("trigger {id}: misfire grace {grace_ms} ms must be within 0..=86400000")]
     MisfireGrace { id: String, grace_ms: i64 },
+    #[error(
+        "trigger {id}: --pause-after-failures {n} must be within 1..=1000 consecutive failed runs"
+    )]
+    PauseAfterFailures { id: String, n: i32 },
+    #[error("trigger {id}: --expect-success-within {ms} ms must be within 1 minute..=366 days (60000..=31622400000 ms)")]
+    ExpectSuccessWithin { id: String, ms: i64 },
+    #[error("trigger {id}: jitter {jitter_ms} ms must be within 0..=86400000")]
+    JitterBound { id: String, jitter_ms: i64 },
+    /// The jitter is not shorter than the shortest gap between two consecutive occurrences.
+    #[error(
+        "trigger {id}: jitter {jitter_ms} ms must be shorter than the shortest gap between two \
+         consecutive occurrences, {gap_ms} ms (after the occurrence at {after}); nothing was \
+         written"
+    )]
+    JitterTooLong {
+        id: String,
+        jitter_ms: i64,
+        gap_ms: i64,
+        /// The earlier occurrence of the shortest pair, in RFC 3339 (UTC).
+        after: String,
+    },
+    #[error(
+        "trigger {id}: the window's start {start_at_ms} ms must be before its end {end_at_ms} ms"
+    )]
+    Window {
+        id: String,
+        start_at_ms: i64,
+        end_at_ms: i64,
+    },
     #[error("unknown project `{id}`")]
     UnknownProject { id: String },
     #[error("unknown trigger `{id}`")]
@@ -308,6 +411,9 @@ pub enum ManageError {
         "trigger {id}: the task's execution revision is missing or corrupt; nothing was written"
     )]
     CorruptExecutionRevision { id: String },
+    /// `trigger fire` while a run of the trigger is unfinished, under forbid or buffer_one.
+    #[error("trigger {id}: a run of the trigger is unfinished; {}", if *buffered { "kept by overlap policy buffer_one: admitted when that run ends" } else { "not admitted by its overlap policy, recorded as a skip (reason overlap); `--overlap allow` fires anyway" })]
+    Overlap { id: String, buffered: bool },
     #[error("unknown task `{id}` (publish it first: `qlsched task publish --project P --id {id} --spec ...`)")]
     UnknownTask { id: String },
     /// A task belongs to the project it was first published in; a trigger must be in it too.
@@ -376,13 +482,14 @@ pub async fn publish_trigger(
     lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
     let floor = lock_cursor_floor(&tx, id).await?;
     let now = db_now(&tx).await?;
-    let Some(first) = floor.first(&schedule, now) else {
+    let Some(first) = floor.first(&schedule, now, spec.start_at_ms) else {
         return Err(ManageError::NeverFiresAgain {
             id: id.clone(),
             expr: spec.cron_expr.clone(),
             zone: spec.timezone.clone(),
         });
     };
+    check_jitter(spec, &schedule, first)?;
     if let Some(r) = &current {
         // The digest encodes the publisher's `enabled`; comparing the column as well catches
         // a row an operator enabled against a publish-disabled definition before V8.
@@ -396,9 +503,11 @@ pub async fn publish_trigger(
         }
     }
     let (revision, enabled) = upsert_trigger(&tx, spec, &digest).await?;
+    super::overlap::set_policy(&tx, id, spec.overlap_policy).await?;
     let claimable = enabled && project_active;
-    upsert_schedule(&tx, spec, revision, claimable, first).await?;
-    if claimable {
+    let claimable_at = spec.timing().claimable_at_ms(first).filter(|_| claimable);
+    upsert_schedule(&tx, spec, revision, claimable_at, first).await?;
+    if let Some(first) = claimable_at {
         // Wake the replicas for the first occurrence (delivered at commit).
         super::wake::notify(&tx, Some(first)).await?;
     }
@@ -422,8 +531,9 @@ async fn upsert_trigger(
             concat!(
                 "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, published_enabled,
                                                cron_expr, timezone, misfire_policy, misfire_grace_ms, content_digest,
+                                               pause_after_failures, expect_success_within_ms, jitter_ms, start_at_ms, end_at_ms,
                                                updated_at_ms)
-                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, ",
+                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, ",
                 db_now_ms!(),
                 ")
                  ON CONFLICT (trigger_id) DO UPDATE
@@ -433,7 +543,11 @@ async fn upsert_trigger(
                        enabled = EXCLUDED.published_enabled AND NOT qlsched.triggers.operator_disabled,
                        cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone,
                        misfire_policy = EXCLUDED.misfire_policy, misfire_grace_ms = EXCLUDED.misfire_grace_ms,
-                       content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms
+                       content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms,
+                       pause_after_failures = EXCLUDED.pause_after_failures,
+                       expect_success_within_ms = EXCLUDED.expect_success_within_ms,
+                       jitter_ms = EXCLUDED.jitter_ms,
+                       start_at_ms = EXCLUDED.start_at_ms, end_at_ms = EXCLUDED.end_at_ms
                  RETURNING revision, enabled"
             ),
             &[
@@ -446,6 +560,11 @@ async fn upsert_trigger(
                 &spec.misfire_policy.as_str(),
                 &spec.misfire_grace_ms,
                 &digest,
+                &spec.outcome_policy.pause_after_failures,
+                &spec.outcome_policy.expect_success_within_ms,
+                &spec.jitter_ms,
+                &spec.start_at_ms,
+                &spec.end_at_ms,
             ],
         )
         .await?;
@@ -492,16 +611,67 @@ fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
             grace_ms: spec.misfire_grace_ms,
         });
     }
+    let p = spec.outcome_policy;
+    if let Some(n) = p
+        .pause_after_failures
+        .filter(|n| !PAUSE_AFTER_FAILURES.contains(n))
+    {
+        return Err(ManageError::PauseAfterFailures { id: id.clone(), n });
+    }
+    if let Some(ms) = p
+        .expect_success_within_ms
+        .filter(|ms| !EXPECT_SUCCESS_WITHIN_MS.contains(ms))
+    {
+        return Err(ManageError::ExpectSuccessWithin { id: id.clone(), ms });
+    }
+    if !(0..=MAX_JITTER_MS).contains(&spec.jitter_ms) {
+        return Err(ManageError::JitterBound {
+            id: id.clone(),
+            jitter_ms: spec.jitter_ms,
+        });
+    }
+    if let (Some(start), Some(end)) = (spec.start_at_ms, spec.end_at_ms) {
+        if start >= end {
+            return Err(ManageError::Window {
+                id: id.clone(),
+                start_at_ms: start,
+                end_at_ms: end,
+            });
+        }
+    }
     Ok(schedule)
 }
 
+/// The largest jitter a trigger may have: a day.
+pub const MAX_JITTER_MS: i64 = 86_400_000;
+
+/// A jitter must be shorter than the shortest gap between two consecutive occurrences from
+/// the first cursor on, within the window (`schedule::min_gap`, its horizon and bound
+/// documented there): otherwise an occurrence could fall due after the next one.
+fn check_jitter(spec: &TriggerSpec, schedule: &Schedule, first: i64) -> Result<(), ManageError> {
+    if spec.jitter_ms == 0 {
+        return Ok(());
+    }
+    match min_gap(schedule, first - 1, spec.end_at_ms, spec.jitter_ms) {
+        Some(gap) if gap.gap_ms <= spec.jitter_ms => Err(ManageError::JitterTooLong {
+            id: spec.trigger_id.clone(),
+            jitter_ms: spec.jitter_ms,
+            gap_ms: gap.gap_ms,
+            after: chrono::DateTime::from_timestamp_millis(gap.after_ms)
+                .map_or_else(|| format!("{} ms", gap.after_ms), |t| t.to_rfc3339()),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Creates the schedule row of a new revision, or resets an existing one to it: the cursor
-/// at `first` (claimable then, if `claimable`), the claim cleared, versions bumped.
+/// at `first` (claimable at `claimable_at`: its jittered instant, or NULL while disabled, in
+/// an inactive project or past the window's end), the claim cleared, versions bumped.
 async fn upsert_schedule(
     tx: &tokio_postgres::Transaction<'_>,
     spec: &TriggerSpec,
     revision: i64,
-    claimable: bool,
+    claimable_at: Option<i64>,
     first: i64,
 ) -> Result<(), ManageError> {
     let id = &spec.trigger_id;
@@ -509,7 +679,7 @@ async fn upsert_schedule(
         concat!(
             "INSERT INTO qlsched.trigger_schedules AS s (trigger_id, project_id, trigger_revision, next_fire_at_ms,
                                                          claimable_at_ms, updated_at_ms)
-             VALUES ($1, $2, $3, $5, CASE WHEN $4 THEN $5::bigint END, ",
+             VALUES ($1, $2, $3, $5, $4, ",
             db_now_ms!(),
             ")
              ON CONFLICT (trigger_id) DO UPDATE
@@ -520,7 +690,7 @@ async fn upsert_schedule(
                    claim_version = s.claim_version + 1, state_version = s.state_version + 1,
                    claimable_at_ms = EXCLUDED.claimable_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
         ),
-        &[id, &spec.project_id, &revision, &claimable, &first],
+        &[id, &spec.project_id, &revision, &claimable_at, &first],
     )
     .await?;
     Ok(())
@@ -545,13 +715,15 @@ impl CursorFloor {
     /// database clock read after the lock: the first occurrence strictly after the clock —
     /// or at or after a live row's cursor that is due and not admitted yet — and always
     /// strictly after every instant already admitted. An enable finds no live cursor (a
-    /// disabled row is not claimable), so a disabled span is never replayed.
-    pub fn first(&self, schedule: &Schedule, now: i64) -> Option<i64> {
+    /// disabled row is not claimable), so a disabled span is never replayed. Never before the
+    /// trigger's `start_at_ms` (an occurrence at the start itself is in the window).
+    pub fn first(&self, schedule: &Schedule, now: i64, start_at_ms: Option<i64>) -> Option<i64> {
         let from = match self.live_cursor_ms {
             Some(c) if c <= now => c - 1,
             _ => now,
         };
-        schedule.next_after_ms(from.max(self.admitted_through_ms.unwrap_or(i64::MIN)))
+        let from = from.max(self.admitted_through_ms.unwrap_or(i64::MIN));
+        schedule.next_after_ms(start_at_ms.map_or(from, |start| from.max(start - 1)))
     }
 }
 

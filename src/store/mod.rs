@@ -20,6 +20,50 @@ macro_rules! fence_out_claim {
     };
 }
 
+/// The jitter offset of an occurrence in SQL: the same function as
+/// `schedule::jitter_offset_ms` (docs/policies-jitter.md), of a trigger id, a nominal
+/// instant (ms) and a jitter (ms), each a SQL expression. 0 without a jitter. Exported for
+/// the test that holds it to the Rust function.
+#[macro_export]
+macro_rules! jitter_offset_sql {
+    ($id:literal, $nominal:literal, $jitter:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $jitter,
+            " > 0 THEN (('x' || left(encode(sha256(convert_to(",
+            $id,
+            " || ':' || (",
+            $nominal,
+            ")::text, 'UTF8')), 'hex'), 16))::bit(64)::bigint
+                  & 9223372036854775807) % ",
+            $jitter,
+            " ELSE 0 END"
+        )
+    };
+}
+
+/// Where the claim index holds a free schedule row whose cursor is `$cursor`, in SQL (as
+/// `schedule::Timing::claimable_at_ms`): at the cursor's jittered instant, out of the index
+/// (NULL) once the cursor is past the trigger's `end_at_ms`, at once (0) while the cursor is
+/// pending. The trigger's row is `t` in the statement.
+macro_rules! claimable_at_sql {
+    ($id:literal, $cursor:literal) => {
+        concat!(
+            "CASE WHEN (",
+            $cursor,
+            ") IS NULL THEN 0
+                  WHEN (",
+            $cursor,
+            ") > t.end_at_ms THEN NULL
+                  ELSE (",
+            $cursor,
+            ") + ",
+            $crate::jitter_offset_sql!($id, $cursor, "t.jitter_ms"),
+            " END"
+        )
+    };
+}
+
 pub mod admission;
 pub mod browse;
 pub mod claim;
@@ -27,6 +71,7 @@ pub mod dispatch;
 #[cfg(test)]
 mod lock_order;
 pub mod manage;
+pub mod overlap;
 
 pub mod queued_prune;
 pub mod recovery;

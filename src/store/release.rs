@@ -5,22 +5,23 @@ use super::claim::Fence;
 use crate::db::StoreError;
 use crate::db_now_ms;
 
-/// Where a released row goes in the claim index: at `now + backoff_ms` (0 = at once, or at
-/// its cursor if that is later), or out of the index (NULL) while its project is not active
-/// or its trigger is disabled, as `project set` and `trigger disable` leave such rows (they
-/// come back at their cursors when resumed or enabled).
+/// Where a released row goes in the claim index: at `now + backoff_ms`, or (0) at its cursor's
+/// jittered instant (at once while it is pending; out of the index once the cursor is past the
+/// trigger's window, `claimable_at_sql!`), or out of the index (NULL) while its project is not
+/// active or its trigger is disabled, as `project set` and `trigger disable` leave such rows
+/// (they come back at their cursors when resumed or enabled).
 macro_rules! released_claimable_at {
     ($backoff:expr) => {
         concat!(
-            "CASE WHEN EXISTS (SELECT 1 FROM qlsched.triggers t JOIN qlsched.projects p
-                                 ON p.project_id = t.project_id
-                               WHERE t.trigger_id = s.trigger_id AND t.enabled AND p.status = 'active')
-                  THEN CASE WHEN ",
+            "(SELECT CASE WHEN ",
             $backoff,
             " > 0 THEN obs.now_ms + ",
             $backoff,
-            " ELSE coalesce(s.next_fire_at_ms, 0) END
-             END"
+            " ELSE ",
+            claimable_at_sql!("s.trigger_id", "s.next_fire_at_ms"),
+            " END
+                FROM qlsched.triggers t JOIN qlsched.projects p ON p.project_id = t.project_id
+               WHERE t.trigger_id = s.trigger_id AND t.enabled AND p.status = 'active')"
         )
     };
 }

@@ -147,6 +147,24 @@ pub async fn prune_batch(
     })
 }
 
+/// Drops the recorded overlap skip instants (V21) scheduled more than `finished_after`
+/// before the database clock; the skip counts stay. Returns the triggers changed. One
+/// statement through `qlsched.overlap_prune_skips` (the runtime's EXECUTE).
+pub async fn prune_skips(
+    client: &tokio_postgres::Client,
+    finished_after: Duration,
+) -> Result<i64, StoreError> {
+    let keep_ms = i64::try_from(finished_after.as_millis()).unwrap_or(i64::MAX);
+    Ok(client
+        .query_one(
+            "SELECT qlsched.overlap_prune_skips(
+                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $1::bigint)",
+            &[&keep_ms],
+        )
+        .await?
+        .get(0))
+}
+
 /// What the retention gauges and `qlsched status` show.
 #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
 pub struct RetentionView {

@@ -333,6 +333,9 @@ fn ids_are_minted_only_for_admissions() {
             task_revision: 1,
             task_digest: "d".into(),
             execution_revision_id: uuid::Uuid::nil(),
+            jitter_ms: 0,
+            start_at_ms: None,
+            end_at_ms: None,
         },
     };
     let backoff = Duration::from_secs(60);

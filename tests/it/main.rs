@@ -23,6 +23,7 @@ mod integrity;
 #[cfg(feature = "fault-injection")]
 mod interrupted_migrate;
 mod invariants;
+mod jitter;
 mod layers;
 mod lifecycle;
 mod live_migrate;
@@ -33,6 +34,8 @@ mod manage_wake;
 mod migrations;
 mod on_time;
 mod operate;
+mod outcomes;
+mod overlap;
 mod pgbouncer;
 mod plans;
 mod retention;

@@ -300,6 +300,16 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_dispatcher",
         "qlsched_admin",
     ),
+    (
+        "qlsched.overlap_adopt(text)",
+        "qlsched_admin",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.overlap_prune_skips(bigint)",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
 ];
 
 /// `db check` expects exactly the one EXECUTE grant of each function: an extra grant to

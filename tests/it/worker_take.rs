@@ -340,13 +340,16 @@ async fn v18_over_queued_runs_keeps_the_v17_take_working_and_takes_them_itself()
     let db = TestDb::new().await;
     db.seed(1, "* * * * * *").await;
     let su = db.superuser().await;
+    // The database as V17 left it: V18 and every later migration not applied.
     su.batch_execute(&format!(
-        "DROP FUNCTION qlsched.dispatch_take_batch(text, text[], text[], integer, bigint);
+        "{}
+         DROP FUNCTION qlsched.dispatch_take_batch(text, text[], text[], integer, bigint);
          DROP INDEX qlsched.runs_take_idx, qlsched.runs_queued_legacy_idx;
          ALTER TABLE qlsched.runs DROP COLUMN pool, DROP COLUMN executor;
          ALTER TABLE qlsched.execution_revisions DROP COLUMN pool, DROP COLUMN executor;
-         DELETE FROM {} WHERE version = 18;
-         DELETE FROM qlsched.schema_compat WHERE version = 18",
+         DELETE FROM {} WHERE version >= 18;
+         DELETE FROM qlsched.schema_compat WHERE version >= 18",
+        crate::live_migrate::UNDO_AFTER_V18,
         qlsched::schema::HISTORY_TABLE
     ))
     .await
@@ -380,7 +383,7 @@ async fn v18_over_queued_runs_keeps_the_v17_take_working_and_takes_them_itself()
         .await
         .unwrap();
 
-    assert_eq!(applied, vec!["V18__worker_take_batch"]);
+    assert_eq!(applied[0], "V18__worker_take_batch", "{applied:?}");
     assert_eq!(
         db.count(
             "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid

@@ -3,7 +3,10 @@
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::present as render;
-use crate::present::triggers::{holder, state_text, trigger_detail, trigger_page};
+use crate::present::triggers::{
+    holder, outcome_lines, outcome_mark, overlap_mark, overlap_text, state_text, timing_text,
+    trigger_detail, trigger_page,
+};
 use crate::store::browse::TriggerFilter;
 use crate::store::triggers::StateFilter;
 
@@ -47,12 +50,18 @@ pub async fn list(
                 v.task_id.clone(),
                 v.cron_expr.clone(),
                 v.timezone.clone(),
-                state_text(v),
+                format!("{}{}", state_text(v), overlap_mark(v)),
                 render::utc(next),
                 render::local(next, &v.timezone),
                 render::utc(v.last_scheduled_at_ms),
                 render::span(v.last_lag_ms),
                 holder(v),
+                if v.jitter_ms > 0 {
+                    render::span(Some(v.jitter_ms))
+                } else {
+                    "-".into()
+                },
+                outcome_mark(&v.outcome),
             ]
         })
         .collect();
@@ -70,7 +79,9 @@ pub async fn list(
                 "NEXT (LOCAL)",
                 "LAST ADMITTED",
                 "LAG",
-                "HELD BY"
+                "HELD BY",
+                "JITTER",
+                "OUTCOME"
             ],
             &rows
         )
@@ -110,7 +121,9 @@ pub async fn show(
         "misfire      {} (grace {} ms)",
         v.misfire_policy, v.misfire_grace_ms
     );
+    println!("overlap      {}", overlap_text(v));
     println!("state        {}", state_text(v));
+    println!("timing       {}", timing_text(v));
     if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
         println!(
             "last disable {} by {}{}",
@@ -126,14 +139,19 @@ pub async fn show(
         println!("last enable  {} by {}", render::utc(Some(at)), by);
     }
     println!(
-        "cursor       {}",
+        "cursor       {}{}",
         v.next_fire_at_ms
             .map(|c| format!(
                 "{}  {}",
                 render::utc(Some(c)),
                 render::local(Some(c), &v.timezone)
             ))
-            .unwrap_or_else(|| "- (decided at the next claim)".into())
+            .unwrap_or_else(|| "- (decided at the next claim)".into()),
+        d.item
+            .next_due_utc
+            .as_deref()
+            .map(|due| format!("  due {due} (jittered)"))
+            .unwrap_or_default()
     );
     println!(
         "last         {} (lag {})",
@@ -146,9 +164,15 @@ pub async fn show(
         v.claim_version,
         v.state_version
     );
+    for (label, text) in outcome_lines(&v.outcome) {
+        println!("{label:<12} {text}");
+    }
     println!("next {} occurrences:", upcoming.len());
     for o in upcoming {
-        println!("  {}  {}", o.utc, o.local);
+        match &o.due_utc {
+            Some(due) => println!("  {}  {}  due {due}", o.utc, o.local),
+            None => println!("  {}  {}", o.utc, o.local),
+        }
     }
     println!("last {} runs:", recent.len());
     for r in recent {

@@ -9,12 +9,15 @@
 //! delete); `admit` writes the runs an operator admits (fire, backfill).
 
 mod manual;
+pub mod outcome;
 mod read;
 mod state;
 
 pub use manual::{
-    backfill_chunk, backfill_definition, fire, manual_key, BackfillCount, BackfillDefinition, Fired,
+    backfill_chunk, backfill_chunk_with, backfill_definition, fire, fire_with, manual_key,
+    BackfillCount, BackfillDefinition, Fired,
 };
+pub use outcome::TriggerOutcome;
 pub use read::{
     list, list_among, list_with_prefix, show, walk_ids, ListQuery, StateFilter, TriggerView,
     LIST_SQL,
@@ -42,6 +45,8 @@ pub(super) struct LockedTrigger {
     pub project: String,
     pub cron_expr: String,
     pub timezone: String,
+    /// The start of the trigger's validity window (docs/policies-jitter.md).
+    pub start_at_ms: Option<i64>,
 }
 
 /// The trigger row, locked in `mode` until the transaction ends. One read, so expression,
@@ -53,7 +58,7 @@ pub(super) async fn lock_trigger(
 ) -> Result<LockedTrigger, ManageError> {
     let sql = format!(
         "SELECT enabled, published_enabled, operator_disabled, deleted_at_ms IS NOT NULL, revision,
-                project_id, cron_expr, timezone
+                project_id, cron_expr, timezone, start_at_ms
            FROM qlsched.triggers WHERE trigger_id = $1 FOR {mode}"
     );
     match tx.query_opt(&sql, &[&id]).await? {
@@ -66,6 +71,7 @@ pub(super) async fn lock_trigger(
             project: r.get(5),
             cron_expr: r.get(6),
             timezone: r.get(7),
+            start_at_ms: r.get(8),
         }),
         None => Err(ManageError::UnknownTrigger { id: id.into() }),
     }

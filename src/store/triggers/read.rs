@@ -6,6 +6,8 @@ use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::store::manage::{ManageError, ProjectStatus};
 
+use super::outcome::TriggerOutcome;
+
 /// One trigger as `trigger list` and `trigger show` print it. Times are Unix ms (database
 /// clock); `now_ms` is when the row was read.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -31,13 +33,34 @@ pub struct TriggerView {
     /// The schedule cursor: the next occurrence the cron will admit (None: not yet decided).
     pub next_fire_at_ms: Option<i64>,
     pub last_scheduled_at_ms: Option<i64>,
-    /// queued − scheduled of the run admitted for `last_scheduled_at_ms`.
+    /// queued − due (the jittered instant; scheduled without a jitter) of the run admitted for
+    /// `last_scheduled_at_ms`.
     pub last_lag_ms: Option<i64>,
     pub claim_owner: Option<String>,
     pub claim_expires_at_ms: Option<i64>,
     pub claim_version: i64,
     pub state_version: i64,
     pub now_ms: i64,
+    /// Outcome policies and summary (V19).
+    pub outcome: TriggerOutcome,
+    /// Jitter (ms, 0 = none) and validity window (docs/policies-jitter.md).
+    pub jitter_ms: i64,
+    pub start_at_ms: Option<i64>,
+    pub end_at_ms: Option<i64>,
+    /// Past its window: the cursor is after the end (the last occurrence in the window was
+    /// admitted), or the end has passed while the row is out of the claim index (disabled,
+    /// project inactive). Nothing more is admitted by the schedule.
+    pub ended: bool,
+    /// The overlap policy (V21): allow, forbid, buffer_one, replace.
+    pub overlap_policy: String,
+    /// Occurrences not admitted because a run of the trigger was unfinished (reason
+    /// `overlap`), and the scheduled instants of the last few, newest last.
+    pub skipped_overlap: i64,
+    pub last_skipped_ms: Vec<i64>,
+    /// buffer_one: the instant of the occurrence kept for when the unfinished run ends.
+    pub buffered_for_ms: Option<i64>,
+    /// The unfinished runs the policy counts (None: never counted, an allow trigger).
+    pub overlap_unfinished: Option<i32>,
 }
 
 /// Which triggers `trigger list` shows.
@@ -46,6 +69,8 @@ pub enum StateFilter {
     Enabled,
     Disabled,
     All,
+    /// Running with a success deadline that passed (`--expect-success-within`).
+    Overdue,
 }
 
 impl StateFilter {
@@ -54,6 +79,7 @@ impl StateFilter {
             StateFilter::Enabled => "enabled",
             StateFilter::Disabled => "disabled",
             StateFilter::All => "all",
+            StateFilter::Overdue => "overdue",
         }
     }
 }
@@ -67,15 +93,24 @@ pub struct ListQuery<'a> {
     pub limit: i64,
 }
 
-const VIEW_COLUMNS: &str = "
+const VIEW_COLUMNS: &str = concat!(
+    "
        t.trigger_id, t.project_id, t.task_id, t.revision, t.cron_expr, t.timezone, t.misfire_policy,
        t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
        t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
        s.next_fire_at_ms, s.last_scheduled_at_ms,
-       (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
+       (SELECT r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
          ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms";
+       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
+       t.jitter_ms, t.start_at_ms, t.end_at_ms,
+       coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
+                false) AS ended,
+       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished, ",
+    crate::outcome_columns!()
+);
 
 /// The page query of `trigger list`, public so a test can EXPLAIN it. A keyset page walks
 /// `triggers_pkey` (or `triggers_project_page_idx` with a project) from `$3` in id order and
@@ -90,17 +125,29 @@ SELECT ",
        t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
        t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
        s.next_fire_at_ms, s.last_scheduled_at_ms,
-       (SELECT r.queued_at_ms - r.scheduled_for_ms FROM qlsched.runs r
+       (SELECT r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) FROM qlsched.runs r
          WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
          ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms
+       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
+       t.jitter_ms, t.start_at_ms, t.end_at_ms,
+       coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
+                false) AS ended,
+       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished, ",
+    crate::outcome_columns!(),
+    "
   FROM qlsched.triggers t
   JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
   JOIN qlsched.projects p ON p.project_id = t.project_id
+  LEFT JOIN qlsched.trigger_outcomes o ON o.trigger_id = t.trigger_id
+  LEFT JOIN qlsched.trigger_overlap ov ON ov.trigger_id = t.trigger_id
   CROSS JOIN n
  WHERE t.deleted_at_ms IS NULL
    AND ($1::text IS NULL OR t.project_id = $1)
-   AND ($2::text = 'all' OR t.enabled = ($2::text = 'enabled'))
+   AND ($2::text = 'all'
+        OR ($2::text = 'overdue' AND o.success_due_at_ms <= n.now_ms)
+        OR ($2::text IN ('enabled', 'disabled') AND t.enabled = ($2::text = 'enabled')))
    AND t.trigger_id > coalesce($3::text, '')
  ORDER BY t.trigger_id
  LIMIT $4"
@@ -135,6 +182,16 @@ fn view(r: &tokio_postgres::Row) -> TriggerView {
         claim_version: r.get("claim_version"),
         state_version: r.get("state_version"),
         now_ms: r.get("now_ms"),
+        outcome: TriggerOutcome::from_row(r),
+        jitter_ms: r.get("jitter_ms"),
+        start_at_ms: r.get("start_at_ms"),
+        end_at_ms: r.get("end_at_ms"),
+        ended: r.get("ended"),
+        overlap_policy: r.get("overlap_policy"),
+        skipped_overlap: r.get("skipped_overlap"),
+        last_skipped_ms: r.get("last_skipped_ms"),
+        buffered_for_ms: r.get("buffered_for_ms"),
+        overlap_unfinished: r.get("overlap_unfinished"),
     }
 }
 
@@ -235,6 +292,8 @@ pub async fn show(
            FROM qlsched.triggers t
            JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
            JOIN qlsched.projects p ON p.project_id = t.project_id
+           LEFT JOIN qlsched.trigger_outcomes o ON o.trigger_id = t.trigger_id
+           LEFT JOIN qlsched.trigger_overlap ov ON ov.trigger_id = t.trigger_id
            CROSS JOIN n
           WHERE t.trigger_id = $1",
         db_now_ms!()

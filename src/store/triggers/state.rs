@@ -86,7 +86,7 @@ pub async fn enable(
     let now = crate::store::manage::db_now(&tx).await?;
     let first = Schedule::parse(&t.cron_expr, &t.timezone)
         .ok()
-        .and_then(|s| floor.first(&s, now));
+        .and_then(|s| floor.first(&s, now, t.start_at_ms));
     tx.execute(
         concat!(
             "UPDATE qlsched.triggers
@@ -97,20 +97,27 @@ pub async fn enable(
         &[&id, &by],
     )
     .await?;
-    tx.execute(
-        concat!(
-            "UPDATE qlsched.trigger_schedules s
-                SET next_fire_at_ms = $3::bigint, claimable_at_ms = CASE WHEN $2 THEN coalesce($3::bigint, 0) END,
+    let claimable_at: Option<i64> = tx
+        .query_opt(
+            concat!(
+                "UPDATE qlsched.trigger_schedules s
+                SET next_fire_at_ms = $3::bigint,
+                    -- at the first cursor's jittered instant (none past the window's end)
+                    claimable_at_ms = CASE WHEN $2 THEN ",
+                claimable_at_sql!("s.trigger_id", "$3::bigint"),
+                " END,
                     ",
-            fence_out_claim!(),
-            " WHERE s.trigger_id = $1"
-        ),
-        &[&id, &active, &first],
-    )
-    .await?;
-    if active {
+                fence_out_claim!(),
+                " FROM qlsched.triggers t WHERE s.trigger_id = $1 AND t.trigger_id = s.trigger_id
+             RETURNING s.claimable_at_ms"
+            ),
+            &[&id, &active, &first],
+        )
+        .await?
+        .and_then(|r| r.get(0));
+    if let Some(at) = claimable_at {
         // Wake the replicas for the first occurrence (delivered at commit).
-        crate::store::wake::notify(&tx, first).await?;
+        crate::store::wake::notify(&tx, Some(at)).await?;
     }
     tx.commit().await?;
     Ok(Changed::Yes)
