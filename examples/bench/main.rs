@@ -19,7 +19,8 @@
 //! - `full`: the same with 10k and 100k drains, medians of 3, 1M-row claims, longer lag,
 //!   6 herd boundaries; about 17 min
 //! - `smoke`: every row of every mode at toy size, no minute-boundary wait; in CI
-//! - `lag`, `wal`, `tls`: only those rows; `herd100k`, `capacity`: the scale rows H and C;
+//! - `lag`, `wal`, `tls`: only those rows; `wal-take`: rows WT, what V18's take indexes cost
+//!   the admission; `herd100k`, `capacity`: the scale rows H and C;
 //!   `herd-jitter`: rows 7 and J (the 10k herd, then the same herd with `--jitter 10s`);
 //!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side (with
 //!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
@@ -79,6 +80,8 @@ pub enum Mode {
     Ceiling,
     Lag,
     Wal,
+    /// Row WT: the admission's cost of V18's copied pool and executor (WAL and rate).
+    WalTake,
     Tls,
     Herd100k,
     /// Rows 7 and J: the 10,000-trigger herd, then the same herd with `--jitter 10s`.

@@ -46,6 +46,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Ceiling => "ceiling",
         Mode::Lag => "lag",
         Mode::Wal => "wal",
+        Mode::WalTake => "wal-take",
         Mode::Tls => "tls",
         Mode::Herd100k => "herd100k",
         Mode::HerdJitter => "herd-jitter",
@@ -176,6 +177,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
         Mode::Ceiling => crate::ceiling::rows(&mut b).await,
         Mode::Lag => crate::lag::rows(&mut b).await,
         Mode::Wal => crate::pairs::wal_rows(&mut b).await,
+        Mode::WalTake => crate::pairs::wal_take_rows(&mut b).await,
         Mode::Tls => crate::pairs::tls_rows(&mut b).await,
         Mode::Herd100k => {
             let n = std::env::var("QLSCHED_BENCH_HERD_N")
@@ -295,6 +297,8 @@ async fn core_rows(b: &mut Bench, smoke: bool) {
     if smoke {
         crate::pairs::tls_rows(b).await;
         crate::pairs::wal_rows(b).await;
+        // Last in its lane: it publishes a spec naming an executor for the bench task.
+        crate::pairs::wal_take_rows(b).await;
     }
 }
 
