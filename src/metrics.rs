@@ -77,6 +77,10 @@ pub struct Metrics {
     pub database_tls_unverified: Gauge,
     /// Attempts of the dispatcher protocol past their lease, not yet expired.
     pub lapsed_attempts: Gauge,
+    /// Triggers whose success deadline passed, per project (docs/policies-outcome.md).
+    pub triggers_overdue: Family<Vec<(String, String)>, Gauge>,
+    /// Triggers the system paused after their failures, per project.
+    pub triggers_system_paused: Family<Vec<(String, String)>, Gauge>,
 }
 
 /// Buckets of one prune batch (seconds).
@@ -117,6 +121,8 @@ impl Default for Metrics {
             console_login_failures: Counter::default(),
             database_tls_unverified: Gauge::default(),
             lapsed_attempts: Gauge::default(),
+            triggers_overdue: Family::default(),
+            triggers_system_paused: Family::default(),
         }
     }
 }
@@ -278,6 +284,16 @@ impl Metrics {
             "lapsed_attempts",
             "Attempts taken under a dispatcher lease that ended (database clock) and that no qlsched.dispatch_expire has marked lost yet (refreshed every retention.interval)",
             self.lapsed_attempts.clone(),
+        );
+        r.register(
+            "triggers_overdue",
+            "Running triggers with --expect-success-within and no success within it, per project (refreshed every retention.interval)",
+            self.triggers_overdue.clone(),
+        );
+        r.register(
+            "triggers_system_paused",
+            "Triggers disabled by qlsched after --pause-after-failures consecutive failed runs and not enabled since, per project (refreshed every retention.interval)",
+            self.triggers_system_paused.clone(),
         );
         r
     }

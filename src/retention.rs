@@ -123,6 +123,24 @@ impl Pruner {
                 .set(n);
         }
         self.metrics.lapsed_attempts.set(view.lapsed_attempts);
+        let outcomes = crate::store::triggers::outcome::gauges(client).await?;
+        self.metrics.triggers_overdue.clear();
+        self.metrics.triggers_system_paused.clear();
+        for (project, overdue, paused) in outcomes {
+            let label = vec![("project".to_owned(), project)];
+            if overdue > 0 {
+                self.metrics
+                    .triggers_overdue
+                    .get_or_create(&label)
+                    .set(overdue);
+            }
+            if paused > 0 {
+                self.metrics
+                    .triggers_system_paused
+                    .get_or_create(&label)
+                    .set(paused);
+            }
+        }
         self.metrics
             .oldest_finished_run_age_seconds
             .set(view.oldest_finished_age_ms.unwrap_or(0) as f64 / 1000.0);

@@ -61,7 +61,7 @@ pub enum DbCommand {
 }
 
 /// `500ms`, `2s`, `10m`, `1h` (a bare number is seconds).
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);

@@ -49,6 +49,12 @@ pub struct PublishArgs {
     pub grace_ms: i64,
     #[arg(long)]
     pub disabled: bool,
+    /// Disable the trigger (by `qlsched`) after this many consecutive failed runs (1..=1000).
+    #[arg(long, value_name = "N")]
+    pub pause_after_failures: Option<i32>,
+    /// Overdue when no run succeeds within this long (1m..=366d), e.g. 26h.
+    #[arg(long, value_name = "DURATION", value_parser = policy_duration)]
+    pub expect_success_within: Option<std::time::Duration>,
     /// Admit each occurrence at its nominal instant plus a deterministic offset in [0, this)
     /// (`10s`, `250ms`, `2m`; default none). Must be shorter than the shortest gap between two
     /// consecutive occurrences (docs/policies-jitter.md).
@@ -61,6 +67,15 @@ pub struct PublishArgs {
     /// is ended.
     #[arg(long, value_parser = parse_instant)]
     pub end_at: Option<i64>,
+}
+
+/// A policy's duration: `500ms`, `2s`, `10m`, `26h` as `db migrate` takes them, or `7d`.
+fn policy_duration(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().strip_suffix('d').map(str::parse::<u64>) {
+        Some(Ok(n)) if n > 0 => Ok(std::time::Duration::from_secs(n.saturating_mul(86_400))),
+        Some(_) => Err(format!("`{s}`: not a duration such as 10m, 26h, 7d")),
+        None => super::db::parse_duration(s),
+    }
 }
 
 /// `--jitter`: a duration, in ms.
@@ -96,6 +111,12 @@ pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
         jitter_ms: a.jitter,
         start_at_ms: a.start_at,
         end_at_ms: a.end_at,
+        outcome_policy: manage::OutcomePolicy {
+            pause_after_failures: a.pause_after_failures,
+            expect_success_within_ms: a
+                .expect_success_within
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        },
     };
     // Validate before connecting: a bad expression never needs a database to be refused.
     Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {
@@ -163,4 +184,19 @@ pub fn trigger_explain(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::policy_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn policy_durations_take_days_too() {
+        assert_eq!(policy_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(policy_duration("26h"), Ok(Duration::from_secs(26 * 3_600)));
+        assert!(policy_duration("0d").is_err());
+        assert!(policy_duration("xd").is_err());
+        assert!(policy_duration("1w").is_err());
+    }
 }

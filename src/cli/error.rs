@@ -130,6 +130,8 @@ impl CliError {
                 | ManageError::JitterBound { .. }
                 | ManageError::JitterTooLong { .. }
                 | ManageError::Window { .. }
+                | ManageError::PauseAfterFailures { .. }
+                | ManageError::ExpectSuccessWithin { .. }
                 | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },

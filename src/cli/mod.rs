@@ -148,7 +148,7 @@ pub enum TriggerCommand {
         target: Target,
         #[arg(long)]
         project: Option<String>,
-        #[arg(long, default_value = "all", value_parser = ["enabled", "disabled", "all"])]
+        #[arg(long, default_value = "all", value_parser = ["enabled", "disabled", "all", "overdue"])]
         state: String,
         /// Page size (1..=10000).
         #[arg(long, default_value_t = 100)]
@@ -343,6 +343,7 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             let state = match state.as_str() {
                 "enabled" => StateFilter::Enabled,
                 "disabled" => StateFilter::Disabled,
+                "overdue" => StateFilter::Overdue,
                 _ => StateFilter::All,
             };
             triggers::list(

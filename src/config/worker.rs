@@ -39,6 +39,8 @@ pub(super) struct RawWorker {
     pub lease: Option<String>,
     pub heartbeat: Option<String>,
     pub poll: Option<String>,
+    pub take_batch: Option<i64>,
+    pub take_linger: Option<String>,
     pub drain_timeout: Option<String>,
     pub kill_grace: Option<String>,
     pub output_bound: Option<i64>,
@@ -73,6 +75,11 @@ pub struct WorkerConfig {
     pub heartbeat: Duration,
     /// Pause when nothing was queued, 100ms..=60s.
     pub poll: Duration,
+    /// Slots freed since the last take at which the next take is made at once, 1..=256
+    /// (at most `concurrency` is used).
+    pub take_batch: u32,
+    /// Longest wait from the first slot freed since the last take to the next take, 0s..=1s.
+    pub take_linger: Duration,
     /// How long a stop waits for running attempts, 0s..=1h.
     pub drain_timeout: Duration,
     /// SIGTERM to SIGKILL of a stopped command's process group, 100ms..=5m.
@@ -179,11 +186,13 @@ fn worker(
     let id = worker_id(c, raw.id);
     let pools = pools(c, raw.pools);
     let concurrency = c.int("worker.concurrency", raw.concurrency, (1, 256), "");
+    let take_batch = c.int("worker.take_batch", raw.take_batch, (1, 256), "");
     let (lease, heartbeat) = lease_and_heartbeat(c, raw.lease, raw.heartbeat);
     let secs = Duration::from_secs;
     let millis = Duration::from_millis;
-    let [poll, drain_timeout, kill_grace] = [
+    let [poll, take_linger, drain_timeout, kill_grace] = [
         ("worker.poll", raw.poll, millis(100), secs(60)),
+        ("worker.take_linger", raw.take_linger, millis(0), secs(1)),
         (
             "worker.drain_timeout",
             raw.drain_timeout,
@@ -208,6 +217,8 @@ fn worker(
         lease: lease?,
         heartbeat: heartbeat?,
         poll: poll?.0,
+        take_batch: take_batch?,
+        take_linger: take_linger?.0,
         drain_timeout: drain_timeout?.0,
         kill_grace: kill_grace?.0,
         output_bound: output_bound? as usize,
@@ -377,5 +388,34 @@ mod tests {
         assert!(keys.contains(&"worker.concurrency"), "{err}");
         assert!(keys.contains(&"worker.heartbeat"), "{err}");
         assert!(keys.contains(&"scheduler.lease"), "{err}");
+    }
+
+    #[test]
+    fn the_take_batch_and_linger_have_defaults_and_bounds() {
+        let cfg = load("[worker]\nid = \"w1\"\n").unwrap();
+        assert_eq!(
+            (cfg.worker.take_batch, cfg.worker.take_linger),
+            (16, Duration::from_millis(20))
+        );
+        let cfg = load("[worker]\nid = \"w1\"\ntake_batch = 1\ntake_linger = \"0s\"\n").unwrap();
+        assert_eq!(
+            (cfg.worker.take_batch, cfg.worker.take_linger),
+            (1, Duration::ZERO)
+        );
+        let err =
+            load("[worker]\nid = \"w1\"\ntake_batch = 0\ntake_linger = \"2s\"\n").unwrap_err();
+        let named: Vec<(&str, &str)> = err
+            .problems()
+            .iter()
+            .map(|p| (p.key.as_str(), p.bound.as_str()))
+            .collect();
+        assert!(
+            named.contains(&("worker.take_batch", "must be within 1..=256")),
+            "{err}"
+        );
+        assert!(
+            named.iter().any(|(k, _)| *k == "worker.take_linger"),
+            "{err}"
+        );
     }
 }

@@ -475,9 +475,10 @@ async fn triggers(
             "all" => StateFilter::All,
             "enabled" => StateFilter::Enabled,
             "disabled" => StateFilter::Disabled,
+            "overdue" => StateFilter::Overdue,
             other => {
                 return Err(Failure::BadRequest(format!(
-                    "state `{other}`: must be one of all, enabled, disabled"
+                    "state `{other}`: must be one of all, enabled, disabled, overdue"
                 )))
             }
         };

@@ -7,7 +7,8 @@ use super::charts::{self, Series};
 use super::{Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
 use crate::present::triggers::{
-    holder, state_text, timing_text, TriggerDetail, TriggerItem, TriggerPage,
+    holder, outcome_lines, outcome_mark, state_text, timing_text, TriggerDetail, TriggerItem,
+    TriggerPage,
 };
 use crate::store::browse::{self, RunDetail, RunsPage};
 
@@ -212,7 +213,7 @@ pub fn triggers(q: &TriggersQuery, limit: i64, page: &TriggerPage) -> String {
             label { "Project " input type="text" name="project" value=[q.project.as_deref()] autocomplete="off"; }
             label { "State "
                 select name="state" {
-                    @for s in ["all", "enabled", "disabled"] {
+                    @for s in ["all", "enabled", "disabled", "overdue"] {
                         option value=(s) selected[s == state] { (s) }
                     }
                 }
@@ -226,7 +227,7 @@ pub fn triggers(q: &TriggersQuery, limit: i64, page: &TriggerPage) -> String {
             table.sortable id="triggers" {
                 thead { tr {
                     th { "Id" } th { "Project" } th { "Task" } th { "Cron" } th { "Zone" } th { "State" }
-                    th { "Next (UTC)" } th { "Next (zone)" } th { "Last admitted" } th.num { "Lag" } th { "Held by" }
+                    th { "Next (UTC)" } th { "Next (zone)" } th { "Last admitted" } th.num { "Lag" } th { "Held by" } th { "Outcome" }
                 } }
                 tbody {
                     @for t in &page.triggers { (trigger_row(t)) }
@@ -263,6 +264,7 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (render::utc(v.last_scheduled_at_ms)) }
             td.num { (render::span(v.last_lag_ms)) }
             td { (holder(v)) }
+            td.outcome { @if v.outcome.overdue { strong.overdue { "overdue " } } (outcome_mark(&v.outcome)) }
         }
     }
 }
@@ -310,6 +312,14 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 }
                 dt { "Last admitted" } dd { (render::utc(v.last_scheduled_at_ms)) " (lag " (render::span(v.last_lag_ms)) ")" }
                 dt { "Lease" } dd { (holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
+            }
+        }
+        section aria-labelledby="outcome-h" {
+            h2 id="outcome-h" { "Outcome" @if v.outcome.overdue { " " strong.overdue id="overdue" { "overdue" } } }
+            dl.facts id="outcome" {
+                @for (label, text) in outcome_lines(&v.outcome) {
+                    dt { (label) } dd { (text) }
+                }
             }
         }
         section aria-labelledby="next-h" {

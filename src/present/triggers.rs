@@ -11,7 +11,7 @@ use crate::db::StoreError;
 use crate::schedule::{Schedule, Timing};
 use crate::store::browse::{next_fire, run_page, RunFilter, RunItem, TriggerFilter, TriggerRows};
 use crate::store::manage::{ManageError, ProjectStatus};
-use crate::store::triggers::{self, TriggerView};
+use crate::store::triggers::{self, TriggerOutcome, TriggerView};
 
 /// One trigger as `trigger list --json` prints it: the stored view plus the next fire (UTC
 /// and the trigger's zone) and whether a live lease holds it.
@@ -104,6 +104,97 @@ pub fn state_text(v: &TriggerView) -> String {
         s.push_str(&format!(" (project {})", v.project_status));
     }
     s
+}
+
+/// The short outcome mark of `trigger list` and the console's list: `OVERDUE`, `PAUSED`
+/// (by the system after its failures), `3 failed` (in a row), `ok` (the last outcome was a
+/// success), `-` (no outcome recorded yet), joined by spaces.
+pub fn outcome_mark(o: &TriggerOutcome) -> String {
+    let mut parts = Vec::new();
+    if o.overdue {
+        parts.push("OVERDUE".to_string());
+    }
+    if o.system_paused_at_ms.is_some() {
+        parts.push("PAUSED".to_string());
+    }
+    if o.consecutive_failures > 0 {
+        parts.push(format!("{} failed", o.consecutive_failures));
+    } else if o.last_success_at_ms.is_some() {
+        parts.push("ok".to_string());
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// `pause after 3 failures; expect success within 26.0 h` or `none`.
+pub fn policies_text(o: &TriggerOutcome) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = o.pause_after_failures {
+        parts.push(format!("pause after {n} failures"));
+    }
+    if let Some(ms) = o.expect_success_within_ms {
+        parts.push(format!(
+            "expect success within {}",
+            super::text::span(Some(ms))
+        ));
+    }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// The summary lines of `trigger show` and the console's trigger page: (label, text).
+pub fn outcome_lines(o: &TriggerOutcome) -> Vec<(&'static str, String)> {
+    let run = |at: Option<i64>, id: &Option<String>| match (at, id) {
+        (Some(at), Some(id)) => format!("{} (run {id})", utc(Some(at))),
+        _ => "- (none recorded since the outcome summary began)".into(),
+    };
+    let mut out = vec![
+        ("policies", policies_text(o)),
+        (
+            "last success",
+            run(o.last_success_at_ms, &o.last_success_run_id),
+        ),
+        (
+            "last failure",
+            match &o.last_failure_error {
+                Some(e) => format!("{}: {e}", run(o.last_failure_at_ms, &o.last_failure_run_id)),
+                None => run(o.last_failure_at_ms, &o.last_failure_run_id),
+            },
+        ),
+        ("failures", format!("{} in a row", o.consecutive_failures)),
+    ];
+    if o.last_cancelled_at_ms.is_some() {
+        out.push((
+            "last cancel",
+            run(o.last_cancelled_at_ms, &o.last_cancelled_run_id),
+        ));
+    }
+    if let Some(at) = o.system_paused_at_ms {
+        out.push((
+            "paused",
+            format!(
+                "{} by qlsched after its failures (`trigger enable` resumes it)",
+                utc(Some(at))
+            ),
+        ));
+    }
+    if let Some(due) = o.success_due_at_ms {
+        out.push((
+            "success due",
+            format!(
+                "{}{}",
+                utc(Some(due)),
+                if o.overdue { " (OVERDUE)" } else { "" }
+            ),
+        ));
+    }
+    out
 }
 
 /// `a until 2026-…`, `a (expired)` or `-`.

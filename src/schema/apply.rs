@@ -155,6 +155,37 @@ pub const CONCURRENT_INDEXES: &[ConcurrentIndex] = &[
         unique: false,
         on: "qlsched.attempts (lease_expires_at_ms) WHERE state IN ('dispatching', 'running') AND lease_id IS NOT NULL",
     },
+    // V18: `qlsched.dispatch_take_batch` walks each pool's queued runs that name an executor
+    // in admission order; a run leaves the predicate when it is taken.
+    ConcurrentIndex {
+        version: 18,
+        name: "runs_take_idx",
+        unique: false,
+        on: "qlsched.runs (pool, queued_at_ms) WHERE status = 'queued' AND NOT cancelled AND executor IS NOT NULL",
+    },
+    // V18: its fallback, the queued runs admitted without the copied pool and executor (by a
+    // binary older than V18, or before it); no run a V18 binary admits enters it.
+    ConcurrentIndex {
+        version: 18,
+        name: "runs_queued_legacy_idx",
+        unique: false,
+        on: "qlsched.runs (queued_at_ms) WHERE status = 'queued' AND pool IS NULL",
+    },
+    // V19: the overdue gauge and `trigger list --state overdue` read only the triggers with a
+    // success deadline, in deadline order (an index-only scan up to now).
+    ConcurrentIndex {
+        version: 19,
+        name: "trigger_outcomes_due_idx",
+        unique: false,
+        on: "qlsched.trigger_outcomes (success_due_at_ms, project_id) WHERE success_due_at_ms IS NOT NULL",
+    },
+    // V19: the system-paused gauge reads only the paused triggers.
+    ConcurrentIndex {
+        version: 19,
+        name: "trigger_outcomes_paused_idx",
+        unique: false,
+        on: "qlsched.trigger_outcomes (project_id) WHERE system_paused_at_ms IS NOT NULL",
+    },
 ];
 
 /// The refinery history table, as refinery creates it.

@@ -17,7 +17,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 16] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -48,6 +48,10 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 15] = [
     // Compatible ranges and the grant manifest (V13): `db check` and the readiness gate read them.
     ("schema_compat", &["SELECT"], &["SELECT"]),
     ("grant_manifest", &["SELECT"], &["SELECT"]),
+    // Trigger outcomes (V19): `trigger show/list` and the console read them, the replicas'
+    // gauges count overdue and system-paused triggers. Only the owner writes them, through
+    // the triggers of V19 (docs/policies-outcome.md): no role updates a summary by hand.
+    ("trigger_outcomes", &["SELECT"], &["SELECT"]),
 ];
 
 /// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
@@ -112,8 +116,19 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// The `dispatch_*` functions (V16) are the dispatcher protocol (docs/dispatcher.md): the
 /// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
 /// taken runs to stop them, an operator's (admin role). `dispatch_take_executable` (V17) is
-/// the take of `qlsched worker` (docs/worker.md).
-pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
+/// the take of `qlsched worker` (docs/worker.md) before V18; `dispatch_take_batch` (V18) is
+/// its take from V18 on. `spec_pool` and `spec_executor` (V16, V17) compute V18's generated
+/// columns of `execution_revisions`, evaluated as the role that inserts a revision: the admin
+/// role's (`task publish`); they only read the text they are given.
+///
+/// Not here, because no role may call them: the trigger functions of V19,
+/// `qlsched.trigger_outcome_of_run()` (a deferred trigger on runs reaching succeeded, failed or
+/// cancelled: reached by the dispatcher role finishing or expiring a run, and by the admin role
+/// cancelling one) and `qlsched.trigger_outcome_follows_trigger()` (on triggers: reached by the
+/// admin role's publish, disable, enable and delete). Both are SECURITY DEFINER, so they write
+/// `trigger_outcomes` (and, for a pause, the trigger and its schedule row) as the owner;
+/// PostgreSQL checks EXECUTE on a trigger function only when the trigger is created.
+pub const EXECUTE_GRANTS: [(&str, &str); 13] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -135,7 +150,13 @@ pub const EXECUTE_GRANTS: [(&str, &str); 10] = [
         "qlsched.dispatch_take_executable(text,text[],text[],integer,bigint)",
         "dispatcher",
     ),
+    (
+        "qlsched.dispatch_take_batch(text,text[],text[],integer,bigint)",
+        "dispatcher",
+    ),
     ("qlsched.request_cancel(uuid[])", "admin"),
+    ("qlsched.spec_pool(text)", "admin"),
+    ("qlsched.spec_executor(text)", "admin"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

@@ -16,7 +16,7 @@ use super::compat::{kind_of, BASELINE};
 /// claim opens projects before tasks; a migration never needs both exclusively at once, and
 /// the lock timeout ends any wait cycle.) A migration that locks several of these takes them
 /// in this order, with `LOCK TABLE` statements before anything else.
-pub const LOCK_ORDER: [&str; 11] = [
+pub const LOCK_ORDER: [&str; 12] = [
     "replicas",
     "trigger_schedules",
     "triggers",
@@ -27,18 +27,22 @@ pub const LOCK_ORDER: [&str; 11] = [
     "runs",
     "attempts",
     "run_events",
+    // V19: a run end writes its trigger's outcome row after its run row.
+    "trigger_outcomes",
     "maintenance",
 ];
 
 /// Tables every claim round, admission or dispatcher writes: a lock held on one of them for
 /// a scan or a build stops the scheduler.
-pub const BUSY_TABLES: [&str; 7] = [
+pub const BUSY_TABLES: [&str; 8] = [
     "replicas",
     "trigger_schedules",
     "runs",
     "pruned_occurrences",
     "attempts",
     "run_events",
+    // V19: every run end writes its trigger's outcome row.
+    "trigger_outcomes",
     "maintenance",
 ];
 

@@ -373,6 +373,12 @@ WITH obs AS MATERIALIZED (
     RETURNING s.trigger_id, s.project_id, obs.now_ms, d.rev, d.task_id,
               (SELECT k.revision FROM qlsched.tasks k WHERE k.task_id = d.task_id) AS krev,
               (SELECT k.execution_revision_id FROM qlsched.tasks k WHERE k.task_id = d.task_id) AS erev,
+              -- The revision's pool and executor (V18's generated columns), copied onto the run
+              -- for the worker's take (runs_take_idx).
+              (SELECT e.pool FROM qlsched.tasks k, qlsched.execution_revisions e
+                WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS pool,
+              (SELECT e.executor FROM qlsched.tasks k, qlsched.execution_revisions e
+                WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS executor,
               d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms
 ), tomb AS MATERIALIZED (
     -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
@@ -383,9 +389,9 @@ WITH obs AS MATERIALIZED (
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
-                              queued_at_ms, admitted_by, due_at_ms)
+                              queued_at_ms, admitted_by, pool, executor, due_at_ms)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by,
-           due_ms
+           pool, executor, due_ms
       FROM adv
      WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
     ON CONFLICT (idempotency_key) DO NOTHING

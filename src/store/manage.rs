@@ -229,6 +229,36 @@ pub struct TriggerSpec {
     pub jitter_ms: i64,
     pub start_at_ms: Option<i64>,
     pub end_at_ms: Option<i64>,
+    /// Pause after failures and expected success (docs/policies-outcome.md).
+    pub outcome_policy: OutcomePolicy,
+}
+
+/// The outcome policies of a trigger (`--pause-after-failures`, `--expect-success-within`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutcomePolicy {
+    /// Disable the trigger (by `qlsched`) after this many consecutive failed runs.
+    pub pause_after_failures: Option<i32>,
+    /// Overdue when no run succeeded within this long of it starting to run or its last success.
+    pub expect_success_within_ms: Option<i64>,
+}
+
+/// Bounds of [`OutcomePolicy`], checked at publish and by the table's CHECKs (V19).
+pub const PAUSE_AFTER_FAILURES: std::ops::RangeInclusive<i32> = 1..=1000;
+pub const EXPECT_SUCCESS_WITHIN_MS: std::ops::RangeInclusive<i64> = 60_000..=31_622_400_000;
+
+impl OutcomePolicy {
+    /// What the policies add to the trigger's content digest: nothing when neither is set,
+    /// so a trigger published before them keeps its digest (a republish is a no-op).
+    fn digest_suffix(&self) -> String {
+        let mut s = String::new();
+        if let Some(n) = self.pause_after_failures {
+            s.push_str(&format!("\npause_after_failures={n}"));
+        }
+        if let Some(ms) = self.expect_success_within_ms {
+            s.push_str(&format!("\nexpect_success_within_ms={ms}"));
+        }
+        s
+    }
 }
 
 impl TriggerSpec {
@@ -251,6 +281,7 @@ impl TriggerSpec {
             jitter_ms: 0,
             start_at_ms: None,
             end_at_ms: None,
+            outcome_policy: OutcomePolicy::default(),
         }
     }
 
@@ -277,7 +308,7 @@ impl TriggerSpec {
             self.misfire_policy.as_str(),
             self.misfire_grace_ms,
             self.enabled
-        );
+        ) + &self.outcome_policy.digest_suffix();
         if self.jitter_ms > 0 {
             text.push_str(&format!("\njitter_ms={}", self.jitter_ms));
         }
@@ -338,6 +369,12 @@ pub enum ManageError {
         start_at_ms: i64,
         end_at_ms: i64,
     },
+    #[error(
+        "trigger {id}: --pause-after-failures {n} must be within 1..=1000 consecutive failed runs"
+    )]
+    PauseAfterFailures { id: String, n: i32 },
+    #[error("trigger {id}: --expect-success-within {ms} ms must be within 1 minute..=366 days (60000..=31622400000 ms)")]
+    ExpectSuccessWithin { id: String, ms: i64 },
     #[error("unknown project `{id}`")]
     UnknownProject { id: String },
     #[error("unknown trigger `{id}`")]
@@ -480,8 +517,9 @@ async fn upsert_trigger(
             concat!(
                 "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, published_enabled,
                                                cron_expr, timezone, misfire_policy, misfire_grace_ms, content_digest,
+                                               pause_after_failures, expect_success_within_ms,
                                                jitter_ms, start_at_ms, end_at_ms, updated_at_ms)
-                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12, ",
+                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, ",
                 db_now_ms!(),
                 ")
                  ON CONFLICT (trigger_id) DO UPDATE
@@ -491,9 +529,11 @@ async fn upsert_trigger(
                        enabled = EXCLUDED.published_enabled AND NOT qlsched.triggers.operator_disabled,
                        cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone,
                        misfire_policy = EXCLUDED.misfire_policy, misfire_grace_ms = EXCLUDED.misfire_grace_ms,
-                       content_digest = EXCLUDED.content_digest, jitter_ms = EXCLUDED.jitter_ms,
-                       start_at_ms = EXCLUDED.start_at_ms, end_at_ms = EXCLUDED.end_at_ms,
-                       updated_at_ms = EXCLUDED.updated_at_ms
+                       content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms,
+                       pause_after_failures = EXCLUDED.pause_after_failures,
+                       expect_success_within_ms = EXCLUDED.expect_success_within_ms,
+                       jitter_ms = EXCLUDED.jitter_ms, start_at_ms = EXCLUDED.start_at_ms,
+                       end_at_ms = EXCLUDED.end_at_ms
                  RETURNING revision, enabled"
             ),
             &[
@@ -506,6 +546,8 @@ async fn upsert_trigger(
                 &spec.misfire_policy.as_str(),
                 &spec.misfire_grace_ms,
                 &digest,
+                &spec.outcome_policy.pause_after_failures,
+                &spec.outcome_policy.expect_success_within_ms,
                 &spec.jitter_ms,
                 &spec.start_at_ms,
                 &spec.end_at_ms,
@@ -569,6 +611,19 @@ fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
                 end_at_ms: end,
             });
         }
+    }
+    let p = spec.outcome_policy;
+    if let Some(n) = p
+        .pause_after_failures
+        .filter(|n| !PAUSE_AFTER_FAILURES.contains(n))
+    {
+        return Err(ManageError::PauseAfterFailures { id: id.clone(), n });
+    }
+    if let Some(ms) = p
+        .expect_success_within_ms
+        .filter(|ms| !EXPECT_SUCCESS_WITHIN_MS.contains(ms))
+    {
+        return Err(ManageError::ExpectSuccessWithin { id: id.clone(), ms });
     }
     Ok(schedule)
 }

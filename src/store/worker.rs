@@ -1,17 +1,26 @@
 //! The statements of `qlsched worker` (docs/worker.md): the dispatcher protocol
-//! (docs/dispatcher.md) called through typed functions. The take is V17's
-//! `dispatch_take_executable` (only runs whose spec names an executor this worker runs);
-//! start, heartbeat, finish, release and expire are V16's calls in [`super::dispatch::protocol`].
-//! Each call is one transaction in autocommit; no transaction is held across an execution.
+//! (docs/dispatcher.md) called through typed functions. The take is V18's
+//! `dispatch_take_batch` (only runs whose spec names an executor this worker runs, read
+//! through the pool's index); start, heartbeat, finish, release and expire are V16's calls in
+//! [`super::dispatch::protocol`]. Each call is one transaction in autocommit; no transaction is
+//! held across an execution.
 
 use uuid::Uuid;
 
 use super::dispatch::protocol;
 use crate::db::StoreError;
 
-/// `$1` worker id, `$2` pools (text[], NULL: all), `$3` executors (text[]), `$4` max runs
-/// (int4), `$5` lease ms. Locking: each run `FOR UPDATE SKIP LOCKED` in `queued_at_ms`
-/// order, as `dispatch_take`; its attempt is updated under that lock.
+/// `$1` worker id, `$2` pools (text[], 1..32), `$3` executors (text[]), `$4` max runs
+/// (int4), `$5` lease ms. Locking: each pool's oldest queued runs `FOR UPDATE SKIP LOCKED`
+/// in `runs_take_idx` order (and those admitted without the copied pool and executor, in
+/// `runs_queued_legacy_idx` order); each taken run's attempt is updated under that lock.
+pub const TAKE_BATCH: &str =
+    "SELECT run_id, attempt_id, attempt_no, lease_token, lease_expires_at_ms,
+        trigger_id, scheduled_for_ms, queued_at_ms, idempotency_key, spec
+   FROM qlsched.dispatch_take_batch($1, $2, $3, $4, $5)";
+
+/// The take of V17 (`dispatch_take_executable`), same arguments and rows: what a worker of
+/// the previous release calls (kept for the tests of that contract).
 pub const TAKE_EXECUTABLE: &str =
     "SELECT run_id, attempt_id, attempt_no, lease_token, lease_expires_at_ms,
         trigger_id, scheduled_for_ms, queued_at_ms, idempotency_key, spec
@@ -66,7 +75,7 @@ pub async fn take(
     let executors: Vec<String> = executors.iter().map(|s| s.to_string()).collect();
     let rows = c
         .query(
-            TAKE_EXECUTABLE,
+            TAKE_BATCH,
             &[&worker_id, &pools, &executors, &max_runs, &lease_ms],
         )
         .await?;
@@ -152,12 +161,12 @@ pub async fn expire(c: &tokio_postgres::Client, max_rows: i32) -> Result<(i64, i
 }
 
 /// The worker's readiness gate (the dispatcher role reads no schema history, so `db check`
-/// is not its to run): the take of V17 exists and this role may execute it, and so may it
+/// is not its to run): the take of V18 exists and this role may execute it, and so may it
 /// every V16 call the worker makes. Returns every problem found (empty = ready).
 /// Locking: none (catalog reads).
 pub async fn readiness(c: &tokio_postgres::Client) -> Result<Vec<String>, StoreError> {
     const FUNCTIONS: [&str; 6] = [
-        "qlsched.dispatch_take_executable(text,text[],text[],integer,bigint)",
+        "qlsched.dispatch_take_batch(text,text[],text[],integer,bigint)",
         "qlsched.dispatch_start(uuid,uuid,bigint)",
         "qlsched.dispatch_heartbeat(uuid,uuid,bigint)",
         "qlsched.dispatch_finish(uuid,uuid,text,integer,text,text,jsonb)",

@@ -3,13 +3,14 @@
 //! - build: open the pool (the replica's connection path) → wait for the database, the
 //!   pooler probe and the worker's readiness gate (its protocol calls exist and are its);
 //! - run: serve HTTP → READY → loop: expire lapsed attempts, take up to the free
-//!   concurrency, run each taken attempt on its own task; pause `poll` when nothing came;
+//!   concurrency, run each taken attempt on its own task; the next take when `take_batch`
+//!   attempts ended, `take_linger` after the first did, or `poll` after the take;
 //! - stop (SIGTERM/SIGINT): not ready, take no more; attempts not started are released;
 //!   running ones get `drain_timeout`, then are stopped (SIGTERM, grace, SIGKILL) and
 //!   finished `failed`; exit 0.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use slog::{crit, debug, info, warn, Logger};
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::attempt::{self, Shared};
+use super::cadence::Cadence;
 use super::metrics::WorkerMetrics;
 use super::secrets::Credentials;
 use super::serve::{self, Ready};
@@ -162,8 +164,9 @@ fn serve_http(
         .map_err(|source| WorkerError::Http { addr, source })
 }
 
-/// The loop: takes up to the free concurrency and runs each taken attempt on its own task,
-/// until a signal.
+/// The loop: takes up to the free concurrency when the [`Cadence`] says so (a batch of ended
+/// attempts, a linger after the first, or the poll) and runs each taken attempt on its own
+/// task, until a signal.
 async fn take_until_stopped(
     shared: &Arc<Shared>,
     ready: &Ready,
@@ -172,12 +175,14 @@ async fn take_until_stopped(
     watchdog: bool,
 ) {
     let (w, log) = (&shared.cfg, &shared.log);
+    let mut cadence = Cadence::new(w.poll, w.take_linger, w.take_batch, w.concurrency);
     loop {
         if watchdog {
             notify(&[sd_notify::NotifyState::Watchdog]);
         }
         let free = w.concurrency as usize - running.len();
-        if free > 0 {
+        if cadence.due(Instant::now(), free) {
+            cadence.took(Instant::now());
             match take(shared, free as i32).await {
                 Ok(taken) => {
                     ready.set(true);
@@ -194,12 +199,13 @@ async fn take_until_stopped(
                 }
             }
         }
-        // The next take comes when an attempt ends or after `poll`, whichever is first (the
-        // watchdog is pinged at least every `poll`, even with every slot busy).
-        let pause = tokio::time::sleep(w.poll);
+        // Wake when an attempt ends (counted towards the batch) or when the cadence may take
+        // (the watchdog is pinged at least every `poll`, even with every slot busy).
+        let free = w.concurrency as usize - running.len();
+        let pause = tokio::time::sleep_until(cadence.wake_at(Instant::now(), free).into());
         tokio::select! {
             _ = signals.next() => break,
-            Some(_) = running.join_next(), if !running.is_empty() => {}
+            Some(_) = running.join_next(), if !running.is_empty() => cadence.ended(Instant::now()),
             _ = pause => {}
         }
     }

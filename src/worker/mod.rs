@@ -3,9 +3,9 @@
 //!
 //! An attempt's lease, as this worker moves it (docs/dispatcher.md, "The functions"):
 //!
-//! - **take** (`dispatch_take_executable`, V17): queued runs of this worker's pools whose
+//! - **take** (`dispatch_take_batch`, V18): queued runs of this worker's pools whose
 //!   spec names an executor it runs → `dispatching`, under a lease (token + expiry on the
-//!   database clock);
+//!   database clock), several at a time (`take_batch`, `take_linger`);
 //! - **start** → `running`; the executor runs while **heartbeats** extend the lease every
 //!   `[worker] heartbeat`; a heartbeat answering "not held" stops the work (it may run
 //!   elsewhere) and records nothing; one answering "cancel requested" stops it and
@@ -22,6 +22,7 @@
 //! may take the run.
 
 mod attempt;
+pub mod cadence;
 pub mod daemon;
 pub mod metrics;
 pub mod request;

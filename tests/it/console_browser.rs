@@ -413,6 +413,24 @@ async fn the_console_in_headless_chromium() {
     screenshot(&c, "runs").await;
     assert_clean_log(&c, "/runs").await;
 
+    // One run: a dispatcher takes a run of con-a and records a failure whose output carries
+    // markup; the page shows the attempt and its output as text, and nothing ran.
+    let run_id = fail_one_run(&db, "<script>window.__out=1</script> & <b>bold</b>").await;
+    c.goto(&go(&format!("/runs/{run_id}"))).await.unwrap();
+    assert_eq!(texts(&c, "h1").await, [format!("Run {run_id}")]);
+    assert_eq!(text_of(&c, "#run-status").await, "failed");
+    let attempts = text_of(&c, "section[aria-labelledby=attempts-h]").await;
+    assert!(
+        attempts.contains("Attempt 1: failed")
+            && attempts.contains("<script>window.__out=1</script> & <b>bold</b>"),
+        "{attempts}"
+    );
+    let out = c.execute("return window.__out === undefined && !document.querySelector('main pre b, main pre script');", vec![]).await.unwrap();
+    assert_eq!(out, json!(true), "markup from the output reached the DOM");
+    assert!(texts(&c, "#events tbody tr").await.len() >= 4);
+    screenshot(&c, "run").await;
+    assert_clean_log(&c, "/runs/{id}").await;
+
     // JavaScript off: every page still works, filters too (plain GET forms).
     c.issue_cmd(Post {
         path: "goog/cdp/execute",
@@ -420,7 +438,14 @@ async fn the_console_in_headless_chromium() {
     })
     .await
     .expect("disable JavaScript");
-    for path in ["/", "/triggers", "/triggers/con-a", "/runs"] {
+    let run_page = format!("/runs/{run_id}");
+    for path in [
+        "/",
+        "/triggers",
+        "/triggers/con-a",
+        "/runs",
+        run_page.as_str(),
+    ] {
         c.goto(&go(path)).await.unwrap();
         assert!(
             c.find(Locator::Css("html[data-js]")).await.is_err(),
@@ -439,4 +464,38 @@ async fn the_console_in_headless_chromium() {
     c.close().await.unwrap();
     r.terminate(Duration::from_secs(20)).await;
     eprintln!("console browser walk: {:?}", started.elapsed());
+}
+
+/// Takes one queued run through the dispatcher protocol and records it failed with `output`
+/// as its output tail; returns the run's id.
+async fn fail_one_run(db: &TestDb, output: &str) -> uuid::Uuid {
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = d
+        .query_one(
+            "SELECT run_id, attempt_id, lease_token FROM qlsched.dispatch_take('w-shot', NULL, 1, 60000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (run_id, attempt, token): (uuid::Uuid, uuid::Uuid, uuid::Uuid) =
+        (taken.get(0), taken.get(1), taken.get(2));
+    let started: bool = d
+        .query_one(
+            "SELECT qlsched.dispatch_start($1, $2, 60000)",
+            &[&attempt, &token],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(started, "the taken run starts");
+    let finished: bool = d
+        .query_one(
+            "SELECT qlsched.dispatch_finish($1, $2, 'failed', 1, $3, 'exited with status 1', NULL)",
+            &[&attempt, &token, &output],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(finished, "the started run finishes");
+    run_id
 }

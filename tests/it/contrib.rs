@@ -78,6 +78,18 @@ async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_or_worker_exp
         3,
     )
     .await;
+    // An overdue and a system-paused trigger (outcome rows as V19's triggers would leave
+    // them), so the replica exports `qlsched_triggers_overdue{project}` and
+    // `qlsched_triggers_system_paused{project}`.
+    db.superuser()
+        .await
+        .batch_execute(
+            "INSERT INTO qlsched.trigger_outcomes (trigger_id, project_id, success_due_at_ms,
+                                                   system_paused_at_ms, updated_at_ms)
+             VALUES ('late', 'proj', 1, NULL, 0), ('paused', 'proj', NULL, 1, 0)",
+        )
+        .await
+        .unwrap();
     let mut w = WorkerProc::start(
         &db.dsn("qlsched_dispatcher"),
         "metrics-w",
@@ -98,7 +110,9 @@ async fn alert_rules_and_dashboard_use_only_metrics_a_live_replica_or_worker_exp
         || {
             (status, body) = r.get("/metrics").expect("/metrics answers");
             let done = body.contains("qlsched_runs_pruned_total{")
-                && body.contains("qlsched_queued_runs{pool=\"reports\"}");
+                && body.contains("qlsched_queued_runs{pool=\"reports\"}")
+                && body.contains("qlsched_triggers_overdue{project=\"proj\"} 1")
+                && body.contains("qlsched_triggers_system_paused{project=\"proj\"} 1");
             async move { done }
         },
     )

@@ -579,7 +579,7 @@ async fn v20_applies_over_triggers_and_runs_written_before_it() {
             "ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms,
                                           DROP COLUMN end_at_ms;
              ALTER TABLE qlsched.runs DROP COLUMN due_at_ms;
-             DELETE FROM {} WHERE version >= 18",
+             DELETE FROM {} WHERE version = 20",
             qlsched::schema::HISTORY_TABLE
         ))
         .await

@@ -172,6 +172,15 @@ fn migration_names() -> Vec<String> {
 
 /// The real binary behind a reader: each wait on stderr, then exit 1 with V13 not applied;
 /// after the reader, V13 and V14 apply and `db check` passes.
+/// Undoes every migration after V18, newest first (for the tests that start from an older
+/// schema): its objects only, the history rows are the caller's.
+pub const UNDO_AFTER_V18: &str = "
+    ALTER TABLE qlsched.runs DROP COLUMN due_at_ms;
+    ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms, DROP COLUMN end_at_ms;
+    DROP FUNCTION qlsched.trigger_outcome_of_run(), qlsched.trigger_outcome_follows_trigger() CASCADE;
+    DROP TABLE qlsched.trigger_outcomes;
+    ALTER TABLE qlsched.triggers DROP COLUMN pause_after_failures, DROP COLUMN expect_success_within_ms;";
+
 #[tokio::test]
 async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let db = TestDb::new().await;
@@ -179,7 +188,12 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     // The database as the release before V13 left it: V13 and later not applied (V15 replaces
     // V11's and V12's functions and drops nothing they need; they stay).
     su.batch_execute(&format!(
-        "DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;
+        "{UNDO_AFTER_V18}
+         DROP FUNCTION qlsched.dispatch_take_batch(text, text[], text[], integer, bigint);
+         DROP INDEX qlsched.runs_take_idx, qlsched.runs_queued_legacy_idx;
+         ALTER TABLE qlsched.runs DROP COLUMN pool, DROP COLUMN executor;
+         ALTER TABLE qlsched.execution_revisions DROP COLUMN pool, DROP COLUMN executor;
+         DROP TABLE qlsched.schema_compat, qlsched.grant_manifest, qlsched.pruned_occurrences;
          DROP FUNCTION qlsched.keep_pruned_out(uuid[]);
          DROP FUNCTION qlsched.maintenance_horizon_is_guarded() CASCADE;
          REVOKE UPDATE (finished_after_floor_ms) ON qlsched.maintenance FROM qlsched_admin;
@@ -202,9 +216,7 @@ async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
                        qlsched.request_cancel(uuid[]),
                        qlsched.spec_executor(text),
                        qlsched.dispatch_take_executable(text, text[], text[], integer, bigint);
-         ALTER TABLE qlsched.runs DROP COLUMN cancel_requested_at_ms, DROP COLUMN due_at_ms;
-         ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms,
-                                      DROP COLUMN end_at_ms;
+         ALTER TABLE qlsched.runs DROP COLUMN cancel_requested_at_ms;
          DROP INDEX qlsched.runs_queued_order_idx, qlsched.attempts_lease_expiry_idx;
          ALTER TABLE qlsched.attempts DROP COLUMN not_before_ms, DROP COLUMN exit_status,
                                       DROP COLUMN output_tail;

@@ -261,6 +261,21 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_admin",
     ),
     (
+        "qlsched.dispatch_take_batch(text,text[],text[],integer,bigint)",
+        "qlsched_dispatcher",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.spec_pool(text)",
+        "qlsched_admin",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.spec_executor(text)",
+        "qlsched_admin",
+        "qlsched_dispatcher",
+    ),
+    (
         "qlsched.dispatch_start(uuid,uuid,bigint)",
         "qlsched_dispatcher",
         "qlsched_admin",

@@ -3,7 +3,9 @@
 use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::present as render;
-use crate::present::triggers::{holder, state_text, timing_text, trigger_detail, trigger_page};
+use crate::present::triggers::{
+    holder, outcome_lines, outcome_mark, state_text, timing_text, trigger_detail, trigger_page,
+};
 use crate::store::browse::TriggerFilter;
 use crate::store::triggers::StateFilter;
 
@@ -58,6 +60,7 @@ pub async fn list(
                 } else {
                     "-".into()
                 },
+                outcome_mark(&v.outcome),
             ]
         })
         .collect();
@@ -76,7 +79,8 @@ pub async fn list(
                 "LAST ADMITTED",
                 "LAG",
                 "HELD BY",
-                "JITTER"
+                "JITTER",
+                "OUTCOME"
             ],
             &rows
         )
@@ -158,6 +162,9 @@ pub async fn show(
         v.claim_version,
         v.state_version
     );
+    for (label, text) in outcome_lines(&v.outcome) {
+        println!("{label:<12} {text}");
+    }
     println!("next {} occurrences:", upcoming.len());
     for o in upcoming {
         match &o.due_utc {

@@ -52,9 +52,9 @@ const ADMIT_MANUAL_SQL: &str = concat!(
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
-                              queued_at_ms, admitted_by, request_id)
+                              queued_at_ms, admitted_by, request_id, pool, executor)
     SELECT d.run_id, t.project_id, t.trigger_id, t.revision, k.task_id, k.revision, k.execution_revision_id,
-           d.ikey, 'queued', coalesce(d.sf, obs.now_ms), obs.now_ms, $7, d.request_id
+           d.ikey, 'queued', coalesce(d.sf, obs.now_ms), obs.now_ms, $7, d.request_id, e.pool, e.executor
       FROM d, obs, qlsched.triggers t
       JOIN qlsched.tasks k ON k.task_id = t.task_id
       JOIN qlsched.execution_revisions e ON e.execution_revision_id = k.execution_revision_id

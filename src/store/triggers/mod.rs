@@ -9,12 +9,14 @@
 //! delete); `admit` writes the runs an operator admits (fire, backfill).
 
 mod manual;
+pub mod outcome;
 mod read;
 mod state;
 
 pub use manual::{
     backfill_chunk, backfill_definition, fire, manual_key, BackfillCount, BackfillDefinition, Fired,
 };
+pub use outcome::TriggerOutcome;
 pub use read::{
     list, list_among, list_with_prefix, show, walk_ids, ListQuery, StateFilter, TriggerView,
     LIST_SQL,

@@ -6,6 +6,8 @@ use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::store::manage::{ManageError, ProjectStatus};
 
+use super::outcome::TriggerOutcome;
+
 /// One trigger as `trigger list` and `trigger show` print it. Times are Unix ms (database
 /// clock); `now_ms` is when the row was read.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -47,6 +49,8 @@ pub struct TriggerView {
     /// admitted), or the end has passed while the row is out of the claim index (disabled,
     /// project inactive). Nothing more is admitted by the schedule.
     pub ended: bool,
+    /// Outcome policies and summary (V19).
+    pub outcome: TriggerOutcome,
 }
 
 /// Which triggers `trigger list` shows.
@@ -55,6 +59,8 @@ pub enum StateFilter {
     Enabled,
     Disabled,
     All,
+    /// Running with a success deadline that passed (`--expect-success-within`).
+    Overdue,
 }
 
 impl StateFilter {
@@ -63,6 +69,7 @@ impl StateFilter {
             StateFilter::Enabled => "enabled",
             StateFilter::Disabled => "disabled",
             StateFilter::All => "all",
+            StateFilter::Overdue => "overdue",
         }
     }
 }
@@ -76,7 +83,8 @@ pub struct ListQuery<'a> {
     pub limit: i64,
 }
 
-const VIEW_COLUMNS: &str = "
+const VIEW_COLUMNS: &str = concat!(
+    "
        t.trigger_id, t.project_id, t.task_id, t.revision, t.cron_expr, t.timezone, t.misfire_policy,
        t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
        t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
@@ -87,7 +95,9 @@ const VIEW_COLUMNS: &str = "
        s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
        t.jitter_ms, t.start_at_ms, t.end_at_ms,
        coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
-                false) AS ended";
+                false) AS ended, ",
+    crate::outcome_columns!()
+);
 
 /// The page query of `trigger list`, public so a test can EXPLAIN it. A keyset page walks
 /// `triggers_pkey` (or `triggers_project_page_idx` with a project) from `$3` in id order and
@@ -108,14 +118,19 @@ SELECT ",
        s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
        t.jitter_ms, t.start_at_ms, t.end_at_ms,
        coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
-                false) AS ended
+                false) AS ended, ",
+    crate::outcome_columns!(),
+    "
   FROM qlsched.triggers t
   JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
   JOIN qlsched.projects p ON p.project_id = t.project_id
+  LEFT JOIN qlsched.trigger_outcomes o ON o.trigger_id = t.trigger_id
   CROSS JOIN n
  WHERE t.deleted_at_ms IS NULL
    AND ($1::text IS NULL OR t.project_id = $1)
-   AND ($2::text = 'all' OR t.enabled = ($2::text = 'enabled'))
+   AND ($2::text = 'all'
+        OR ($2::text = 'overdue' AND o.success_due_at_ms <= n.now_ms)
+        OR ($2::text IN ('enabled', 'disabled') AND t.enabled = ($2::text = 'enabled')))
    AND t.trigger_id > coalesce($3::text, '')
  ORDER BY t.trigger_id
  LIMIT $4"
@@ -154,6 +169,7 @@ fn view(r: &tokio_postgres::Row) -> TriggerView {
         start_at_ms: r.get("start_at_ms"),
         end_at_ms: r.get("end_at_ms"),
         ended: r.get("ended"),
+        outcome: TriggerOutcome::from_row(r),
     }
 }
 
@@ -254,6 +270,7 @@ pub async fn show(
            FROM qlsched.triggers t
            JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
            JOIN qlsched.projects p ON p.project_id = t.project_id
+           LEFT JOIN qlsched.trigger_outcomes o ON o.trigger_id = t.trigger_id
            CROSS JOIN n
           WHERE t.trigger_id = $1",
         db_now_ms!()
