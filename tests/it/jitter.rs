@@ -558,3 +558,62 @@ async fn a_trigger_published_after_its_end_is_ended_at_once() {
     triggers::enable(&mut admin, ID, "test").await.unwrap();
     assert_eq!(cursor(&db, ID).await.1, None);
 }
+
+/// V20 over a database that holds triggers and runs from before it: the migration applies
+/// (its lint and lock order are checked by the unit tests of `schema::lint`), the existing
+/// trigger has no jitter and no window and keeps its digest (its identical publish changes
+/// nothing), the existing run has no due instant, and `db check` is clean.
+#[tokio::test]
+async fn v20_applies_over_triggers_and_runs_written_before_it() {
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    let plain = TriggerSpec::new(ID, "proj", "task", "0 * * * * *", "UTC");
+    manage::publish_trigger(&mut admin, &plain).await.unwrap();
+    triggers::fire(&mut admin, ID, "before-v20", "test")
+        .await
+        .unwrap();
+    // The database as V17 left it, with those rows in it.
+    db.superuser()
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms,
+                                          DROP COLUMN end_at_ms;
+             ALTER TABLE qlsched.runs DROP COLUMN due_at_ms;
+             DELETE FROM {} WHERE version = 20",
+            qlsched::schema::HISTORY_TABLE
+        ))
+        .await
+        .unwrap();
+    let applied = qlsched::schema::migrate(&db.config("qlsched_owner"), &crate::helpers::roles())
+        .await
+        .unwrap();
+    assert!(
+        applied
+            .iter()
+            .any(|m| m.starts_with("V20__jitter_and_window")),
+        "{applied:?}"
+    );
+    let v = triggers::show(&admin, ID).await.unwrap();
+    assert_eq!(
+        (v.revision, v.jitter_ms, v.start_at_ms, v.end_at_ms, v.ended),
+        (1, 0, None, None, false)
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE due_at_ms IS NULL")
+            .await,
+        1
+    );
+    let p = manage::publish_trigger(&mut admin, &plain).await.unwrap();
+    assert_eq!((p.revision, p.changed), (1, false));
+    let problems = qlsched::schema::check(
+        &db.client("qlsched_owner").await,
+        &[
+            ("qlsched_admin", "admin"),
+            ("qlsched_runtime", "runtime"),
+            ("qlsched_worker_ingress", "worker_ingress"),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+}
