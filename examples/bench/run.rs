@@ -91,7 +91,10 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let worker_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     say(&format!(
         "starting a private durable PostgreSQL ({} settings{})",
-        if matches!(mode, Mode::Worker { .. } | Mode::Overlap { .. } | Mode::HerdJitter) {
+        if matches!(
+            mode,
+            Mode::Worker { .. } | Mode::Overlap { .. } | Mode::HerdJitter
+        ) {
             "stock"
         } else {
             "tuned"
