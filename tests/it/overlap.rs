@@ -565,3 +565,62 @@ async fn a_dispatchers_finish_admits_the_kept_occurrence_through_the_owners_trig
     );
     db.assert_invariants().await;
 }
+
+/// The command line: `trigger publish --overlap` (a changed policy is a new revision, the
+/// same one again is not), `trigger show` and `trigger list` (text and `--json`), and `trigger
+/// fire` refused under forbid (exit 4) unless `--overlap allow`.
+#[tokio::test]
+async fn the_command_line_publishes_shows_lists_and_fires_under_the_policy() {
+    use crate::helpers::cli::{json, ok, ql, refused};
+    let db = TestDb::new().await;
+    drop(db.admin_with_project().await);
+    let publish = |policy: &'static str| {
+        let db = db.clone();
+        async move {
+            ok(ql(
+                &db,
+                &[
+                    "trigger",
+                    "publish",
+                    "--id",
+                    "t",
+                    "--project",
+                    "proj",
+                    "--task",
+                    "task",
+                    "--cron",
+                    "0 0 * * * *",
+                    "--overlap",
+                    policy,
+                ],
+            ))
+        }
+    };
+    assert!(publish("allow").await.contains("revision 1"));
+    assert!(publish("forbid").await.contains("revision 2"));
+    assert!(publish("forbid").await.contains("revision 2 (unchanged)"));
+    let shown = ok(ql(&db, &["trigger", "show", "t"]));
+    assert!(
+        shown.contains("overlap      forbid · 0 unfinished"),
+        "{shown}"
+    );
+    assert!(ok(ql(&db, &["trigger", "fire", "t"])).contains("fired"));
+    refused(
+        ql(&db, &["trigger", "fire", "t"]),
+        4,
+        &["a run of the trigger is unfinished", "--overlap allow"],
+    );
+    assert!(ok(ql(&db, &["trigger", "fire", "t", "--overlap", "allow"])).contains("fired"));
+    let listed = ok(ql(&db, &["trigger", "list"]));
+    assert!(listed.contains("enabled · forbid · 1 skipped"), "{listed}");
+    let v = json(ok(ql(&db, &["trigger", "show", "t", "--json"])));
+    assert_eq!(v["overlap_policy"], "forbid", "{v}");
+    assert_eq!(v["skipped_overlap"], 1, "{v}");
+    assert_eq!(v["overlap_unfinished"], 2, "{v}");
+    assert_eq!(
+        v["last_skipped_ms"].as_array().map(Vec::len),
+        Some(1),
+        "{v}"
+    );
+    db.assert_invariants().await;
+}
