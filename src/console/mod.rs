@@ -434,6 +434,7 @@ fn refusals(m: &Metrics) -> Vec<Refusal> {
         r("fence lost", "qlsched_fence_losses_total", &m.fence_losses, "write refused: the lease was no longer ours"),
         r("re-decided", "qlsched_redecides_total", &m.redecides, "definition moved on during the admission: decided again at once"),
         r("duplicate key", "qlsched_duplicate_keys_total", &m.duplicate_keys, "occurrence admitted before (e.g. by a backfill): cursor advanced"),
+        r("overlap", "qlsched_overlap_skips_total", &m.overlap_skips, "a run of the trigger unfinished: skipped or kept by its overlap policy"),
         r("serialization retry", "qlsched_serialization_retries_total", &m.serialization_retries, "admission retried after 40001/40P01"),
         r("misfire skipped", "qlsched_skips_total", &m.skips, "occurrence past its grace: skipped by misfire = skip"),
         r("orphan release", "qlsched_orphan_releases_total", &m.orphan_releases, "a claim round's reply never came: its rows released"),

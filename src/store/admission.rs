@@ -100,10 +100,14 @@ pub enum AdmitOutcome {
     /// Committed: exactly one run, one attempt, two events; cursor advanced; claim cleared.
     Admitted { queued_at_ms: i64 },
     /// The occurrence's idempotency key already existed (a backfill, or a run admitted by
-    /// other means), its run was pruned (a tombstone), or the trigger's overlap policy did
-    /// not admit it (skipped and recorded as such, or buffered; V21): nothing new was
-    /// written for it, the cursor advanced past it under the fence and the claim was cleared.
+    /// other means) or its run was pruned (a tombstone): nothing new was written for it, the
+    /// cursor advanced past it under the fence and the claim was cleared.
     AlreadyAdmitted,
+    /// The trigger's overlap policy (V21) did not admit it now: a run of the trigger is
+    /// unfinished, and the occurrence was recorded as a skip (forbid, buffer_one with one
+    /// kept already) or kept for when that run ends (buffer_one). Nothing else was written;
+    /// the cursor advanced under the fence and the claim was cleared.
+    Overlap,
     /// A verification failed; nothing was written. `why` names what changed.
     Refused { why: Refusal },
 }
@@ -312,9 +316,10 @@ async fn outcomes(
             .iter()
             .find(|r| r.get::<_, &str>(0) == a.claim.trigger_id);
         out.push(match hit {
-            Some(r) => match r.get::<_, Option<i64>>(1) {
-                Some(queued_at_ms) => AdmitOutcome::Admitted { queued_at_ms },
-                None => AdmitOutcome::AlreadyAdmitted,
+            Some(r) => match (r.get::<_, Option<i64>>(1), r.get::<_, bool>(2)) {
+                (Some(queued_at_ms), _) => AdmitOutcome::Admitted { queued_at_ms },
+                (None, true) => AdmitOutcome::Overlap,
+                (None, false) => AdmitOutcome::AlreadyAdmitted,
             },
             None => AdmitOutcome::Refused {
                 why: diagnose(client, a).await?,
@@ -411,7 +416,15 @@ WITH obs AS MATERIALIZED (
     SELECT adv.run_id, e.seq, e.kind, adv.now_ms
       FROM adv JOIN run ON run.run_id = adv.run_id, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
 )
-SELECT adv.trigger_id, run.queued_at_ms FROM adv LEFT JOIN run ON run.run_id = adv.run_id"
+SELECT adv.trigger_id, run.queued_at_ms,
+       -- Not written although its key is new and not a tombstone: the overlap policy kept it
+       -- out (V21). Read only for a counted trigger's missing run (the statement's snapshot:
+       -- a key that existed before it is visible, the run it did not insert is not).
+       CASE WHEN run.run_id IS NULL AND adv.opol IS NOT NULL
+            THEN NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
+                 AND NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = adv.ikey)
+            ELSE false END
+  FROM adv LEFT JOIN run ON run.run_id = adv.run_id"
 );
 
 /// Why an admission statement hit no row. Read after the rollback, outside the transaction,

@@ -165,7 +165,24 @@ async fn forbid_skips_while_a_run_is_unfinished_records_the_skip_and_admits_agai
     assert_eq!(state(&db).await, (Some(1), 0, vec![], None));
     // Due while the first run is queued: not admitted, recorded, the cursor moves on.
     let (second_sf, second) = scheduled(&db, "a").await;
-    assert_eq!(second.unwrap(), AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(second.unwrap(), AdmitOutcome::Overlap);
+    // A key admitted before (here by a backfill) is still a duplicate key, not a skip.
+    db.make_due(-100).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let dup = c.admission();
+    let n = triggers::backfill_chunk(
+        &mut db.admin().await,
+        "t",
+        1,
+        &[dup.scheduled_for_ms],
+        "ops",
+    )
+    .await
+    .unwrap();
+    assert_eq!(n.admitted, 1);
+    assert_eq!(c.admit(&dup).await, AdmitOutcome::AlreadyAdmitted);
+    let backfilled = runs_of_t(&db).await.pop().unwrap().0;
+    cancel(&db, backfilled).await;
     assert_eq!(state(&db).await, (Some(1), 1, vec![second_sf], None));
     let cursor = db
         .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules WHERE trigger_id = 't'")
@@ -175,7 +192,7 @@ async fn forbid_skips_while_a_run_is_unfinished_records_the_skip_and_admits_agai
         "the cursor moved past the skipped instant"
     );
     let r = runs_of_t(&db).await;
-    assert_eq!(r.len(), 1);
+    assert_eq!(r.len(), 2, "the first run and the backfilled one: {r:?}");
     cancel(&db, r[0].0).await;
     assert_eq!(
         state(&db).await.0,
@@ -187,7 +204,7 @@ async fn forbid_skips_while_a_run_is_unfinished_records_the_skip_and_admits_agai
         matches!(third, Ok(AdmitOutcome::Admitted { .. })),
         "{third:?}"
     );
-    assert_eq!(runs_of_t(&db).await.len(), 2);
+    assert_eq!(runs_of_t(&db).await.len(), 3);
     db.assert_invariants().await;
 }
 
@@ -302,7 +319,7 @@ async fn fire_follows_the_policy_unless_told_otherwise_and_backfill_admits_what_
     assert_eq!(state(&db).await.0, Some(2), "a run fired anyway is counted");
     // A scheduled occurrence sees the fired runs.
     let (_, s) = scheduled(&db, "a").await;
-    assert_eq!(s.unwrap(), AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(s.unwrap(), AdmitOutcome::Overlap);
     // A backfill admits every occurrence it was asked for; with --overlap forbid, none.
     let now = db.now_ms().await / 1000 * 1000;
     let past: Vec<i64> = (1..=3).map(|i| now - 60_000 - i * 1000).collect();
@@ -370,7 +387,7 @@ async fn a_policy_set_later_counts_the_runs_admitted_before_it() {
     let again = manage::publish_trigger(&mut admin, &spec).await.unwrap();
     assert_eq!((again.revision, again.changed), (2, false));
     let (_, s) = scheduled(&db, "a").await;
-    assert_eq!(s.unwrap(), AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(s.unwrap(), AdmitOutcome::Overlap);
     let r = runs_of_t(&db).await;
     cancel(&db, r[0].0).await;
     assert_eq!(state(&db).await.0, Some(0));
@@ -442,7 +459,7 @@ async fn a_finish_waiting_for_a_held_admission_sees_its_decision() {
         waiting(&db, "the cancel waiting for the admission", 2).await;
         release(&holder).await;
         let out = admitting.await.unwrap();
-        assert_eq!(out.unwrap(), AdmitOutcome::AlreadyAdmitted, "{policy}");
+        assert_eq!(out.unwrap(), AdmitOutcome::Overlap, "{policy}");
         cancelling.await.unwrap();
         let r = runs_of_t(&db).await;
         if policy == OverlapPolicy::Forbid {
@@ -499,7 +516,7 @@ async fn a_fire_and_an_admission_racing_under_forbid_admit_one_run() {
         "{second:?}"
     );
     let out = c.admit(&c.admission()).await;
-    assert_eq!(out, AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(out, AdmitOutcome::Overlap);
     assert_eq!(runs_of_t(&db).await.len(), 1, "one run of the three tries");
     assert_eq!(state(&db).await.0, Some(1));
     assert_eq!(
@@ -562,6 +579,65 @@ async fn a_dispatchers_finish_admits_the_kept_occurrence_through_the_owners_trig
     assert!(
         refused.is_err(),
         "a dispatcher cannot write the policy's row"
+    );
+    db.assert_invariants().await;
+}
+
+/// The command line: `trigger publish --overlap` (a changed policy is a new revision, the
+/// same one again is not), `trigger show` and `trigger list` (text and `--json`), and `trigger
+/// fire` refused under forbid (exit 4) unless `--overlap allow`.
+#[tokio::test]
+async fn the_command_line_publishes_shows_lists_and_fires_under_the_policy() {
+    use crate::helpers::cli::{json, ok, ql, refused};
+    let db = TestDb::new().await;
+    drop(db.admin_with_project().await);
+    let publish = |policy: &'static str| {
+        let db = db.clone();
+        async move {
+            ok(ql(
+                &db,
+                &[
+                    "trigger",
+                    "publish",
+                    "--id",
+                    "t",
+                    "--project",
+                    "proj",
+                    "--task",
+                    "task",
+                    "--cron",
+                    "0 0 * * * *",
+                    "--overlap",
+                    policy,
+                ],
+            ))
+        }
+    };
+    assert!(publish("allow").await.contains("revision 1"));
+    assert!(publish("forbid").await.contains("revision 2"));
+    assert!(publish("forbid").await.contains("revision 2 (unchanged)"));
+    let shown = ok(ql(&db, &["trigger", "show", "t"]));
+    assert!(
+        shown.contains("overlap      forbid · 0 unfinished"),
+        "{shown}"
+    );
+    assert!(ok(ql(&db, &["trigger", "fire", "t"])).contains("fired"));
+    refused(
+        ql(&db, &["trigger", "fire", "t"]),
+        4,
+        &["a run of the trigger is unfinished", "--overlap allow"],
+    );
+    assert!(ok(ql(&db, &["trigger", "fire", "t", "--overlap", "allow"])).contains("fired"));
+    let listed = ok(ql(&db, &["trigger", "list"]));
+    assert!(listed.contains("enabled · forbid · 1 skipped"), "{listed}");
+    let v = json(ok(ql(&db, &["trigger", "show", "t", "--json"])));
+    assert_eq!(v["overlap_policy"], "forbid", "{v}");
+    assert_eq!(v["skipped_overlap"], 1, "{v}");
+    assert_eq!(v["overlap_unfinished"], 2, "{v}");
+    assert_eq!(
+        v["last_skipped_ms"].as_array().map(Vec::len),
+        Some(1),
+        "{v}"
     );
     db.assert_invariants().await;
 }
