@@ -20,6 +20,7 @@ mod kill_restart;
 mod netns;
 mod overlap;
 mod partition;
+mod pause;
 mod pg_restart;
 mod republish;
 mod rolling_upgrade;
