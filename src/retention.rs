@@ -26,6 +26,8 @@ pub struct PassReport {
     pub held_lease: bool,
     pub batches: u32,
     pub pruned: i64,
+    /// Audit rows removed (retention.audit_after).
+    pub audit_pruned: i64,
 }
 
 /// One replica's pruner.
@@ -68,7 +70,9 @@ impl Pruner {
     /// One pass on `client`: gauges, then (if retention is on and the lease is free) prune.
     pub async fn pass(&self, client: &tokio_postgres::Client) -> Result<PassReport, StoreError> {
         let mut report = PassReport::default();
-        if let Some(keep) = self.cfg.finished_after {
+        if self.cfg.finished_after.is_some() || self.cfg.audit_after.is_some() {
+            // Recorded for `trigger backfill`: 0 = finished runs are kept forever.
+            let keep = self.cfg.finished_after.unwrap_or(Duration::ZERO);
             if let Some(mut lease) =
                 retention::claim_lease(client, &self.owner, PRUNE_LEASE, keep).await?
             {
@@ -76,7 +80,7 @@ impl Pruner {
                 retention::record_alert_age(client, &self.owner, self.cfg.queued_alert_after)
                     .await?;
                 let mut renew_at = Instant::now() + lease.remaining.saturating_sub(RENEW_BELOW);
-                loop {
+                while self.cfg.finished_after.is_some() {
                     if Instant::now() >= renew_at {
                         match retention::claim_lease(client, &self.owner, PRUNE_LEASE, keep).await?
                         {
@@ -107,6 +111,26 @@ impl Pruner {
                     report.pruned += pruned.total();
                     if pruned.total() < i64::from(self.cfg.batch) {
                         break;
+                    }
+                }
+                // The recorded overlap skips keep their instants as long as finished runs.
+                retention::prune_skips(client, keep).await?;
+                if let Some(audit_keep) = self.cfg.audit_after {
+                    // Audit rows in batches of the same size, under the same lease (checked
+                    // by prune_audit itself on every batch).
+                    loop {
+                        let n = retention::prune_audit_batch(
+                            client,
+                            audit_keep,
+                            self.cfg.batch,
+                            &self.owner,
+                            lease.token,
+                        )
+                        .await?;
+                        report.audit_pruned += n;
+                        if n < i64::from(self.cfg.batch) {
+                            break;
+                        }
                     }
                 }
                 retention::release_lease(client, &self.owner, lease.token).await?;

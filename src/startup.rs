@@ -23,6 +23,7 @@ use crate::db;
 use crate::db::session::Connector;
 use crate::db::Pool;
 use crate::health::Health;
+use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::schema;
 use crate::store::{recovery, release, replicas};
@@ -129,6 +130,8 @@ pub struct ReplicaGuard {
     incarnation: Uuid,
     ttl: Duration,
     lost: bool,
+    /// Held from the acquire to the end of the shutdown (crate::identity).
+    identity: Option<Identity>,
 }
 
 impl ReplicaGuard {
@@ -138,6 +141,7 @@ impl ReplicaGuard {
             incarnation: Uuid::new_v4(),
             ttl: derived::guard_ttl(lease),
             lost: false,
+            identity: None,
         };
         let conn = db::conn(pool).await?;
         let host = hostname();
@@ -267,7 +271,18 @@ impl Replica {
             r = wait_ready(&pool, &pg, &log) => r?,
             _ = signals.next() => { info!(log, "stopped before the database was ready"); return Ok(None); }
         }
-        let guard = ReplicaGuard::acquire(&pool, &settings.owner, lease).await?;
+        let mut guard = ReplicaGuard::acquire(&pool, &settings.owner, lease).await?;
+        // The id is this process's: its identity lock from now on, before READY.
+        guard.identity = Some(
+            Identity::hold(
+                pg.clone(),
+                &settings.owner,
+                pg.attempt_bound() + cfg.database.connect_timeout,
+                derived::guard_refresh(guard.ttl),
+                &log,
+            )
+            .await,
+        );
         let mut settings = settings;
         settings.guard = Some(guard.terms());
         {
@@ -485,7 +500,8 @@ async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<()
     Err(StartupError::NotReady { problems })
 }
 
-fn hostname() -> String {
+/// This machine's host name (`unknown` if it cannot be read).
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())

@@ -75,7 +75,7 @@ impl Bench {
         self.exec(
             "SET session_replication_role = replica;
              TRUNCATE qlsched.run_events, qlsched.attempts, qlsched.runs, qlsched.trigger_schedules,
-                      qlsched.triggers, qlsched.replicas;
+                      qlsched.triggers, qlsched.trigger_overlap, qlsched.replicas, qlsched.trigger_outcomes;
              RESET session_replication_role",
         )
         .await;

@@ -19,12 +19,16 @@
 //! - `full`: the same with 10k and 100k drains, medians of 3, 1M-row claims, longer lag,
 //!   6 herd boundaries; about 17 min
 //! - `smoke`: every row of every mode at toy size, no minute-boundary wait; in CI
-//! - `lag`, `wal`, `tls`: only those rows; `herd100k`, `capacity`: the scale rows H and C;
+//! - `lag`, `wal`, `tls`: only those rows; `wal-take`: rows WT, what V18's take indexes cost
+//!   the admission; `herd100k`, `capacity`: the scale rows H and C;
 //!   `herd-jitter`: rows 7 and J (the 10k herd, then the same herd with `--jitter 10s`);
 //!   `stock-vs-tuned`: rows S on a stock and a tuned server side by side (with
 //!   graphile-worker's cron herd); `retention` (16 min) and `retention-quick` (8 min): rows R;
 //!   `retention-choice [--quick]`: rows RC, batched deletes vs time partitions (about 5 min);
 //!   `console`: rows K, the web console at 100k triggers and 10 M runs;
+//!   `overlap [--boundaries 3]`: rows O, the 10,000-trigger herd under `forbid` against
+//!   `allow` and their WAL per occurrence, on a stock server (about 6 min);
+//!   `outcome`: row E1, the overdue evaluation at 100k triggers with a success window;
 //!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
 //!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
 //!
@@ -42,6 +46,8 @@ mod herd;
 mod idle;
 mod lag;
 mod load;
+mod outcome;
+mod overlap;
 mod pairs;
 mod replicas;
 mod report;
@@ -74,6 +80,8 @@ pub enum Mode {
     Ceiling,
     Lag,
     Wal,
+    /// Row WT: the admission's cost of V18's copied pool and executor (WAL and rate).
+    WalTake,
     Tls,
     Herd100k,
     /// Rows 7 and J: the 10,000-trigger herd, then the same herd with `--jitter 10s`.
@@ -88,6 +96,13 @@ pub enum Mode {
         quick: bool,
     },
     Console,
+    /// Rows O: the overlap policy's cost, 10,000-trigger herds under allow and forbid.
+    Overlap {
+        #[arg(long, default_value_t = 3)]
+        boundaries: usize,
+    },
+    /// Row E1: the expected-success (overdue) evaluation at 100,000 triggers.
+    Outcome,
     /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
     Worker {
         /// W1's window (HTTP executor, 2,000 every-second triggers).

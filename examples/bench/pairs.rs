@@ -153,3 +153,84 @@ pub async fn wal_rows(b: &mut Bench) {
         .target("≤ 60 % of 2.6 kB (1560 B)", after <= 1560.0),
     );
 }
+
+/// V18's take indexes, as `db migrate` builds them (src/schema/apply.rs CONCURRENT_INDEXES).
+const TAKE_INDEXES: &str = "
+    CREATE INDEX IF NOT EXISTS runs_take_idx ON qlsched.runs (pool, queued_at_ms)
+        WHERE status = 'queued' AND NOT cancelled AND executor IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS runs_queued_legacy_idx ON qlsched.runs (queued_at_ms)
+        WHERE status = 'queued' AND pool IS NULL";
+
+/// Row WT: what V18 costs the admission (issue 34): WAL per admitted occurrence and drain
+/// rate with the task's spec naming an executor (so every run enters `runs_take_idx`),
+/// schema as migrated vs without V18's two take indexes (the copied columns are still
+/// written: about 16 bytes of the run row), alternating.
+pub async fn wal_take_rows(b: &mut Bench) {
+    let s = b.sizes.clone();
+    // The bench project and task exist once a load wrote them; the drains keep the spec.
+    b.reset().await;
+    b.load(1, &crate::load::Load::new(crate::load::Layout::Due))
+        .await;
+    crate::worker::set_spec(
+        b,
+        r#"{"executor":"http","method":"POST","url":"http://127.0.0.1:9/","timeout":"10s"}"#,
+    )
+    .await;
+    let mut sums = [[0.0f64; 2]; 2];
+    for rep in 1..=s.pair_reps {
+        for (k, kind) in ["without-v18-indexes", "migrated"].into_iter().enumerate() {
+            if k == 0 {
+                b.exec(
+                    "SET client_min_messages = warning;
+                        DROP INDEX IF EXISTS qlsched.runs_take_idx, qlsched.runs_queued_legacy_idx",
+                )
+                .await;
+            } else {
+                b.exec(TAKE_INDEXES).await;
+            }
+            say(&format!(
+                "WT. drain {} due, 3 replicas, schema {kind} (run {rep}/{})",
+                s.pair_n, s.pair_reps
+            ));
+            let d = drain_once(b, s.pair_n, 3).await;
+            sums[k][0] += d.wal_per_occ;
+            sums[k][1] += d.rate;
+            b.row(
+                Row::new(
+                    "WT",
+                    &format!("wal_take_{kind}_{rep}"),
+                    format!(
+                        "drain {} due, 3 replicas, schema {kind} (run {rep})",
+                        s.pair_n
+                    ),
+                    d.wal_per_occ,
+                    "B/occ",
+                )
+                .lower_better()
+                .detail(format!(
+                    "{:.3} full-page images, {:.0} occ/s",
+                    d.fpi_per_occ, d.rate
+                )),
+            );
+            b.note(format!("{kind} run {rep}: {}", d.note));
+        }
+    }
+    b.exec(TAKE_INDEXES).await;
+    let reps = s.pair_reps as f64;
+    let ([wal0, rate0], [wal1, rate1]) = (sums[0].map(|v| v / reps), sums[1].map(|v| v / reps));
+    b.row(
+        Row::new(
+            "WT",
+            "wal_take_migrated_vs_without",
+            "WAL per admitted occurrence with V18's take indexes (vs without them)",
+            wal1,
+            "B",
+        )
+        .lower_better()
+        .detail(format!(
+            "without {wal0:.0} B ({:+.0} B, {:+.1} %); drain {rate1:.0} occ/s vs {rate0:.0} occ/s without",
+            wal1 - wal0,
+            100.0 * (wal1 - wal0) / wal0.max(1.0)
+        )),
+    );
+}

@@ -46,6 +46,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Ceiling => "ceiling",
         Mode::Lag => "lag",
         Mode::Wal => "wal",
+        Mode::WalTake => "wal-take",
         Mode::Tls => "tls",
         Mode::Herd100k => "herd100k",
         Mode::HerdJitter => "herd-jitter",
@@ -55,6 +56,8 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::RetentionQuick => "retention-quick",
         Mode::RetentionChoice { .. } => "retention-choice",
         Mode::Console => "console",
+        Mode::Overlap { .. } => "overlap",
+        Mode::Outcome => "outcome",
         Mode::Worker { .. } => "worker",
     }
 }
@@ -79,7 +82,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     };
     let tls = matches!(mode, Mode::Tls | Mode::Smoke);
     // The smoke mode runs a second lane on a stock server beside the first (toy sizes leave
-    // the machine mostly idle): S, C, R and K there, everything else on the tuned server.
+    // the machine mostly idle): S, C, R, K and O there, everything else on the tuned server.
     // A third lane runs the retention choice on a server of its own (autovacuum off), a
     // fourth the worker rows W1–W3 on a stock server of their own.
     let stock_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
@@ -88,7 +91,10 @@ async fn run_mode(mode: Mode) -> ExitCode {
     let worker_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
     say(&format!(
         "starting a private durable PostgreSQL ({} settings{})",
-        if matches!(mode, Mode::Worker { .. } | Mode::HerdJitter) {
+        if matches!(
+            mode,
+            Mode::Worker { .. } | Mode::Overlap { .. } | Mode::HerdJitter
+        ) {
             "stock"
         } else {
             "tuned"
@@ -100,7 +106,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     // durable).
     let conf = match mode {
         Mode::RetentionChoice { .. } => CHOICE_CONF,
-        Mode::Worker { .. } => "",
+        Mode::Worker { .. } | Mode::Overlap { .. } => "",
         // Issue 35's policy rows are measured on a stock durable server.
         Mode::HerdJitter => "",
         _ => TUNED,
@@ -119,6 +125,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
                 crate::capacity::rows(&mut st).await;
                 crate::retention::rows(&mut st, true).await;
                 crate::console::rows(&mut st).await;
+                crate::outcome::rows(&mut st).await;
                 st
             };
             let rx = choice_srv.expect("started above");
@@ -155,6 +162,8 @@ async fn run_mode(mode: Mode) -> ExitCode {
             crate::retention_choice::rows(&mut b, if quick { 40_000 } else { 200_000 }).await
         }
         Mode::Console => crate::console::rows(&mut b).await,
+        Mode::Overlap { boundaries } => crate::overlap::rows(&mut b, boundaries).await,
+        Mode::Outcome => crate::outcome::rows(&mut b).await,
         Mode::Worker {
             secs,
             bare_secs,
@@ -171,6 +180,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
         Mode::Ceiling => crate::ceiling::rows(&mut b).await,
         Mode::Lag => crate::lag::rows(&mut b).await,
         Mode::Wal => crate::pairs::wal_rows(&mut b).await,
+        Mode::WalTake => crate::pairs::wal_take_rows(&mut b).await,
         Mode::Tls => crate::pairs::tls_rows(&mut b).await,
         Mode::Herd100k => {
             let n = std::env::var("QLSCHED_BENCH_HERD_N")
@@ -290,6 +300,8 @@ async fn core_rows(b: &mut Bench, smoke: bool) {
     if smoke {
         crate::pairs::tls_rows(b).await;
         crate::pairs::wal_rows(b).await;
+        // Last in its lane: it publishes a spec naming an executor for the bench task.
+        crate::pairs::wal_take_rows(b).await;
     }
 }
 

@@ -110,7 +110,7 @@ impl Outcome {
 }
 
 /// Sets the benchmark task's spec (runs admitted afterwards pin it).
-async fn set_spec(b: &Bench, spec: &str) {
+pub async fn set_spec(b: &Bench, spec: &str) {
     let mut admin = b.srv.connect("qlsched_admin", "qlsched").await;
     manage::publish_task(&mut admin, "bench", "bench-task", spec)
         .await

@@ -24,8 +24,8 @@ pub const LAYERS: &[&[&str]] = &[
     &["store"],
     // The admission decision over claimed rows (no actix).
     &["engine"],
-    // The replica's actors and the retention sweep.
-    &["actors", "retention"],
+    // The replica's actors, the retention sweep and the replica's identity lock.
+    &["actors", "retention", "identity"],
     // Text shared by the command line and the console: durations, spans, state, tables.
     &["present"],
     // The HTTP endpoints and the web console.
@@ -33,6 +33,8 @@ pub const LAYERS: &[&[&str]] = &[
     // The composition roots: builds and runs a replica (startup) or a worker (worker, which
     // shares startup's signal handling).
     &["startup", "worker"],
+    // Definitions as code: the files of `qlsched apply` (they check specs as the worker would).
+    &["apply"],
     // The command line (`run` calls into startup, `worker` into worker).
     &["cli"],
 ];

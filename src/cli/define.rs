@@ -9,6 +9,7 @@ use crate::store::manage;
 
 pub async fn project_set(target: &Target, id: &str, status: &str) -> Result<(), CliError> {
     let mut c = connect::connect_target(target).await?;
+    super::audit::declare_origin(&c, None).await?;
     manage::set_project(&mut c, id, status).await?;
     println!("project {id} {status}");
     Ok(())
@@ -23,6 +24,7 @@ pub async fn task_publish(
     // Refused before connecting: a spec `qlsched worker` could not run (docs/worker.md).
     crate::worker::spec::parse(spec)?;
     let mut c = connect::connect_target(target).await?;
+    super::audit::declare_origin(&c, None).await?;
     let (rev, exec) = manage::publish_task(&mut c, project, id, spec).await?;
     println!("task {id} revision {rev} execution revision {exec}");
     Ok(())
@@ -67,15 +69,10 @@ pub struct PublishArgs {
     /// is ended.
     #[arg(long, value_parser = parse_instant)]
     pub end_at: Option<i64>,
-}
-
-/// A policy's duration: `500ms`, `2s`, `10m`, `26h` as `db migrate` takes them, or `7d`.
-fn policy_duration(s: &str) -> Result<std::time::Duration, String> {
-    match s.trim().strip_suffix('d').map(str::parse::<u64>) {
-        Some(Ok(n)) if n > 0 => Ok(std::time::Duration::from_secs(n.saturating_mul(86_400))),
-        Some(_) => Err(format!("`{s}`: not a duration such as 10m, 26h, 7d")),
-        None => super::db::parse_duration(s),
-    }
+    /// What an occurrence due while a run of the trigger is unfinished does
+    /// (docs/policies-overlap.md).
+    #[arg(long, default_value = "allow", value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+    pub overlap: String,
 }
 
 /// `--jitter`: a duration, in ms.
@@ -89,6 +86,15 @@ fn parse_instant(text: &str) -> Result<i64, String> {
     chrono::DateTime::parse_from_rfc3339(text)
         .map(|t| t.timestamp_millis())
         .map_err(|e| format!("not an RFC 3339 time such as 2026-03-01T00:00:00Z ({e})"))
+}
+
+/// A policy's duration: `500ms`, `2s`, `10m`, `26h` as `db migrate` takes them, or `7d`.
+fn policy_duration(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().strip_suffix('d').map(str::parse::<u64>) {
+        Some(Ok(n)) if n > 0 => Ok(std::time::Duration::from_secs(n.saturating_mul(86_400))),
+        Some(_) => Err(format!("`{s}`: not a duration such as 10m, 26h, 7d")),
+        None => super::db::parse_duration(s),
+    }
 }
 
 pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
@@ -108,15 +114,16 @@ pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
         misfire_policy,
         misfire_grace_ms: a.grace_ms,
         enabled: !a.disabled,
-        jitter_ms: a.jitter,
-        start_at_ms: a.start_at,
-        end_at_ms: a.end_at,
         outcome_policy: manage::OutcomePolicy {
             pause_after_failures: a.pause_after_failures,
             expect_success_within_ms: a
                 .expect_success_within
                 .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         },
+        jitter_ms: a.jitter,
+        start_at_ms: a.start_at,
+        end_at_ms: a.end_at,
+        overlap_policy: a.overlap.parse().expect("clap checked the spelling"),
     };
     // Validate before connecting: a bad expression never needs a database to be refused.
     Schedule::parse(&spec.cron_expr, &spec.timezone).map_err(|source| {
@@ -126,6 +133,7 @@ pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
         }
     })?;
     let mut c = connect::connect_target(&a.target).await?;
+    super::audit::declare_origin(&c, None).await?;
     let p = manage::publish_trigger(&mut c, &spec).await?;
     println!(
         "trigger {} revision {}{}",

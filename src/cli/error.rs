@@ -7,6 +7,7 @@
 //! | 2 | bad input: an argument, a time, a window, a DSN, a config; nothing was written |
 //! | 3 | unknown trigger, project or run id (named) |
 //! | 4 | refused by state: the trigger is disabled or deleted, its project is not active, or it was republished mid-command; a backfill whose horizon a `runs prune` moved mid-command; `runs cancel --run` of a run a dispatcher took |
+//! | 5 | `apply --check`: the database differs from the files |
 
 use std::path::PathBuf;
 
@@ -107,6 +108,22 @@ pub enum CliError {
     /// `task publish` of a spec `qlsched worker` would refuse (exit 2).
     #[error("{0}")]
     Spec(#[from] crate::worker::spec::SpecError),
+    /// `qlsched apply`: the files hold problems (each printed, naming file, line and key).
+    #[error("{} problem(s) in the definition files; nothing was written:\n{}", problems.len(), problems.join("\n"))]
+    ApplyInput { problems: Vec<String> },
+    /// `qlsched apply --check`: the database differs from the files (exit 5).
+    #[error("the database differs from the files: {creates} to create, {updates} to update, {refused} refused")]
+    Drift {
+        creates: usize,
+        updates: usize,
+        refused: usize,
+    },
+    /// `qlsched apply` without `--dry-run` or `--check`.
+    #[error("applying the plan is not built yet: give --dry-run (print the plan) or --check (exit 5 on drift); nothing was written")]
+    ApplyNotBuilt,
+    /// `qlsched export` of a definition the file format cannot hold.
+    #[error("{0}")]
+    Export(String),
 }
 
 impl CliError {
@@ -123,15 +140,16 @@ impl CliError {
                 | ManageError::ProjectInactive { .. }
                 | ManageError::RevisionChanged { .. }
                 | ManageError::HorizonMoved { .. }
-                | ManageError::CorruptExecutionRevision { .. } => 4,
+                | ManageError::CorruptExecutionRevision { .. }
+                | ManageError::Overlap { .. } => 4,
                 ManageError::Definition { .. }
                 | ManageError::NeverFiresAgain { .. }
                 | ManageError::MisfireGrace { .. }
+                | ManageError::PauseAfterFailures { .. }
+                | ManageError::ExpectSuccessWithin { .. }
                 | ManageError::JitterBound { .. }
                 | ManageError::JitterTooLong { .. }
                 | ManageError::Window { .. }
-                | ManageError::PauseAfterFailures { .. }
-                | ManageError::ExpectSuccessWithin { .. }
                 | ManageError::TaskInOtherProject { .. } => 2,
                 ManageError::Store(_) => 1,
             },
@@ -143,6 +161,8 @@ impl CliError {
             | CliError::Worker(_) => 1,
             CliError::UnknownRun { .. } | CliError::UnknownTriggerId { .. } => 3,
             CliError::RunTaken { .. } => 4,
+            CliError::Drift { .. } => 5,
+            CliError::Export(_) => 1,
             _ => 2,
         }
     }

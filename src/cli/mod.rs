@@ -2,6 +2,8 @@
 //! [`error`] for the codes). One function per subcommand, in the module of its group; no
 //! SQL here (every statement is in `store/`).
 
+mod apply;
+mod audit;
 mod connect;
 mod db;
 mod define;
@@ -85,6 +87,14 @@ pub enum Command {
     /// Admitted runs.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// The audit log, newest first: who changed which project, task or trigger, or acted on
+    /// runs, when, and each changed field before → after (admin role; docs/audit.md).
+    Audit(audit::AuditArgs),
+    /// Compare definition files (projects, tasks, triggers; docs/apply.md) with the
+    /// database and print the plan: --dry-run, or --check to exit 5 on drift (admin role).
+    Apply(apply::ApplyArgs),
+    /// Write the stored definitions in the format `apply` reads, on stdout (admin role).
+    Export(apply::ExportArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -194,6 +204,9 @@ pub enum TriggerCommand {
         request_id: Option<String>,
         #[arg(long)]
         actor: Option<String>,
+        /// This fire's overlap policy instead of the trigger's (docs/policies-overlap.md).
+        #[arg(long, value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+        overlap: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -312,6 +325,9 @@ async fn admin_command(cmd: Command) -> Result<(), CliError> {
         }
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(args).await,
         Command::Runs(RunsCommand::Prune(args)) => runs::prune(args).await,
+        Command::Audit(args) => audit::audit(args).await,
+        Command::Apply(args) => apply::apply(args).await,
+        Command::Export(args) => apply::export(args).await,
         Command::CheckConfig { .. } | Command::Run { .. } | Command::Worker { .. } => {
             unreachable!("handled in main")
         }
@@ -373,8 +389,20 @@ async fn trigger_command(cmd: TriggerCommand) -> Result<(), CliError> {
             id,
             request_id,
             actor,
+            overlap,
             json,
-        } => triggers::fire(&target, &id, request_id.as_deref(), actor.as_deref(), json).await,
+        } => {
+            let overlap = overlap.map(|o| o.parse().expect("clap checked the spelling"));
+            triggers::fire(
+                &target,
+                &id,
+                request_id.as_deref(),
+                actor.as_deref(),
+                overlap,
+                json,
+            )
+            .await
+        }
         TriggerCommand::Backfill(args) => triggers::backfill(args).await,
     }
 }

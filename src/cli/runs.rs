@@ -87,6 +87,7 @@ pub async fn cancel(a: CancelArgs) -> Result<(), CliError> {
         });
     }
     let mut client = connect::connect_target(&a.target).await?;
+    super::audit::declare_origin(&client, None).await?;
     // Counts and ids from one snapshot: a run taken after it is left alone by its chunk.
     let (census, ids) = runs::read_selection(&mut client, &sel, a.max as i64 + 1).await?;
     match &sel {
@@ -182,6 +183,7 @@ pub async fn prune(a: PruneArgs) -> Result<(), CliError> {
         });
     }
     let mut client = connect::connect_target(&a.target).await?;
+    super::audit::declare_origin(&client, None).await?;
     let now = crate::store::manage::db_now(&client).await?;
     if before > now {
         return Err(CliError::QueuedBeforeInFuture {

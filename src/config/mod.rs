@@ -71,6 +71,9 @@ pub struct RetentionConfig {
     pub interval: Duration,
     /// Age of a queued run that counts as old (gauge, status, alert), 1m..=30d.
     pub queued_alert_after: Duration,
+    /// How long audit rows are kept (docs/audit.md); `None`: forever (`"0"`). Otherwise
+    /// 7d..=3650d (`qlsched.prune_audit` refuses less).
+    pub audit_after: Option<Duration>,
 }
 
 /// This replica's name: `^[a-z0-9][a-z0-9-]{0,62}$`. Used as the lease owner.

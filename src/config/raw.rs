@@ -88,6 +88,7 @@ pub(super) struct RawRetention {
     pub batch: Option<i64>,
     pub interval: Option<String>,
     pub queued_alert_after: Option<String>,
+    pub audit_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

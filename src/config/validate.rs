@@ -293,13 +293,8 @@ fn retention(c: &mut Checker<'_>, raw: RawRetention) -> Option<RetentionConfig> 
     let s = Duration::from_secs;
     const DAY: u64 = 86_400;
     // "0" (any unit, or none) keeps finished runs forever.
-    let finished_after = match raw.finished_after {
-        Some(text) if text.trim_start_matches('0').is_empty() && !text.is_empty() => Some(None),
-        Some(text) if super::duration::parse(&text) == Ok(Duration::ZERO) => Some(None),
-        other => c
-            .duration("retention.finished_after", other, s(60), s(3650 * DAY))
-            .map(|(d, _)| Some(d)),
-    };
+    let finished_after = forever_or(c, "retention.finished_after", raw.finished_after, s(60));
+    let audit_after = forever_or(c, "retention.audit_after", raw.audit_after, s(7 * DAY));
     let batch = c.int(
         "retention.batch",
         raw.batch,
@@ -318,7 +313,25 @@ fn retention(c: &mut Checker<'_>, raw: RawRetention) -> Option<RetentionConfig> 
         batch: batch?,
         interval: interval?.0,
         queued_alert_after: queued_alert_after?.0,
+        audit_after: audit_after?,
     })
+}
+
+/// A retention duration: "0" (any unit, or none) keeps forever (`Some(None)`); otherwise
+/// `min..=3650d`. `None`: a problem was recorded.
+fn forever_or(
+    c: &mut Checker<'_>,
+    key: &'static str,
+    raw: Option<String>,
+    min: Duration,
+) -> Option<Option<Duration>> {
+    match raw {
+        Some(text) if text.trim_start_matches('0').is_empty() && !text.is_empty() => Some(None),
+        Some(text) if super::duration::parse(&text) == Ok(Duration::ZERO) => Some(None),
+        other => c
+            .duration(key, other, min, Duration::from_secs(3650 * 86_400))
+            .map(|(d, _)| Some(d)),
+    }
 }
 
 /// `Some(None)`: HTTP off; `None`: a problem was recorded.

@@ -2,11 +2,12 @@
 //! (docs/console.md).
 //!
 //! - Pages: `/` (overview), `/triggers`, `/triggers/{id}`, `/runs`, `/runs/{id}` (a run with
-//!   its attempts, each one's error and output tail): server-rendered HTML (maud, escaping
+//!   its attempts, each one's error and output tail), `/audit` (the audit log, docs/audit.md):
+//!   server-rendered HTML (maud, escaping
 //!   every value), working without JavaScript; `/static/console.js` only adds auto-refresh and
 //!   sorting of the rows shown.
 //! - The same data as JSON: `/api/v1/overview`, `/api/v1/triggers`, `/api/v1/triggers/{id}`,
-//!   `/api/v1/runs`, `/api/v1/runs/{id}`, with the fields `qlsched status|trigger list|trigger
+//!   `/api/v1/runs`, `/api/v1/runs/{id}`, `/api/v1/audit`, with the fields `qlsched status|trigger list|trigger
 //!   show|runs list|runs show --json` print (src/store/browse.rs is the one query layer of
 //!   both).
 //! - Cheap and safe: the console's own small pool (never the claim or admission
@@ -433,6 +434,7 @@ fn refusals(m: &Metrics) -> Vec<Refusal> {
         r("fence lost", "qlsched_fence_losses_total", &m.fence_losses, "write refused: the lease was no longer ours"),
         r("re-decided", "qlsched_redecides_total", &m.redecides, "definition moved on during the admission: decided again at once"),
         r("duplicate key", "qlsched_duplicate_keys_total", &m.duplicate_keys, "occurrence admitted before (e.g. by a backfill): cursor advanced"),
+        r("overlap", "qlsched_overlap_skips_total", &m.overlap_skips, "a run of the trigger unfinished: skipped or kept by its overlap policy"),
         r("serialization retry", "qlsched_serialization_retries_total", &m.serialization_retries, "admission retried after 40001/40P01"),
         r("misfire skipped", "qlsched_skips_total", &m.skips, "occurrence past its grace: skipped by misfire = skip"),
         r("orphan release", "qlsched_orphan_releases_total", &m.orphan_releases, "a claim round's reply never came: its rows released"),
@@ -555,6 +557,42 @@ async fn runs(
     respond(format, r)
 }
 
+#[derive(Deserialize)]
+pub(crate) struct AuditQuery {
+    pub trigger: Option<String>,
+    pub project: Option<String>,
+    pub before: Option<String>,
+    pub limit: Option<i64>,
+}
+
+/// The audit log, newest first, in keyset pages (`before` = `AT_MS:AUDIT_ID`).
+async fn audit(
+    console: web::Data<Console>,
+    query: web::Query<AuditQuery>,
+    format: Format,
+) -> HttpResponse {
+    let q = query.into_inner();
+    let r = async {
+        let before = match given(&q.before) {
+            None => None,
+            Some(b) => Some(crate::store::audit::parse_cursor(b).ok_or_else(|| {
+                Failure::BadRequest(format!("before `{b}`: not a cursor AT_MS:AUDIT_ID"))
+            })?),
+        };
+        let f = crate::store::audit::AuditFilter {
+            trigger: given(&q.trigger),
+            project: given(&q.project),
+            since_ms: None,
+            before,
+            limit: page_limit(q.limit)?,
+        };
+        let page = read!(console, tx => crate::store::audit::page(&tx, &f).await?)?;
+        Ok((pages::audit(&q, f.limit, &page), to_json(&page)?))
+    }
+    .await;
+    respond(format, r)
+}
+
 async fn run(console: web::Data<Console>, id: String, format: Format) -> HttpResponse {
     let r = async {
         let run_id = uuid::Uuid::parse_str(&id)
@@ -598,6 +636,8 @@ async fn dispatch(req: HttpRequest, console: web::Data<Console>) -> HttpResponse
         "/api/v1/triggers" => triggers(console, q!(TriggersQuery), Format::Json).await,
         "/runs" => runs(console, q!(RunsQuery), Format::Html).await,
         "/api/v1/runs" => runs(console, q!(RunsQuery), Format::Json).await,
+        "/audit" => audit(console, q!(AuditQuery), Format::Html).await,
+        "/api/v1/audit" => audit(console, q!(AuditQuery), Format::Json).await,
         "/static/console.css" => stat("text/css; charset=utf-8", CSS),
         "/static/console.js" => stat("text/javascript; charset=utf-8", JS),
         "/static/icon.svg" | "/favicon.ico" => stat("image/svg+xml", ICON),
@@ -633,6 +673,8 @@ pub fn configure(cfg: &mut web::ServiceConfig, console: Console) {
         "/api/v1/runs",
         "/runs/{id}",
         "/api/v1/runs/{id}",
+        "/audit",
+        "/api/v1/audit",
         "/static/console.css",
         "/static/console.js",
         "/static/icon.svg",

@@ -4,12 +4,13 @@
 use maud::{html, Markup, DOCTYPE};
 
 use super::charts::{self, Series};
-use super::{Overview, RunsQuery, TriggersQuery};
+use super::{AuditQuery, Overview, RunsQuery, TriggersQuery};
 use crate::present as render;
 use crate::present::triggers::{
-    holder, outcome_lines, outcome_mark, state_text, timing_text, TriggerDetail, TriggerItem,
-    TriggerPage,
+    holder, outcome_lines, outcome_mark, overlap_mark, overlap_text, state_text, timing_text,
+    TriggerDetail, TriggerItem, TriggerPage,
 };
+use crate::store::audit::AuditPage;
 use crate::store::browse::{self, RunDetail, RunsPage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -17,6 +18,7 @@ enum Nav {
     Overview,
     Triggers,
     Runs,
+    Audit,
     None,
 }
 
@@ -46,6 +48,7 @@ fn layout(title: &str, nav: Nav, body: Markup) -> String {
                             (item(Nav::Overview, "/", "Overview"))
                             (item(Nav::Triggers, "/triggers", "Triggers"))
                             (item(Nav::Runs, "/runs", "Runs"))
+                            (item(Nav::Audit, "/audit", "Audit"))
                         }
                     }
                 }
@@ -258,7 +261,7 @@ fn trigger_row(t: &TriggerItem) -> Markup {
             td { (v.task_id) }
             td { code { (v.cron_expr) } }
             td { (v.timezone) }
-            td.wrap { (state_text(v)) }
+            td.wrap { (state_text(v)) (overlap_mark(v)) }
             td { (t.next_fire_utc.as_deref().unwrap_or("-")) }
             td { (t.next_fire_local.as_deref().unwrap_or("-")) }
             td { (render::utc(v.last_scheduled_at_ms)) }
@@ -292,6 +295,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Task" } dd { (v.task_id) }
                 dt { "Cron" } dd { code { (v.cron_expr) } " in " (v.timezone) }
                 dt { "Misfire" } dd { (v.misfire_policy) " (grace " (v.misfire_grace_ms) " ms)" }
+                dt { "Overlap" } dd id="overlap" { (overlap_text(v)) }
                 dt { "State" } dd id="state" { (state_text(v)) }
                 dt { "Jitter, window" } dd id="timing" { (timing_text(v)) }
                 @if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {
@@ -424,6 +428,53 @@ pub fn runs(q: &RunsQuery, limit: i64, page: &RunsPage) -> String {
         }
     };
     layout("Runs", Nav::Runs, body)
+}
+
+/// The audit log, newest first (what `qlsched audit` prints): when, what, who, each changed
+/// field before → after, the note.
+pub fn audit(q: &AuditQuery, limit: i64, page: &AuditPage) -> String {
+    let limit_s = limit.to_string();
+    let base = [
+        ("trigger", q.trigger.as_deref()),
+        ("project", q.project.as_deref()),
+        ("limit", Some(limit_s.as_str())),
+    ];
+    let body = html! {
+        form.filters method="get" action="/audit" role="search" {
+            label { "Trigger " input type="text" name="trigger" value=[q.trigger.as_deref()] autocomplete="off"; }
+            label { "Project " input type="text" name="project" value=[q.project.as_deref()] autocomplete="off"; }
+            input type="hidden" name="limit" value=(limit_s);
+            button type="submit" { "Filter" }
+        }
+        table.audit {
+            thead { tr { th { "When" } th { "Object" } th { "Action" } th { "Who" } th { "Changes" } th { "Note" } } }
+            tbody {
+                @for e in &page.entries {
+                    tr {
+                        td { (render::utc(Some(e.at_ms))) }
+                        td {
+                            (e.object_kind) " "
+                            @if e.object_kind == "trigger" { (trigger_link(&e.object_id)) } @else { (e.object_id) }
+                        }
+                        td { (e.action) }
+                        td { (render::audit::who(e)) }
+                        td { (render::audit::changes_text(&e.changes)) }
+                        td { (e.note.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        }
+        nav.paging aria-label="Pages" {
+            @if q.before.as_deref().is_some_and(|b| !b.is_empty()) {
+                a href=(format!("/audit{}", qs(&base))) { "Newest" }
+            }
+            @if let Some(next) = &page.next_before {
+                @let more = [&base[..], &[("before", Some(next.as_str()))]].concat();
+                a rel="next" href=(format!("/audit{}", qs(&more))) { "Older →" }
+            }
+        }
+    };
+    layout("Audit", Nav::Audit, body)
 }
 
 /// One run: what `runs show` prints, with each attempt's error, result and output tail as

@@ -500,6 +500,12 @@ impl Engine {
                 let r = self.admitted(job, queued_at_ms);
                 return batch.set(m.at, Ok(r));
             }
+            AdmitOutcome::Overlap => {
+                self.metrics.overlap_skips.inc();
+                debug!(self.log, "occurrence not admitted by the overlap policy; cursor advanced";
+                       "trigger" => trigger, "key" => batch.admission(m).key());
+                return batch.set(m.at, Ok(Outcome::AlreadyAdmitted));
+            }
             AdmitOutcome::AlreadyAdmitted => {
                 self.metrics.duplicate_keys.inc();
                 debug!(self.log, "occurrence already admitted; cursor advanced";

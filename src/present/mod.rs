@@ -4,6 +4,7 @@
 //! console show them ([`triggers`]). Below here (`store`, `schema`, `db`, `engine`,
 //! `actors`) values are typed; words and layout are chosen here.
 
+pub mod audit;
 pub mod report;
 pub mod status;
 pub mod text;

@@ -197,6 +197,39 @@ pub fn outcome_lines(o: &TriggerOutcome) -> Vec<(&'static str, String)> {
     out
 }
 
+/// The overlap policy and what it did: `allow`, or `forbid · 2 unfinished · skipped 3
+/// (overlap), last 2026-…` (and `· buffered 2026-…` under buffer_one).
+pub fn overlap_text(v: &TriggerView) -> String {
+    let mut s = v.overlap_policy.clone();
+    if v.overlap_policy != "allow" {
+        if let Some(n) = v.overlap_unfinished {
+            s.push_str(&format!(" · {n} unfinished"));
+        }
+    }
+    if let Some(b) = v.buffered_for_ms {
+        s.push_str(&format!(" · buffered {}", utc(Some(b))));
+    }
+    if v.skipped_overlap > 0 {
+        s.push_str(&format!(" · skipped {} (overlap)", v.skipped_overlap));
+        if let Some(&last) = v.last_skipped_ms.last() {
+            s.push_str(&format!(", last {}", utc(Some(last))));
+        }
+    }
+    s
+}
+
+/// The list's mark of a policy other than allow (` · forbid`), and of recorded skips.
+pub fn overlap_mark(v: &TriggerView) -> String {
+    let mut s = String::new();
+    if v.overlap_policy != "allow" {
+        s.push_str(&format!(" · {}", v.overlap_policy));
+    }
+    if v.skipped_overlap > 0 {
+        s.push_str(&format!(" · {} skipped", v.skipped_overlap));
+    }
+    s
+}
+
 /// `a until 2026-…`, `a (expired)` or `-`.
 pub fn holder(v: &TriggerView) -> String {
     match (&v.claim_owner, v.claim_expires_at_ms) {

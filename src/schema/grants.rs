@@ -17,7 +17,7 @@ pub const PRIVILEGES: [&str; 7] = [
 
 /// The exact grants (docs/design.md, "Roles and grants"): (table, admin, runtime). worker_ingress has none at all.
 /// Definition rows are permanent (migration V7): no role may delete them.
-pub const GRANTS: [(&str, &[&str], &[&str]); 16] = [
+pub const GRANTS: [(&str, &[&str], &[&str]); 18] = [
     ("projects", &["SELECT", "INSERT", "UPDATE"], &["SELECT"]),
     (
         "execution_revisions",
@@ -52,6 +52,13 @@ pub const GRANTS: [(&str, &[&str], &[&str]); 16] = [
     // gauges count overdue and system-paused triggers. Only the owner writes them, through
     // the triggers of V19 (docs/policies-outcome.md): no role updates a summary by hand.
     ("trigger_outcomes", &["SELECT"], &["SELECT"]),
+    // Overlap state (V21): `trigger show` and the console read it; only the owner's
+    // functions write it (row triggers on runs, and overlap_adopt below).
+    ("trigger_overlap", &["SELECT"], &["SELECT"]),
+    // The audit log (V22, docs/audit.md): read by `qlsched audit` (admin) and the console
+    // (runtime); appended through the column-level INSERT of [`COLUMN_GRANTS`]; never updated
+    // or deleted by either (retention removes old rows through `prune_audit`).
+    ("audit_log", &["SELECT"], &["SELECT"]),
 ];
 
 /// The dispatcher's table grants (docs/dispatcher.md): it reads admitted work and the
@@ -71,7 +78,7 @@ pub const DISPATCHER_GRANTS: [(&str, &[&str]); 4] = [
 /// only forward moves of `status` and `state`. The floor of retention on the maintenance row
 /// (V15) is the admin's; the recorded horizon only the prune functions move (V15's row
 /// trigger holds the runtime, whose table UPDATE claims the 'prune' lease, to that).
-pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 5] = [
+pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 7] = [
     ("dispatcher", "runs", "UPDATE", &["status"]),
     (
         "dispatcher",
@@ -93,6 +100,26 @@ pub const COLUMN_GRANTS: [(&str, &str, &str, &[&str]); 5] = [
         "UPDATE",
         &["finished_after_floor_ms"],
     ),
+    // The audit log (V22): a row names who and what; the database fills in its id, its time
+    // (at_ms) and its session_user (db_user), which no role may set. The admin role appends
+    // for every operator command; the runtime role for the replicas' own actions (a system
+    // pause) and the console's.
+    ("admin", "audit_log", "INSERT", AUDIT_COLUMNS),
+    ("runtime", "audit_log", "INSERT", AUDIT_COLUMNS),
+];
+
+/// The columns of `qlsched.audit_log` a role may give when it appends (V22).
+pub const AUDIT_COLUMNS: &[&str] = &[
+    "actor",
+    "host",
+    "source",
+    "source_label",
+    "object_kind",
+    "object_id",
+    "project_id",
+    "action",
+    "changes",
+    "note",
 ];
 
 /// The column-level grants a role kind must hold, as (table, column, privilege), sorted.
@@ -128,7 +155,16 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// admin role's publish, disable, enable and delete). Both are SECURITY DEFINER, so they write
 /// `trigger_outcomes` (and, for a pause, the trigger and its schedule row) as the owner;
 /// PostgreSQL checks EXECUTE on a trigger function only when the trigger is created.
-pub const EXECUTE_GRANTS: [(&str, &str); 13] = [
+///
+/// `overlap_adopt` (V21) is `trigger
+/// publish`'s (admin role) when a trigger's overlap policy becomes other than allow: it
+/// marks the trigger's unfinished runs counted. `overlap_prune_skips` (V21) is the
+/// pruning replica's (runtime role): recorded skip instants older than its horizon go. The overlap decision (`overlap_admit`) and
+/// a run end's count and buffered admission (`overlap_run_ended`) are SECURITY DEFINER row
+/// triggers on runs: no role executes them, they run as the owner inside whichever role's
+/// insert or status change fires them (the runtime's admission, the admin's fire, backfill
+/// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
+pub const EXECUTE_GRANTS: [(&str, &str); 16] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -157,6 +193,10 @@ pub const EXECUTE_GRANTS: [(&str, &str); 13] = [
     ("qlsched.request_cancel(uuid[])", "admin"),
     ("qlsched.spec_pool(text)", "admin"),
     ("qlsched.spec_executor(text)", "admin"),
+    ("qlsched.overlap_adopt(text)", "admin"),
+    ("qlsched.overlap_prune_skips(bigint)", "runtime"),
+    // Retention of the audit log (V22), under the replicas' 'prune' lease.
+    ("qlsched.prune_audit(bigint,integer,text,uuid)", "runtime"),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

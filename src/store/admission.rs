@@ -103,6 +103,11 @@ pub enum AdmitOutcome {
     /// other means) or its run was pruned (a tombstone): nothing new was written for it, the
     /// cursor advanced past it under the fence and the claim was cleared.
     AlreadyAdmitted,
+    /// The trigger's overlap policy (V21) did not admit it now: a run of the trigger is
+    /// unfinished, and the occurrence was recorded as a skip (forbid, buffer_one with one
+    /// kept already) or kept for when that run ends (buffer_one). Nothing else was written;
+    /// the cursor advanced under the fence and the claim was cleared.
+    Overlap,
     /// A verification failed; nothing was written. `why` names what changed.
     Refused { why: Refusal },
 }
@@ -311,9 +316,10 @@ async fn outcomes(
             .iter()
             .find(|r| r.get::<_, &str>(0) == a.claim.trigger_id);
         out.push(match hit {
-            Some(r) => match r.get::<_, Option<i64>>(1) {
-                Some(queued_at_ms) => AdmitOutcome::Admitted { queued_at_ms },
-                None => AdmitOutcome::AlreadyAdmitted,
+            Some(r) => match (r.get::<_, Option<i64>>(1), r.get::<_, bool>(2)) {
+                (Some(queued_at_ms), _) => AdmitOutcome::Admitted { queued_at_ms },
+                (None, true) => AdmitOutcome::Overlap,
+                (None, false) => AdmitOutcome::AlreadyAdmitted,
             },
             None => AdmitOutcome::Refused {
                 why: diagnose(client, a).await?,
@@ -379,6 +385,11 @@ WITH obs AS MATERIALIZED (
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS pool,
               (SELECT e.executor FROM qlsched.tasks k, qlsched.execution_revisions e
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS executor,
+              -- The trigger's overlap policy (V21), NULL for allow: a counted run's insert
+              -- runs the decision (overlap_admit, a row trigger on runs, V21), an allow
+              -- trigger's runs call nothing.
+              (SELECT nullif(t.overlap_policy, 'allow') FROM qlsched.triggers t
+                WHERE t.trigger_id = d.trigger_id) AS opol,
               d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms
 ), tomb AS MATERIALIZED (
     -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
@@ -389,9 +400,9 @@ WITH obs AS MATERIALIZED (
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
-                              queued_at_ms, admitted_by, pool, executor, due_at_ms)
+                              queued_at_ms, admitted_by, pool, executor, due_at_ms, overlap_policy)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by,
-           pool, executor, due_ms
+           pool, executor, due_ms, opol
       FROM adv
      WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
     ON CONFLICT (idempotency_key) DO NOTHING
@@ -405,7 +416,15 @@ WITH obs AS MATERIALIZED (
     SELECT adv.run_id, e.seq, e.kind, adv.now_ms
       FROM adv JOIN run ON run.run_id = adv.run_id, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
 )
-SELECT adv.trigger_id, run.queued_at_ms FROM adv LEFT JOIN run ON run.run_id = adv.run_id"
+SELECT adv.trigger_id, run.queued_at_ms,
+       -- Not written although its key is new and not a tombstone: the overlap policy kept it
+       -- out (V21). Read only for a counted trigger's missing run (the statement's snapshot:
+       -- a key that existed before it is visible, the run it did not insert is not).
+       CASE WHEN run.run_id IS NULL AND adv.opol IS NOT NULL
+            THEN NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
+                 AND NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = adv.ikey)
+            ELSE false END
+  FROM adv LEFT JOIN run ON run.run_id = adv.run_id"
 );
 
 /// Why an admission statement hit no row. Read after the rollback, outside the transaction,

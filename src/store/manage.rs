@@ -4,11 +4,13 @@
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::audit::{self, ObjectKind};
 use crate::db::StoreError;
 use crate::db_now_ms;
 use crate::schedule::{
     min_gap, MisfirePolicy, Schedule, ScheduleError, Timing, DEFAULT_MISFIRE_GRACE_MS,
 };
+pub use crate::store::overlap::OverlapPolicy;
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -79,18 +81,20 @@ pub async fn set_project(
     status: &str,
 ) -> Result<(), StoreError> {
     let tx = client.transaction().await?;
-    tx.execute(
-        concat!(
-            "INSERT INTO qlsched.projects (project_id, status, created_at_ms, updated_at_ms)
-             VALUES ($1, $2, ",
-            db_now_ms!(),
-            ", ",
-            db_now_ms!(),
-            ") ON CONFLICT (project_id) DO NOTHING"
-        ),
-        &[&project_id, &status],
-    )
-    .await?;
+    let created = tx
+        .query_opt(
+            concat!(
+                "INSERT INTO qlsched.projects (project_id, status, created_at_ms, updated_at_ms)
+                 VALUES ($1, $2, ",
+                db_now_ms!(),
+                ", ",
+                db_now_ms!(),
+                ") ON CONFLICT (project_id) DO NOTHING RETURNING true"
+            ),
+            &[&project_id, &status],
+        )
+        .await?
+        .is_some();
     let current: String = tx
         .query_one(
             "SELECT status FROM qlsched.projects WHERE project_id = $1 FOR UPDATE",
@@ -98,7 +102,14 @@ pub async fn set_project(
         )
         .await?
         .get(0);
+    let before = match created {
+        true => None,
+        false => audit::snapshot(&tx, ObjectKind::Project, project_id).await?,
+    };
     if current == status {
+        if created {
+            audit::append_change(&tx, ObjectKind::Project, project_id, "set", None, None).await?;
+        }
         tx.commit().await?;
         return Ok(());
     }
@@ -138,6 +149,15 @@ pub async fn set_project(
         // Resumed rows are claimable at their cursors (or pending): wake the replicas.
         super::wake::notify(&tx, None).await?;
     }
+    audit::append_change(
+        &tx,
+        ObjectKind::Project,
+        project_id,
+        "set",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok(())
 }
@@ -185,6 +205,7 @@ pub async fn publish_task(
             return Ok(out);
         }
     }
+    let before = audit::snapshot(&tx, ObjectKind::Task, task_id).await?;
     let exec_id = Uuid::new_v4();
     tx.execute(
         &format!(
@@ -210,6 +231,15 @@ pub async fn publish_task(
         )
         .await?
         .get(0);
+    audit::append_change(
+        &tx,
+        ObjectKind::Task,
+        task_id,
+        "publish",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok((revision, exec_id))
 }
@@ -231,6 +261,8 @@ pub struct TriggerSpec {
     pub end_at_ms: Option<i64>,
     /// Pause after failures and expected success (docs/policies-outcome.md).
     pub outcome_policy: OutcomePolicy,
+    /// What an occurrence due while a run of the trigger is unfinished does (V21).
+    pub overlap_policy: OverlapPolicy,
 }
 
 /// The outcome policies of a trigger (`--pause-after-failures`, `--expect-success-within`).
@@ -282,6 +314,7 @@ impl TriggerSpec {
             start_at_ms: None,
             end_at_ms: None,
             outcome_policy: OutcomePolicy::default(),
+            overlap_policy: OverlapPolicy::Allow,
         }
     }
 
@@ -308,7 +341,7 @@ impl TriggerSpec {
             self.misfire_policy.as_str(),
             self.misfire_grace_ms,
             self.enabled
-        ) + &self.outcome_policy.digest_suffix();
+        );
         if self.jitter_ms > 0 {
             text.push_str(&format!("\njitter_ms={}", self.jitter_ms));
         }
@@ -317,6 +350,12 @@ impl TriggerSpec {
         }
         if let Some(at) = self.end_at_ms {
             text.push_str(&format!("\nend_at_ms={at}"));
+        }
+        text.push_str(&self.outcome_policy.digest_suffix());
+        // Only a policy other than allow joins the text: every digest published before V21
+        // (allow) stays the same, so republishing it is still a no-op.
+        if self.overlap_policy != OverlapPolicy::Allow {
+            text.push_str(&format!("\noverlap:{}", self.overlap_policy.as_str()));
         }
         sha256_hex(text.as_bytes())
     }
@@ -346,6 +385,12 @@ pub enum ManageError {
     },
     #[error("trigger {id}: misfire grace {grace_ms} ms must be within 0..=86400000")]
     MisfireGrace { id: String, grace_ms: i64 },
+    #[error(
+        "trigger {id}: --pause-after-failures {n} must be within 1..=1000 consecutive failed runs"
+    )]
+    PauseAfterFailures { id: String, n: i32 },
+    #[error("trigger {id}: --expect-success-within {ms} ms must be within 1 minute..=366 days (60000..=31622400000 ms)")]
+    ExpectSuccessWithin { id: String, ms: i64 },
     #[error("trigger {id}: jitter {jitter_ms} ms must be within 0..=86400000")]
     JitterBound { id: String, jitter_ms: i64 },
     /// The jitter is not shorter than the shortest gap between two consecutive occurrences.
@@ -369,12 +414,6 @@ pub enum ManageError {
         start_at_ms: i64,
         end_at_ms: i64,
     },
-    #[error(
-        "trigger {id}: --pause-after-failures {n} must be within 1..=1000 consecutive failed runs"
-    )]
-    PauseAfterFailures { id: String, n: i32 },
-    #[error("trigger {id}: --expect-success-within {ms} ms must be within 1 minute..=366 days (60000..=31622400000 ms)")]
-    ExpectSuccessWithin { id: String, ms: i64 },
     #[error("unknown project `{id}`")]
     UnknownProject { id: String },
     #[error("unknown trigger `{id}`")]
@@ -401,6 +440,9 @@ pub enum ManageError {
         "trigger {id}: the task's execution revision is missing or corrupt; nothing was written"
     )]
     CorruptExecutionRevision { id: String },
+    /// `trigger fire` while a run of the trigger is unfinished, under forbid or buffer_one.
+    #[error("trigger {id}: a run of the trigger is unfinished; {}", if *buffered { "kept by overlap policy buffer_one: admitted when that run ends" } else { "not admitted by its overlap policy, recorded as a skip (reason overlap); `--overlap allow` fires anyway" })]
+    Overlap { id: String, buffered: bool },
     #[error("unknown task `{id}` (publish it first: `qlsched task publish --project P --id {id} --spec ...`)")]
     UnknownTask { id: String },
     /// A task belongs to the project it was first published in; a trigger must be in it too.
@@ -465,6 +507,7 @@ pub async fn publish_trigger(
             return Err(ManageError::Deleted { id: id.clone() });
         }
     }
+    let before = audit::snapshot(&tx, ObjectKind::Trigger, id).await?;
     let project_active = lock_project_status(&tx, &spec.project_id).await? == ProjectStatus::Active;
     lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
     let floor = lock_cursor_floor(&tx, id).await?;
@@ -490,6 +533,7 @@ pub async fn publish_trigger(
         }
     }
     let (revision, enabled) = upsert_trigger(&tx, spec, &digest).await?;
+    super::overlap::set_policy(&tx, id, spec.overlap_policy).await?;
     let claimable = enabled && project_active;
     let claimable_at = spec.timing().claimable_at_ms(first).filter(|_| claimable);
     upsert_schedule(&tx, spec, revision, claimable_at, first).await?;
@@ -497,6 +541,15 @@ pub async fn publish_trigger(
         // Wake the replicas for the first occurrence (delivered at commit).
         super::wake::notify(&tx, Some(first)).await?;
     }
+    audit::append_change(
+        &tx,
+        ObjectKind::Trigger,
+        id,
+        "publish",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Published {
         revision,
@@ -517,8 +570,8 @@ async fn upsert_trigger(
             concat!(
                 "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, published_enabled,
                                                cron_expr, timezone, misfire_policy, misfire_grace_ms, content_digest,
-                                               pause_after_failures, expect_success_within_ms,
-                                               jitter_ms, start_at_ms, end_at_ms, updated_at_ms)
+                                               pause_after_failures, expect_success_within_ms, jitter_ms, start_at_ms, end_at_ms,
+                                               updated_at_ms)
                  VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, ",
                 db_now_ms!(),
                 ")
@@ -532,8 +585,8 @@ async fn upsert_trigger(
                        content_digest = EXCLUDED.content_digest, updated_at_ms = EXCLUDED.updated_at_ms,
                        pause_after_failures = EXCLUDED.pause_after_failures,
                        expect_success_within_ms = EXCLUDED.expect_success_within_ms,
-                       jitter_ms = EXCLUDED.jitter_ms, start_at_ms = EXCLUDED.start_at_ms,
-                       end_at_ms = EXCLUDED.end_at_ms
+                       jitter_ms = EXCLUDED.jitter_ms,
+                       start_at_ms = EXCLUDED.start_at_ms, end_at_ms = EXCLUDED.end_at_ms
                  RETURNING revision, enabled"
             ),
             &[
@@ -597,6 +650,19 @@ fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
             grace_ms: spec.misfire_grace_ms,
         });
     }
+    let p = spec.outcome_policy;
+    if let Some(n) = p
+        .pause_after_failures
+        .filter(|n| !PAUSE_AFTER_FAILURES.contains(n))
+    {
+        return Err(ManageError::PauseAfterFailures { id: id.clone(), n });
+    }
+    if let Some(ms) = p
+        .expect_success_within_ms
+        .filter(|ms| !EXPECT_SUCCESS_WITHIN_MS.contains(ms))
+    {
+        return Err(ManageError::ExpectSuccessWithin { id: id.clone(), ms });
+    }
     if !(0..=MAX_JITTER_MS).contains(&spec.jitter_ms) {
         return Err(ManageError::JitterBound {
             id: id.clone(),
@@ -611,19 +677,6 @@ fn validate(spec: &TriggerSpec) -> Result<Schedule, ManageError> {
                 end_at_ms: end,
             });
         }
-    }
-    let p = spec.outcome_policy;
-    if let Some(n) = p
-        .pause_after_failures
-        .filter(|n| !PAUSE_AFTER_FAILURES.contains(n))
-    {
-        return Err(ManageError::PauseAfterFailures { id: id.clone(), n });
-    }
-    if let Some(ms) = p
-        .expect_success_within_ms
-        .filter(|ms| !EXPECT_SUCCESS_WITHIN_MS.contains(ms))
-    {
-        return Err(ManageError::ExpectSuccessWithin { id: id.clone(), ms });
     }
     Ok(schedule)
 }

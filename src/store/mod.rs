@@ -65,12 +65,15 @@ macro_rules! claimable_at_sql {
 }
 
 pub mod admission;
+pub mod audit;
 pub mod browse;
 pub mod claim;
+pub mod definitions;
 pub mod dispatch;
 #[cfg(test)]
 mod lock_order;
 pub mod manage;
+pub mod overlap;
 
 pub mod queued_prune;
 pub mod recovery;

@@ -5,6 +5,7 @@
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::audit::{self, ObjectKind};
 use crate::db::StoreError;
 
 /// The advisory lock `qlsched.prune_queued` (V12) takes exclusively and each `trigger
@@ -91,6 +92,7 @@ pub async fn prune_queued_chunk(
 ) -> Result<u64, StoreError> {
     let tx = client.transaction().await?;
     let bound = crate::db::locks::bound_waits(&tx).await?;
+    let before = audit::snapshot(&tx, ObjectKind::Maintenance, "prune").await?;
     let pruned = tx
         .query_one(
             "SELECT qlsched.prune_queued($1::bigint, $2::uuid[])",
@@ -99,8 +101,25 @@ pub async fn prune_queued_chunk(
         .await;
     match pruned {
         Ok(row) => {
+            let removed = row.get::<_, i64>(0);
+            let after = audit::snapshot(&tx, ObjectKind::Maintenance, "prune").await?;
+            let mut changes = audit::diff(before.as_ref(), after.as_ref());
+            if removed > 0 || changes.as_object().is_some_and(|c| !c.is_empty()) {
+                changes["removed"] = removed.into();
+                changes["queued_before_ms"] = before_ms.into();
+                let entry = audit::Entry {
+                    kind: ObjectKind::Maintenance,
+                    id: "prune",
+                    project: None,
+                    action: "runs.prune",
+                    changes,
+                    note: None,
+                    origin: None,
+                };
+                audit::append(&tx, &entry).await?;
+            }
             tx.commit().await?;
-            Ok(row.get::<_, i64>(0) as u64)
+            Ok(removed as u64)
         }
         Err(e) => {
             tx.rollback().await?;

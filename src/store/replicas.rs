@@ -43,6 +43,11 @@ const NOW: &str = crate::db_now_ms!();
 const SESSION: &str =
     "pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)";
 
+/// The class of the advisory lock a holder keeps on a connection of its own while it lives
+/// (`pg_try_advisory_lock(IDENTITY_LOCK_CLASS, hashtext(replica_id))`, a two-key lock, so it
+/// never meets the one-bigint locks of migrations and pruning): `qlsr`.
+pub const IDENTITY_LOCK_CLASS: i32 = 0x716c_7372;
+
 /// The recorded session of guard row `r` no longer exists (a holder that recorded none, from
 /// before migration V9, counts as alive: its expiry decides). A session is the recorded one
 /// when its backend pid and start both match; a NULL start is unknown, never a match by
@@ -51,12 +56,22 @@ const SESSION: &str =
 /// another role's) is the holder's only if its role could hold the guard (UPDATE on
 /// `replicas`: a replica logging in as another member of the runtime role), so doubt keeps
 /// a possible holder; a pid reused by any other role's session does not keep a dead one.
+///
+/// The recorded session is the holder's claim connection, which the holder itself replaces
+/// (a claim round that timed out drops it; the next round records the new one): gone, it
+/// proves nothing while the holder's identity lock ([`hold_identity`]) is held by any session
+/// of this database, and that lock is looked for too (`pg_locks`, readable by every role).
 const SESSION_GONE: &str = "r.session_pid IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM pg_stat_activity a
          WHERE a.pid = r.session_pid
            AND (a.backend_start = r.session_started_at
                 OR (a.backend_start IS NULL AND r.session_started_at IS NOT NULL
-                    AND has_table_privilege(a.usesysid, 'qlsched.replicas', 'UPDATE'))))";
+                    AND has_table_privilege(a.usesysid, 'qlsched.replicas', 'UPDATE'))))
+    AND NOT EXISTS (
+        SELECT 1 FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+           AND l.classid = 1902932850::oid AND l.objid = hashtext(r.replica_id)::oid)";
 
 /// Takes the id if it is free, stopped, expired — or held by a process of this host name
 /// whose database session is gone (a crashed predecessor restarted by systemd, or a
@@ -139,6 +154,24 @@ pub async fn acquire(
     })
 }
 
+/// Takes the identity lock of replica id `id` on `conn`, a connection the holder keeps open
+/// for as long as it lives and runs nothing else on (so no time-out ever drops it): true when
+/// taken (or already held by this session), false when another session holds it. Taken after
+/// [`acquire`] succeeded (the lock would otherwise count against this process's own
+/// takeover of a dead predecessor); a second process judges the holder alive while it is held.
+///
+/// Locking: a session-level advisory lock (never waited for), released when the connection
+/// ends.
+pub async fn hold_identity(conn: &tokio_postgres::Client, id: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            &[&IDENTITY_LOCK_CLASS, &id],
+        )
+        .await?
+        .get(0))
+}
+
 /// Marks a clean stop so the id is free at once.
 pub async fn retire(
     conn: &tokio_postgres::Client,
@@ -187,4 +220,14 @@ pub async fn hand_over(
     let end = if res.is_ok() { "COMMIT" } else { "ROLLBACK" };
     conn.batch_execute(end).await?;
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{IDENTITY_LOCK_CLASS, SESSION_GONE};
+
+    #[test]
+    fn the_liveness_check_looks_for_the_identity_lock_of_the_class_it_is_taken_with() {
+        assert!(SESSION_GONE.contains(&format!("l.classid = {IDENTITY_LOCK_CLASS}::oid")));
+    }
 }

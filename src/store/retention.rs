@@ -147,6 +147,46 @@ pub async fn prune_batch(
     })
 }
 
+/// Drops the recorded overlap skip instants (V21) scheduled more than `finished_after`
+/// before the database clock; the skip counts stay. Returns the triggers changed. One
+/// statement through `qlsched.overlap_prune_skips` (the runtime's EXECUTE).
+pub async fn prune_skips(
+    client: &tokio_postgres::Client,
+    finished_after: Duration,
+) -> Result<i64, StoreError> {
+    let keep_ms = i64::try_from(finished_after.as_millis()).unwrap_or(i64::MAX);
+    Ok(client
+        .query_one(
+            "SELECT qlsched.overlap_prune_skips(
+                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $1::bigint)",
+            &[&keep_ms],
+        )
+        .await?
+        .get(0))
+}
+
+/// One batch of audit retention (V22), in its own transaction (one statement): up to
+/// `max_rows` rows of `qlsched.audit_log` older than `keep` by the database clock, oldest
+/// first, through `qlsched.prune_audit` (which refuses a `keep` under 7 days and a caller
+/// that does not hold the 'prune' lease). Returns how many.
+pub async fn prune_audit_batch(
+    client: &tokio_postgres::Client,
+    keep: Duration,
+    max_rows: u32,
+    owner: &str,
+    token: Uuid,
+) -> Result<i64, StoreError> {
+    let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+    let max = i32::try_from(max_rows).unwrap_or(i32::MAX);
+    Ok(client
+        .query_one(
+            "SELECT qlsched.prune_audit($1::bigint, $2::integer, $3, $4)",
+            &[&keep_ms, &max, &owner, &token],
+        )
+        .await?
+        .get(0))
+}
+
 /// What the retention gauges and `qlsched status` show.
 #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
 pub struct RetentionView {

@@ -143,7 +143,7 @@ const CANCEL_SQL: &str = concat!(
 ), run AS (
     UPDATE qlsched.runs r SET status = 'cancelled', cancelled = true
       FROM picked WHERE r.run_id = picked.run_id AND r.status = 'queued'
-    RETURNING r.run_id
+    RETURNING r.run_id, r.trigger_id, r.project_id
 ), att AS (
     UPDATE qlsched.attempts a SET state = 'abandoned', finished_at_ms = obs.now_ms
       FROM run, obs WHERE a.run_id = run.run_id AND a.attempt_no = 1 AND a.state = 'claimed'
@@ -151,19 +151,37 @@ const CANCEL_SQL: &str = concat!(
     INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
     SELECT run.run_id, 3, 'run.cancelled', obs.now_ms FROM run, obs
 )
-SELECT count(*) FROM run"
+SELECT run_id, trigger_id, project_id FROM run ORDER BY trigger_id, run_id"
 );
 
 /// One committed chunk of `runs cancel`: how many of `ids` it cancelled (the rest a
-/// dispatcher took or holds, or they are not untouched: left alone).
+/// dispatcher took or holds, or they are not untouched: left alone). Appends one audit row
+/// per trigger whose runs it cancelled (a `runs cancel` selects one trigger's runs), none
+/// when it cancelled nothing.
 pub async fn cancel_chunk(
     client: &mut tokio_postgres::Client,
     ids: &[Uuid],
 ) -> Result<u64, StoreError> {
     let tx = client.transaction().await?;
-    let n: i64 = tx.query_one(CANCEL_SQL, &[&ids]).await?.get(0);
+    let rows = tx.query(CANCEL_SQL, &[&ids]).await?;
+    for same in rows.chunk_by(|a, b| a.get::<_, &str>(1) == b.get::<_, &str>(1)) {
+        let run_ids: Vec<String> = same
+            .iter()
+            .map(|r| r.get::<_, Uuid>(0).to_string())
+            .collect();
+        let entry = super::audit::Entry {
+            kind: super::audit::ObjectKind::Trigger,
+            id: same[0].get(1),
+            project: Some(same[0].get(2)),
+            action: "runs.cancel",
+            changes: serde_json::json!({"cancelled": run_ids.len(), "run_ids": run_ids}),
+            note: None,
+            origin: None,
+        };
+        super::audit::append(&tx, &entry).await?;
+    }
     tx.commit().await?;
-    Ok(n as u64)
+    Ok(rows.len() as u64)
 }
 
 /// Whether a trigger with this id exists (deleted ones included: their runs can be

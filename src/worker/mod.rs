@@ -30,6 +30,7 @@ pub mod secrets;
 mod serve;
 pub mod shell;
 pub mod spec;
+pub mod supervise;
 pub mod tail;
 
 use std::time::Duration;

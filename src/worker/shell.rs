@@ -1,17 +1,17 @@
 //! The shell executor (docs/worker.md, "shell"): runs the spec's argv directly (a shell
-//! only if argv names one) as the worker's service user, in a process group of its own,
-//! with a cleared environment: a minimal PATH, HOME and LANG, the run's QLSCHED_* variables
-//! and the spec's `env` (secrets resolved). Never the worker's DSN, password or
-//! credentials directory. On timeout, cancel, lost lease or drain the group gets SIGTERM,
-//! then SIGKILL after the grace; when the command exits, whatever it left in its group is
-//! killed; if the worker itself dies, the command's first process is killed with it. Exit 0
-//! succeeds.
+//! only if argv names one) as the worker's service user, under a supervisor of its own
+//! ([`super::supervise`]), in a process group of its own, with a cleared environment: a
+//! minimal PATH, HOME and LANG, the run's QLSCHED_* variables and the spec's `env` (secrets
+//! resolved). Never the worker's DSN, password or credentials directory. On timeout, cancel,
+//! lost lease or drain the command's group gets SIGTERM, then its whole process tree SIGKILL
+//! after the grace; when the command exits, whatever it left running is killed; if the
+//! worker itself dies, the supervisor kills the whole tree. Exit 0 succeeds.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::secrets::Redactor;
@@ -36,7 +36,7 @@ pub async fn run(
     redactor: &Redactor,
     stop: &mut watch::Receiver<Option<Stop>>,
 ) -> Outcome {
-    let mut child = match command(spec, env, vars).spawn() {
+    let mut child = match supervised(spec, env, vars).spawn() {
         Ok(c) => c,
         Err(e) => {
             return Outcome::failed(
@@ -46,7 +46,9 @@ pub async fn run(
             )
         }
     };
-    let pgid = child.id().map(|p| p as i32);
+    // The supervisor's orders; the end of this pipe (the worker gone, the attempt dropped)
+    // kills the command's whole tree.
+    let mut control = child.stdin.take();
     let keep = limits.output_bound + redactor.longest();
     let out = Arc::new(Mutex::new(Tail::new(keep)));
     let err = Arc::new(Mutex::new(Tail::new(keep)));
@@ -54,13 +56,15 @@ pub async fn run(
         drain(child.stdout.take(), out.clone()),
         drain(child.stderr.take(), err.clone()),
     ];
-    let (status, stopped) = wait(&mut child, pgid, timeout, limits.kill_grace, stop).await;
-    // Nothing of the command outlives it: its group's remaining processes are killed.
-    signal_group(pgid, libc::SIGKILL);
+    // Nothing of the command outlives it: the supervisor kills what it left running before
+    // it ends.
+    let (status, stopped) = wait(&mut child, &mut control, timeout, limits.kill_grace, stop).await;
+    drop(control);
     for r in readers {
         let abort = r.abort_handle();
         if tokio::time::timeout(PIPE_PATIENCE, r).await.is_err() {
-            // A process outside the group holds the pipe: the tail is what was read.
+            // A process outside the command's tree holds the pipe (it was handed the
+            // descriptor): the tail is what was read.
             abort.abort();
         }
     }
@@ -73,16 +77,21 @@ pub async fn run(
     outcome(status, stopped, output, limits.kill_grace)
 }
 
-/// The command of `spec`: argv, a cleared environment (PATH, HOME, LANG, the run's
-/// variables, the spec's `env`), its working directory, a process group of its own, no
-/// stdin, stdout and stderr piped.
-fn command(
+/// The supervisor of `spec`'s command ([`super::supervise`]: this binary, its argv after
+/// `--`), with a cleared environment (PATH, HOME, LANG, the run's variables, the spec's `env`)
+/// and the working directory, both of which the command inherits; a process group of its
+/// own; standard input the control pipe; stdout and stderr piped.
+fn supervised(
     spec: &ShellSpec,
     env: Vec<(String, String)>,
     vars: &RunVars,
 ) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(&spec.command[0]);
-    cmd.args(&spec.command[1..])
+    // The running binary itself, even after a package upgrade replaced the file.
+    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    cmd.arg0("qlsched")
+        .arg(super::supervise::ARG)
+        .arg("--")
+        .args(&spec.command)
         .env_clear()
         .env("PATH", PATH)
         .env(
@@ -99,20 +108,30 @@ fn command(
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
+    // Not killed when the attempt is dropped: the closed control pipe makes the supervisor
+    // kill the whole tree, which a SIGKILL of the supervisor alone would leave running.
     cmd.process_group(0)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    die_with_the_worker(&mut cmd);
+        .kill_on_drop(false);
     cmd
+}
+
+/// Asks the supervisor for `order` ([`super::supervise::TERM`] or `KILL`).
+async fn tell(control: &mut Option<tokio::process::ChildStdin>, order: u8) {
+    if let Some(c) = control {
+        // A supervisor that ended cannot be told anything; its status is read next.
+        let _ = c.write_all(&[order]).await;
+        let _ = c.flush().await;
+    }
 }
 
 /// Waits for the command to exit, or stops its group (SIGTERM, SIGKILL after `kill_grace`)
 /// at the timeout or a stop; returns its exit status and why it was stopped, if it was.
 async fn wait(
     child: &mut tokio::process::Child,
-    pgid: Option<i32>,
+    control: &mut Option<tokio::process::ChildStdin>,
     timeout: Option<Duration>,
     kill_grace: Duration,
     stop: &mut watch::Receiver<Option<Stop>>,
@@ -133,11 +152,11 @@ async fn wait(
     let status = match &stopped {
         None => child.wait().await,
         Some(_) => {
-            signal_group(pgid, libc::SIGTERM);
+            tell(control, super::supervise::TERM).await;
             match tokio::time::timeout(kill_grace, child.wait()).await {
                 Ok(st) => st,
                 Err(_) => {
-                    signal_group(pgid, libc::SIGKILL);
+                    tell(control, super::supervise::KILL).await;
                     child.wait().await
                 }
             }
@@ -185,38 +204,6 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<Option<Stop>>) -> Stop {
         if stop.changed().await.is_err() {
             // The sender is gone: nobody can ask any more.
             return std::future::pending().await;
-        }
-    }
-}
-
-/// The command's first process gets SIGKILL when the worker dies (a SIGKILL, a crash): its
-/// lease lapses and the run may be retried elsewhere, so the command must not run on beside
-/// the retry. The parent-death signal follows the thread that forked, which is the worker's
-/// one executor thread (`daemon.rs` runs every attempt on the actix system's thread). Processes
-/// the command forks itself are not covered (systemd's unit stop kills what is left).
-fn die_with_the_worker(cmd: &mut tokio::process::Command) {
-    let worker = std::process::id() as libc::pid_t;
-    // SAFETY: between fork and exec the closure calls only async-signal-safe functions
-    // (prctl, getppid) and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The worker died before the signal was armed: do not start the command.
-            if libc::getppid() != worker {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-}
-
-fn signal_group(pgid: Option<i32>, sig: i32) {
-    if let Some(pgid) = pgid.filter(|p| *p > 1) {
-        // SAFETY: kill(2) with a negative pid signals the process group; no memory involved.
-        unsafe {
-            libc::kill(-pgid, sig);
         }
     }
 }

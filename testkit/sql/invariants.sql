@@ -22,9 +22,17 @@
 -- last); a new status or event kind adds its line to `status_of` or to `steps`.
 --
 -- Names and meanings (each a CTE of offending keys below):
---   duplicate occurrence         two outcomes (runs, removed runs included) for one trigger
---                                and instant among cron and backfill runs (a manual fire is
---                                keyed by its request id: one run per key is the unique index)
+--   duplicate occurrence         two outcomes (runs, removed runs included, and the skips
+--                                and the buffered occurrence an overlap policy recorded, V21)
+--                                for one trigger and instant among cron and backfill runs (a
+--                                manual fire is keyed by its request id: one run per key is the
+--                                unique index)
+--
+-- Overlap skips (V21). qlsched.trigger_overlap keeps, per trigger, the count of occurrences
+-- an overlap policy skipped and the instants of the last few; a checker that finds an
+-- instant without a run counts it as accounted for up to that count (tests/it/drills/check.rs).
+-- Here the recorded instants and a buffered occurrence join `occurrences`; on a database
+-- before V21 the temporary view below is empty.
 --   attempts not numbered 1..n   a run without attempts, or with a gap in their numbers
 --   live attempt                 an unfinished run without exactly one live attempt (claimed,
 --                                dispatching, running) as its last, or a finished run with one
@@ -53,6 +61,21 @@ CREATE TEMPORARY TABLE IF NOT EXISTS removed_runs (
     status            text
 );
 
+DO $$
+BEGIN
+    IF to_regclass('qlsched.trigger_overlap') IS NULL THEN
+        CREATE TEMPORARY VIEW overlap_outcomes (trigger_id, scheduled_for_ms) AS
+            SELECT NULL::text, NULL::bigint WHERE false;
+    ELSE
+        CREATE TEMPORARY VIEW overlap_outcomes (trigger_id, scheduled_for_ms) AS
+            SELECT o.trigger_id, x FROM qlsched.trigger_overlap o, unnest(o.last_skipped_ms) AS x
+            UNION ALL
+            SELECT o.trigger_id, (o.buffered ->> 'scheduled_for_ms')::bigint FROM qlsched.trigger_overlap o
+             WHERE o.buffered IS NOT NULL AND o.buffered ->> 'request_id' IS NULL;
+    END IF;
+END
+$$;
+
 WITH
 -- What each status implies: its run is finished or not, the state of its last attempt, the
 -- kind of its last event.
@@ -77,7 +100,9 @@ steps (prev, kind) AS (VALUES
 occurrences AS (
     SELECT trigger_id, scheduled_for_ms FROM qlsched.runs WHERE request_id IS NULL
     UNION ALL
-    SELECT trigger_id, scheduled_for_ms FROM removed_runs WHERE request_id IS NULL),
+    SELECT trigger_id, scheduled_for_ms FROM removed_runs WHERE request_id IS NULL
+    UNION ALL
+    SELECT trigger_id, scheduled_for_ms FROM overlap_outcomes),
 attempts_of AS (
     SELECT a.run_id, count(*) AS n, max(a.attempt_no) AS top,
            count(*) FILTER (WHERE a.state IN ('claimed', 'dispatching', 'running')) AS live,

@@ -289,6 +289,13 @@ impl Proc {
         }
     }
 
+    /// The exit status if the process has exited (then reaped), without waiting.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().unwrap()?;
+        self.child = None;
+        Some(status)
+    }
+
     pub fn signal(&self, sig: i32) {
         if let Some(c) = &self.child {
             unsafe { libc::kill(c.id() as i32, sig) };

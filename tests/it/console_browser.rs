@@ -341,16 +341,20 @@ async fn the_console_in_headless_chromium() {
     assert_eq!(trigger_ids(&c).await, ["con-x"]);
     // Keyboard: the main navigation first, then the filters, then the table's links.
     c.goto(&go("/triggers")).await.unwrap();
-    let stops = focus_regions(&c, 9).await;
+    let stops = focus_regions(&c, 10).await;
     let regions: Vec<&str> = stops.iter().map(|(r, _)| r.as_str()).collect();
     assert_eq!(
         regions,
-        ["nav", "nav", "nav", "filters", "filters", "filters", "filters", "table", "table"],
+        [
+            "nav", "nav", "nav", "nav", "filters", "filters", "filters", "filters", "table",
+            "table"
+        ],
         "{stops:?}"
     );
     assert_eq!(stops[0].1, "Overview");
-    assert_eq!(stops[3].1, "q");
-    assert_eq!(stops[7].1, "con-a");
+    assert_eq!(stops[3].1, "Audit");
+    assert_eq!(stops[4].1, "q");
+    assert_eq!(stops[8].1, "con-a");
     screenshot(&c, "triggers").await;
     assert_clean_log(&c, "/triggers").await;
 

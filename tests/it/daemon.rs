@@ -57,6 +57,97 @@ async fn a_second_live_process_with_the_same_replica_id_refuses_to_start() {
     third.wait_ready(Duration::from_secs(30)).await;
 }
 
+/// The guard row names the holder's claim connection, and a claim round that timed out drops
+/// that connection (its statement's outcome is unknown); until the next round records the new
+/// one, the row names a session that is gone. A second process of the same host name must
+/// still be refused then: the holder holds its identity on a session of its own (drill
+/// same_replica_id, under load: the twin took the id of a live first replica).
+#[tokio::test]
+async fn a_twin_is_refused_while_the_live_holder_replaces_its_claim_connection() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    let sql = db.superuser().await;
+    let dsn = db.dsn("qlsched_runtime");
+    // A long lease: the guard does not expire while the holder is paused.
+    let mut first = ReplicaProc::spawn(&dsn, "same", "lease = \"30s\"", &[]);
+    first.wait_ready(Duration::from_secs(30)).await;
+    // A run admitted: a claim round recorded the claim connection in the guard row.
+    wait_until("a run admitted", Duration::from_secs(30), || async {
+        db.count("SELECT count(*) FROM qlsched.runs").await >= 1
+    })
+    .await;
+    // The holder between a round that dropped its claim connection and the next round (paused
+    // so that the next round cannot come first): the recorded session is gone.
+    first.signal(libc::SIGSTOP);
+    let recorded: i32 = sql
+        .query_one(
+            "SELECT session_pid FROM qlsched.replicas WHERE replica_id = 'same'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    sql.execute("SELECT pg_terminate_backend($1)", &[&recorded])
+        .await
+        .unwrap();
+    wait_until(
+        "the recorded session gone",
+        Duration::from_secs(10),
+        || async {
+            db.count(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {recorded}"
+            ))
+            .await
+                == 0
+        },
+    )
+    .await;
+
+    let mut twin = ReplicaProc::spawn(&dsn, "same", "lease = \"30s\"", &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some((200, _)) = twin.get("/readyz") {
+            first.signal(libc::SIGCONT);
+            panic!(
+                "the twin took the replica id of a live holder; twin log:\n{}",
+                twin.log()
+            );
+        }
+        if let Some(s) = twin.try_exit() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the twin neither refused nor started"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    first.signal(libc::SIGCONT);
+    let log = twin.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("replica id `same` is held by a live process")
+            && log.contains(&format!("pid {}", first.pid())),
+        "{log}"
+    );
+    // The holder keeps its id and goes on.
+    wait_until("the holder ready again", Duration::from_secs(10), || {
+        let ready = first.get("/readyz").map(|r| r.0) == Some(200);
+        async move { ready }
+    })
+    .await;
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM qlsched.replicas WHERE replica_id = 'same' AND pid = {}",
+            first.pid()
+        ))
+        .await,
+        1,
+        "the guard row changed hands"
+    );
+    assert!(first.terminate(Duration::from_secs(20)).await.success());
+}
+
 #[tokio::test]
 async fn a_replica_refuses_a_database_whose_migrations_drifted() {
     let db = TestDb::new().await;

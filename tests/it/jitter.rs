@@ -572,14 +572,14 @@ async fn v20_applies_over_triggers_and_runs_written_before_it() {
     triggers::fire(&mut admin, ID, "before-v20", "test")
         .await
         .unwrap();
-    // The database as V17 left it, with those rows in it.
+    // The database as V18 left it, with those rows in it.
     db.superuser()
         .await
         .batch_execute(&format!(
-            "ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms,
-                                          DROP COLUMN end_at_ms;
-             ALTER TABLE qlsched.runs DROP COLUMN due_at_ms;
-             DELETE FROM {} WHERE version = 20",
+            "{}
+             DELETE FROM {} WHERE version > 18;
+             DELETE FROM qlsched.schema_compat WHERE version > 18",
+            crate::live_migrate::UNDO_AFTER_V18,
             qlsched::schema::HISTORY_TABLE
         ))
         .await

@@ -175,6 +175,17 @@ fn migration_names() -> Vec<String> {
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
+    DROP TABLE qlsched.audit_log;
+    DROP FUNCTION qlsched.prune_audit(bigint, integer, text, uuid), qlsched.audit_is_append_only();
+    DROP TABLE qlsched.trigger_overlap;
+    DROP FUNCTION qlsched.overlap_admit() CASCADE;
+    DROP FUNCTION qlsched.overlap_run_ended() CASCADE;
+    DROP FUNCTION qlsched.overlap_counted() CASCADE;
+    DROP FUNCTION qlsched.overlap_replace(text, bigint), qlsched.overlap_adopt(text),
+                  qlsched.overlap_record_skip(text, bigint, bigint),
+                  qlsched.overlap_prune_skips(bigint);
+    ALTER TABLE qlsched.runs DROP COLUMN overlap_policy;
+    ALTER TABLE qlsched.triggers DROP COLUMN overlap_policy;
     ALTER TABLE qlsched.runs DROP COLUMN due_at_ms;
     ALTER TABLE qlsched.triggers DROP COLUMN jitter_ms, DROP COLUMN start_at_ms, DROP COLUMN end_at_ms;
     DROP FUNCTION qlsched.trigger_outcome_of_run(), qlsched.trigger_outcome_follows_trigger() CASCADE;

@@ -2,6 +2,8 @@
 
 use qlsched_testkit as helpers;
 
+mod apply;
+mod audit;
 mod config_validation;
 mod connect;
 mod console;
@@ -35,6 +37,7 @@ mod migrations;
 mod on_time;
 mod operate;
 mod outcomes;
+mod overlap;
 mod pgbouncer;
 mod plans;
 mod retention;

@@ -463,3 +463,119 @@ async fn no_role_writes_an_outcome_by_hand() {
     }
     assert_eq!(outcome_of(&db, "t").await.consecutive_failures, 1);
 }
+
+/// The gauge statement reads only the deadlines already passed: 20,000 triggers with a
+/// deadline, 30 of them past, and the due index's scan returns those 30 (the clock is its
+/// index condition, not a filter over every deadline), whatever the plan's shape.
+#[tokio::test]
+async fn the_overdue_count_reads_only_the_passed_deadlines_from_its_index() {
+    let db = TestDb::new().await;
+    let su = db.superuser().await;
+    su.batch_execute(concat!(
+        "INSERT INTO qlsched.trigger_outcomes (trigger_id, project_id, expect_success_within_ms,
+                                               enabled_since_ms, success_due_at_ms, updated_at_ms)
+         SELECT 'o' || g, 'p' || (g % 7), 86400000, n, n + CASE WHEN g <= 30 THEN -1000 ELSE 86400000 END, n
+           FROM generate_series(1, 20000) g, (SELECT ",
+        qlsched::db_now_ms!(),
+        " AS n) x"
+    ))
+    .await
+    .unwrap();
+    su.batch_execute("VACUUM ANALYZE qlsched.trigger_outcomes")
+        .await
+        .unwrap();
+    let p = crate::helpers::plan(
+        &su,
+        &format!("EXPLAIN (ANALYZE, BUFFERS) {}", outcome::OUTCOME_GAUGES_SQL),
+        &[],
+    )
+    .await;
+    let due_scan = p
+        .lines()
+        .position(|l| l.contains("trigger_outcomes_due_idx"))
+        .unwrap_or_else(|| panic!("the due index is not read:\n{p}"));
+    let scan_lines: Vec<&str> = p.lines().skip(due_scan).take(3).collect();
+    assert!(
+        scan_lines
+            .iter()
+            .any(|l| l.contains("Index Cond") && l.contains("success_due_at_ms")),
+        "the clock is not the index condition:\n{p}"
+    );
+    assert!(!p.contains("Rows Removed by Filter"), "{p}");
+    let total: i64 = outcome::gauges(&su)
+        .await
+        .unwrap()
+        .iter()
+        .map(|g| g.1)
+        .sum();
+    assert_eq!(total, 30);
+}
+
+/// The real binary's `trigger show`, `trigger list --state overdue` and `--json`, and a
+/// replica's console, show the summary; an error holding markup is shown as text.
+#[tokio::test]
+async fn the_cli_and_the_console_show_the_outcome_with_its_error_escaped() {
+    use crate::helpers::cli::{ok, ql};
+    let db = TestDb::new().await;
+    let policy = OutcomePolicy {
+        pause_after_failures: Some(5),
+        expect_success_within_ms: Some(60_000),
+    };
+    trigger_with_runs(&db, policy, 1).await;
+    run_to(
+        &db,
+        "failed",
+        Some("<script>window.__xss=1</script> & <b>x</b>"),
+    )
+    .await;
+    age(&db, 120_000).await;
+
+    let show = ok(ql(&db, &["trigger", "show", "t"]));
+    for want in [
+        "policies     pause after 5 failures; expect success within 1 min",
+        "failures     1 in a row",
+        "(OVERDUE)",
+        "<script>window.__xss=1</script>",
+    ] {
+        assert!(show.contains(want), "`{want}` missing:\n{show}");
+    }
+    let list = ok(ql(&db, &["trigger", "list", "--state", "overdue"]));
+    assert!(
+        list.contains("OUTCOME")
+            && list
+                .lines()
+                .any(|l| l.starts_with("t ") && l.trim_end().ends_with("OVERDUE 1 failed")),
+        "{list}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(ql(&db, &["trigger", "show", "t", "--json"]))).unwrap();
+    assert_eq!(json["outcome"]["consecutive_failures"], 1, "{json}");
+    assert_eq!(json["outcome"]["overdue"], true, "{json}");
+    assert_eq!(json["outcome"]["pause_after_failures"], 5, "{json}");
+
+    let mut r = crate::helpers::replica::ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "outcome1",
+        "",
+        &[],
+    );
+    r.wait_ready(std::time::Duration::from_secs(30)).await;
+    let (status, _, page) = crate::console::get(r.http, "/triggers/t", &[]);
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("&lt;script&gt;window.__xss=1&lt;/script&gt; &amp; &lt;b&gt;x&lt;/b&gt;"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<script>window") && !page.contains("<b>x"),
+        "{page}"
+    );
+    assert!(page.contains("id=\"overdue\""), "{page}");
+    let (status, _, page) = crate::console::get(r.http, "/triggers?state=overdue", &[]);
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("OVERDUE 1 failed"), "{page}");
+    assert!(r
+        .terminate(std::time::Duration::from_secs(30))
+        .await
+        .success());
+}

@@ -83,6 +83,7 @@ pub(crate) fn cfg(finished_after: Duration, batch: u32) -> RetentionConfig {
         batch,
         interval: Duration::from_secs(1),
         queued_alert_after: Duration::from_secs(3600),
+        audit_after: None,
     }
 }
 

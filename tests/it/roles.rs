@@ -76,14 +76,39 @@ async fn catalog_privileges_match_the_spec_exactly_for_every_role() {
         [
             "attempts.finished_at_ms UPDATE",
             "attempts.state UPDATE",
+            "audit_log.action INSERT",
+            "audit_log.actor INSERT",
+            "audit_log.changes INSERT",
+            "audit_log.host INSERT",
+            "audit_log.note INSERT",
+            "audit_log.object_id INSERT",
+            "audit_log.object_kind INSERT",
+            "audit_log.project_id INSERT",
+            "audit_log.source INSERT",
+            "audit_log.source_label INSERT",
             "maintenance.finished_after_floor_ms UPDATE",
             "runs.cancelled UPDATE",
-            "runs.status UPDATE"
+            "runs.status UPDATE",
         ]
     );
     // The runtime claims the 'prune' lease with its table UPDATE; V15's row trigger keeps the
-    // recorded horizon and the floor out of its reach (the CASES below).
-    assert!(columns("qlsched_runtime").await.is_empty());
+    // recorded horizon and the floor out of its reach (the CASES below). Its only column
+    // grant is the audit log's INSERT (V22), without the database's own columns.
+    assert_eq!(
+        columns("qlsched_runtime").await,
+        [
+            "audit_log.action INSERT",
+            "audit_log.actor INSERT",
+            "audit_log.changes INSERT",
+            "audit_log.host INSERT",
+            "audit_log.note INSERT",
+            "audit_log.object_id INSERT",
+            "audit_log.object_kind INSERT",
+            "audit_log.project_id INSERT",
+            "audit_log.source INSERT",
+            "audit_log.source_label INSERT",
+        ]
+    );
     assert!(columns("qlsched_worker_ingress").await.is_empty());
     let runtime = schema::table_privileges(&su, "qlsched_runtime")
         .await
@@ -298,6 +323,21 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
     (
         "qlsched.dispatch_expire(integer)",
         "qlsched_dispatcher",
+        "qlsched_admin",
+    ),
+    (
+        "qlsched.overlap_adopt(text)",
+        "qlsched_admin",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.overlap_prune_skips(bigint)",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
+    (
+        "qlsched.prune_audit(bigint,integer,text,uuid)",
+        "qlsched_runtime",
         "qlsched_admin",
     ),
 ];

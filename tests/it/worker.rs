@@ -595,6 +595,139 @@ async fn a_refused_heartbeat_stops_the_command_and_records_nothing() {
     stop(&mut w).await;
 }
 
+/// The live processes (zombies excluded) whose environment holds `QLSCHED_RUN_ID=run`: the
+/// command of that run and everything it started, wherever it moved in the process tree.
+fn processes_of(run: Uuid) -> Vec<(i32, String)> {
+    let needle = format!("QLSCHED_RUN_ID={run}");
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let ours = environ.split(|b| *b == 0).any(|v| v == needle.as_bytes());
+        if ours && !crate::helpers::worker::gone(pid) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// A SIGKILLed worker leaves nothing of its commands running: not the command, not its
+/// children, not a child that left the process group (`setsid`) nor one whose parent ended
+/// (a double fork). Before: only the command's first process died with the worker (its
+/// parent-death signal); everything it had started ran on, orphaned.
+#[tokio::test]
+async fn a_sigkilled_worker_leaves_no_process_of_its_command_running() {
+    let db = TestDb::new().await;
+    let script = "sleep 300 & setsid sh -c 'sleep 301 & wait' & (sleep 302 &); wait";
+    let run = queue_runs(&db, "tree", &shell(&["sh", "-c", script], ""), 1).await[0];
+    let mut w = start(&db, "");
+    w.await_run(&db, run, &["running"], WITHIN).await;
+    wait_until("the command's three sleeps running", WITHIN, || async {
+        processes_of(run)
+            .iter()
+            .filter(|(_, c)| c.starts_with("sleep 30"))
+            .count()
+            == 3
+    })
+    .await;
+    w.kill();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = processes_of(run);
+        if left.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            for (pid, _) in &left {
+                // SAFETY: kill(2) of the test's own leftovers.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            panic!("10 s after the worker's SIGKILL its command's processes still run: {left:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The local deadline does not wait for the database: a heartbeat whose bytes stop moving
+/// (every connection of the worker blackholed from that heartbeat's Bind on, new ones too, so
+/// pool checkouts hang as well) leaves the deadline to fire on time, and the command, which
+/// ignores SIGTERM, is killed before the lease can end on the database clock.
+#[tokio::test]
+async fn a_hung_heartbeat_leaves_the_local_deadline_on_time() {
+    use crate::helpers::proxy::{Fault, Proxy};
+    let db = TestDb::new().await;
+    let sql = db.superuser().await;
+    let proxy = Proxy::start_with_marker(db.port, "dispatch_heartbeat(").await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "trap '' TERM; echo $$ > {}/pid.$QLSCHED_ATTEMPT; exec sleep 60",
+        dir.path().display()
+    );
+    let run = queue_runs(&db, "hung", &shell(&["sh", "-c", &script], ""), 1).await[0];
+    let mut w = WorkerProc::start(
+        &proxy.dsn("qlsched_dispatcher", &db.name),
+        "w1",
+        WorkerOptions::default(),
+    );
+    w.await_run(&db, run, &["running"], WITHIN).await;
+    let pid = await_pid(&dir.path().join("pid.1"), WITHIN).await;
+    // A heartbeat answered first (the lease as the database extends it from then on).
+    let first: i64 = lease_expiry(&sql, run).await;
+    wait_until("a heartbeat extended the lease", WITHIN, || async {
+        lease_expiry(&sql, run).await > first
+    })
+    .await;
+    proxy.arm(Fault::Partition, 1, 1);
+    wait_until("the next heartbeat blackholed", WITHIN, || {
+        let p = proxy.partitioned();
+        async move { p }
+    })
+    .await;
+    let deadline = std::time::Instant::now() + WITHIN;
+    while !crate::helpers::worker::gone(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command outlived the cut by {WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The wall clock of this host, which is the database's.
+    let gone_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    // Nothing of the worker reached the database since the cut: this is the lease's end.
+    let end = lease_expiry(&sql, run).await;
+    proxy.heal();
+    assert!(
+        gone_at <= end,
+        "the command outlived its lease by {} ms; worker log:\n{}",
+        gone_at - end,
+        w.log()
+    );
+    assert!(
+        w.log().contains("by this worker's clock"),
+        "not stopped by the local deadline:\n{}",
+        w.log()
+    );
+    stop(&mut w).await;
+}
+
+/// The first attempt's lease expiry (database clock, Unix ms).
+async fn lease_expiry(sql: &tokio_postgres::Client, run: Uuid) -> i64 {
+    sql.query_one(
+        "SELECT lease_expires_at_ms FROM qlsched.attempts WHERE run_id = $1 AND attempt_no = 1",
+        &[&run],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 #[tokio::test]
 async fn sigterm_lets_a_running_attempt_finish_within_the_drain_timeout() {
     let db = TestDb::new().await;

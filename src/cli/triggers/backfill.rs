@@ -64,6 +64,10 @@ pub struct BackfillArgs {
     pub chunk: usize,
     #[arg(long)]
     pub actor: Option<String>,
+    /// The overlap policy of these occurrences (default allow: every one asked for is
+    /// admitted whatever the trigger's policy; docs/policies-overlap.md).
+    #[arg(long, default_value = "allow", value_parser = crate::store::overlap::OverlapPolicy::NAMES)]
+    pub overlap: String,
     #[arg(long)]
     pub json: bool,
 }
@@ -84,7 +88,9 @@ pub async fn backfill(a: BackfillArgs) -> Result<(), CliError> {
     let by = format!("backfill:{}", actor(&client, a.actor.as_deref()).await?);
     let mut total = triggers::BackfillCount::default();
     for chunk in occurrences.chunks(a.chunk) {
-        let c = triggers::backfill_chunk(&mut client, &a.id, revision, chunk, &by).await?;
+        let overlap = a.overlap.parse().expect("clap checked the spelling");
+        let c = triggers::backfill_chunk_with(&mut client, &a.id, revision, chunk, &by, overlap)
+            .await?;
         total.admitted += c.admitted;
         total.already_existed += c.already_existed;
     }

@@ -44,11 +44,7 @@ pub(super) async fn actor(
 ) -> Result<String, CliError> {
     at_most("--actor", given, 100)?;
     let role = crate::schema::current_role(client).await?;
-    let person = given
-        .map(str::to_string)
-        .or_else(|| std::env::var("USER").ok())
-        .or_else(|| std::env::var("LOGNAME").ok())
-        .filter(|s| !s.is_empty());
+    let person = crate::cli::audit::declare_origin(client, given).await?;
     Ok(match person {
         Some(p) => format!("{p} via {role}"),
         None => role,

@@ -72,6 +72,7 @@ pub async fn fire(
     id: &str,
     request_id: Option<&str>,
     actor_name: Option<&str>,
+    overlap: Option<crate::store::overlap::OverlapPolicy>,
     json: bool,
 ) -> Result<(), CliError> {
     let request_id = match request_id {
@@ -81,7 +82,7 @@ pub async fn fire(
     };
     let mut client = connect::connect_target(target).await?;
     let by = format!("fire:{}", actor(&client, actor_name).await?);
-    let f = triggers::fire(&mut client, id, &request_id, &by).await?;
+    let f = triggers::fire_with(&mut client, id, &request_id, &by, overlap).await?;
     if json {
         println!(
             "{}",

@@ -4,7 +4,8 @@ use crate::cli::connect::{self, Target};
 use crate::cli::error::CliError;
 use crate::present as render;
 use crate::present::triggers::{
-    holder, outcome_lines, outcome_mark, state_text, timing_text, trigger_detail, trigger_page,
+    holder, outcome_lines, outcome_mark, overlap_mark, overlap_text, state_text, timing_text,
+    trigger_detail, trigger_page,
 };
 use crate::store::browse::TriggerFilter;
 use crate::store::triggers::StateFilter;
@@ -49,7 +50,7 @@ pub async fn list(
                 v.task_id.clone(),
                 v.cron_expr.clone(),
                 v.timezone.clone(),
-                state_text(v),
+                format!("{}{}", state_text(v), overlap_mark(v)),
                 render::utc(next),
                 render::local(next, &v.timezone),
                 render::utc(v.last_scheduled_at_ms),
@@ -120,6 +121,7 @@ pub async fn show(
         "misfire      {} (grace {} ms)",
         v.misfire_policy, v.misfire_grace_ms
     );
+    println!("overlap      {}", overlap_text(v));
     println!("state        {}", state_text(v));
     println!("timing       {}", timing_text(v));
     if let (Some(at), Some(by)) = (v.disabled_at_ms, &v.disabled_by) {

@@ -7,7 +7,9 @@ use uuid::Uuid;
 use super::{lock_trigger, LockedTrigger};
 use crate::db_now_ms;
 use crate::store::admission::{idempotency_key, mint_run_id};
+use crate::store::audit::{self, ObjectKind};
 use crate::store::manage::{lock_project_status, ManageError, ProjectStatus};
+use crate::store::overlap::OverlapPolicy;
 
 /// The key of a run fired by hand: one request id is one run of the trigger, whatever its
 /// revision (a fire retried after a republish finds the first one).
@@ -42,7 +44,8 @@ pub struct Fired {
 /// millisecond is another run) is skipped: `ON CONFLICT DO NOTHING` on the unique key
 /// (a concurrent inserter of the same key makes us wait for its outcome, then skip), and the
 /// `runs_trigger_idx` probe. The execution revision's digest is re-verified as in a cron
-/// admission.
+/// admission. `$8` is the request's overlap policy (NULL: the trigger's); an occurrence
+/// the policy does not admit is absent from the result (recorded as a skip, or buffered).
 const ADMIT_MANUAL_SQL: &str = concat!(
     "WITH obs AS MATERIALIZED (SELECT ",
     db_now_ms!(),
@@ -52,9 +55,12 @@ const ADMIT_MANUAL_SQL: &str = concat!(
 ), run AS (
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
-                              queued_at_ms, admitted_by, request_id, pool, executor)
+                              queued_at_ms, admitted_by, request_id, pool, executor, overlap_policy)
     SELECT d.run_id, t.project_id, t.trigger_id, t.revision, k.task_id, k.revision, k.execution_revision_id,
-           d.ikey, 'queued', coalesce(d.sf, obs.now_ms), obs.now_ms, $7, d.request_id, e.pool, e.executor
+           d.ikey, 'queued', coalesce(d.sf, obs.now_ms), obs.now_ms, $7, d.request_id, e.pool, e.executor,
+           -- Counted when the trigger's policy is not allow (V21): the request's own policy
+           -- ($8, NULL: the trigger's) decides in qlsched.overlap_admit.
+           CASE WHEN t.overlap_policy = 'allow' THEN NULL ELSE coalesce($8::text, t.overlap_policy) END
       FROM d, obs, qlsched.triggers t
       JOIN qlsched.tasks k ON k.task_id = t.task_id
       JOIN qlsched.execution_revisions e ON e.execution_revision_id = k.execution_revision_id
@@ -128,6 +134,20 @@ pub async fn fire(
     request_id: &str,
     by: &str,
 ) -> Result<Fired, ManageError> {
+    fire_with(client, id, request_id, by, None).await
+}
+
+/// [`fire`] under the overlap policy `overlap` instead of the trigger's (`trigger fire
+/// --overlap`; None: the trigger's). An occurrence the policy does not admit is refused
+/// ([`ManageError::Overlap`]), recorded as a skip or, under buffer_one, kept.
+pub async fn fire_with(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+    request_id: &str,
+    by: &str,
+    overlap: Option<OverlapPolicy>,
+) -> Result<Fired, ManageError> {
+    let overlap = overlap.map(OverlapPolicy::as_str);
     let tx = client.transaction().await?;
     let t = lock_admittable(&tx, id).await?;
     let legacy = tx
@@ -161,16 +181,34 @@ pub async fn fire(
                 &vec![key.clone()],
                 &vec![request_id.to_string()],
                 &by,
+                &overlap,
             ],
         )
         .await?;
     let fired = match rows.first() {
-        Some(r) => Fired {
-            run_id: r.get(0),
-            idempotency_key: key,
-            scheduled_for_ms: r.get(1),
-            admitted: true,
-        },
+        Some(r) => {
+            let fired = Fired {
+                run_id: r.get(0),
+                idempotency_key: key,
+                scheduled_for_ms: r.get(1),
+                admitted: true,
+            };
+            let changes = serde_json::json!({
+                "run_id": fired.run_id.to_string(), "request_id": request_id,
+                "idempotency_key": fired.idempotency_key, "scheduled_for_ms": fired.scheduled_for_ms,
+            });
+            let entry = audit::Entry {
+                kind: ObjectKind::Trigger,
+                id,
+                project: Some(&t.project),
+                action: "fire",
+                changes,
+                note: None,
+                origin: None,
+            };
+            audit::append(&tx, &entry).await?;
+            fired
+        }
         None => match tx
             .query_opt(
                 "SELECT run_id, scheduled_for_ms FROM qlsched.runs WHERE idempotency_key = $1",
@@ -184,7 +222,26 @@ pub async fn fire(
                 scheduled_for_ms: r.get(1),
                 admitted: false,
             },
-            None => return Err(ManageError::CorruptExecutionRevision { id: id.into() }),
+            // Not written and not there: the overlap policy kept it out (the execution
+            // revision was checked under the trigger's lock), or kept it for later.
+            None => {
+                let buffered: Option<bool> = tx
+                    .query_opt(
+                        "SELECT coalesce(o.buffered ->> 'idempotency_key' = $2, false)
+                           FROM qlsched.trigger_overlap o WHERE o.trigger_id = $1",
+                        &[&id, &key],
+                    )
+                    .await?
+                    .map(|r| r.get(0));
+                let Some(buffered) = buffered else {
+                    return Err(ManageError::CorruptExecutionRevision { id: id.into() });
+                };
+                tx.commit().await?;
+                return Err(ManageError::Overlap {
+                    id: id.into(),
+                    buffered,
+                });
+            }
         },
     };
     tx.commit().await?;
@@ -210,8 +267,23 @@ pub async fn backfill_chunk(
     occurrences: &[i64],
     by: &str,
 ) -> Result<BackfillCount, ManageError> {
+    backfill_chunk_with(client, id, revision, occurrences, by, OverlapPolicy::Allow).await
+}
+
+/// [`backfill_chunk`] under the overlap policy `overlap` (`trigger backfill --overlap`; a
+/// backfill admits every occurrence asked for, allow, unless told otherwise). Occurrences
+/// the policy does not admit count as already existing.
+pub async fn backfill_chunk_with(
+    client: &mut tokio_postgres::Client,
+    id: &str,
+    revision: i64,
+    occurrences: &[i64],
+    by: &str,
+    overlap: OverlapPolicy,
+) -> Result<BackfillCount, ManageError> {
     let tx = client.transaction().await?;
-    let now_rev = lock_admittable(&tx, id).await?.revision;
+    let t = lock_admittable(&tx, id).await?;
+    let now_rev = t.revision;
     if now_rev != revision {
         return Err(ManageError::RevisionChanged {
             id: id.into(),
@@ -269,11 +341,39 @@ pub async fn backfill_chunk(
     let rows = tx
         .query(
             ADMIT_MANUAL_SQL,
-            &[&sfs, &runs, &atts, &id, &keys, &none, &by],
+            &[
+                &sfs,
+                &runs,
+                &atts,
+                &id,
+                &keys,
+                &none,
+                &by,
+                &overlap.as_str(),
+            ],
         )
         .await?;
-    tx.commit().await?;
     let admitted = rows.len() as u64;
+    if admitted > 0 {
+        let instants = rows.iter().map(|r| r.get::<_, i64>(1));
+        let changes = serde_json::json!({
+            "revision": revision, "admitted": admitted,
+            "already_existed": occurrences.len() as u64 - admitted,
+            "first_scheduled_for_ms": instants.clone().min(),
+            "last_scheduled_for_ms": instants.max(),
+        });
+        let entry = audit::Entry {
+            kind: ObjectKind::Trigger,
+            id,
+            project: Some(&t.project),
+            action: "backfill",
+            changes,
+            note: None,
+            origin: None,
+        };
+        audit::append(&tx, &entry).await?;
+    }
+    tx.commit().await?;
     Ok(BackfillCount {
         admitted,
         already_existed: occurrences.len() as u64 - admitted,

@@ -41,6 +41,8 @@ pub struct TriggerView {
     pub claim_version: i64,
     pub state_version: i64,
     pub now_ms: i64,
+    /// Outcome policies and summary (V19).
+    pub outcome: TriggerOutcome,
     /// Jitter (ms, 0 = none) and validity window (docs/policies-jitter.md).
     pub jitter_ms: i64,
     pub start_at_ms: Option<i64>,
@@ -49,8 +51,16 @@ pub struct TriggerView {
     /// admitted), or the end has passed while the row is out of the claim index (disabled,
     /// project inactive). Nothing more is admitted by the schedule.
     pub ended: bool,
-    /// Outcome policies and summary (V19).
-    pub outcome: TriggerOutcome,
+    /// The overlap policy (V21): allow, forbid, buffer_one, replace.
+    pub overlap_policy: String,
+    /// Occurrences not admitted because a run of the trigger was unfinished (reason
+    /// `overlap`), and the scheduled instants of the last few, newest last.
+    pub skipped_overlap: i64,
+    pub last_skipped_ms: Vec<i64>,
+    /// buffer_one: the instant of the occurrence kept for when the unfinished run ends.
+    pub buffered_for_ms: Option<i64>,
+    /// The unfinished runs the policy counts (None: never counted, an allow trigger).
+    pub overlap_unfinished: Option<i32>,
 }
 
 /// Which triggers `trigger list` shows.
@@ -95,7 +105,10 @@ const VIEW_COLUMNS: &str = concat!(
        s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
        t.jitter_ms, t.start_at_ms, t.end_at_ms,
        coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
-                false) AS ended, ",
+                false) AS ended,
+       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished, ",
     crate::outcome_columns!()
 );
 
@@ -118,13 +131,17 @@ SELECT ",
        s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
        t.jitter_ms, t.start_at_ms, t.end_at_ms,
        coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
-                false) AS ended, ",
+                false) AS ended,
+       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished, ",
     crate::outcome_columns!(),
     "
   FROM qlsched.triggers t
   JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
   JOIN qlsched.projects p ON p.project_id = t.project_id
   LEFT JOIN qlsched.trigger_outcomes o ON o.trigger_id = t.trigger_id
+  LEFT JOIN qlsched.trigger_overlap ov ON ov.trigger_id = t.trigger_id
   CROSS JOIN n
  WHERE t.deleted_at_ms IS NULL
    AND ($1::text IS NULL OR t.project_id = $1)
@@ -165,11 +182,16 @@ fn view(r: &tokio_postgres::Row) -> TriggerView {
         claim_version: r.get("claim_version"),
         state_version: r.get("state_version"),
         now_ms: r.get("now_ms"),
+        outcome: TriggerOutcome::from_row(r),
         jitter_ms: r.get("jitter_ms"),
         start_at_ms: r.get("start_at_ms"),
         end_at_ms: r.get("end_at_ms"),
         ended: r.get("ended"),
-        outcome: TriggerOutcome::from_row(r),
+        overlap_policy: r.get("overlap_policy"),
+        skipped_overlap: r.get("skipped_overlap"),
+        last_skipped_ms: r.get("last_skipped_ms"),
+        buffered_for_ms: r.get("buffered_for_ms"),
+        overlap_unfinished: r.get("overlap_unfinished"),
     }
 }
 
@@ -271,6 +293,7 @@ pub async fn show(
            JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
            JOIN qlsched.projects p ON p.project_id = t.project_id
            LEFT JOIN qlsched.trigger_outcomes o ON o.trigger_id = t.trigger_id
+           LEFT JOIN qlsched.trigger_overlap ov ON ov.trigger_id = t.trigger_id
            CROSS JOIN n
           WHERE t.trigger_id = $1",
         db_now_ms!()

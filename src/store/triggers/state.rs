@@ -3,6 +3,7 @@
 use super::{lock_trigger, Changed};
 use crate::db_now_ms;
 use crate::schedule::Schedule;
+use crate::store::audit::{self, ObjectKind};
 use crate::store::manage::{lock_cursor_floor, lock_project_status, ManageError, ProjectStatus};
 
 /// Takes the schedule row out of the claim index and fences out any live claim
@@ -35,6 +36,7 @@ pub async fn disable(
         tx.commit().await?;
         return Ok(Changed::AlreadyThatWay);
     }
+    let before = audit::snapshot(&tx, ObjectKind::Trigger, id).await?;
     tx.execute(
         concat!(
             "UPDATE qlsched.triggers
@@ -47,6 +49,15 @@ pub async fn disable(
     )
     .await?;
     tx.execute(FENCE_OUT, &[&id]).await?;
+    audit::append_change(
+        &tx,
+        ObjectKind::Trigger,
+        id,
+        "disable",
+        before.as_ref(),
+        note,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Changed::Yes)
 }
@@ -79,6 +90,7 @@ pub async fn enable(
         tx.commit().await?;
         return Ok(Changed::AlreadyThatWay);
     }
+    let before = audit::snapshot(&tx, ObjectKind::Trigger, id).await?;
     let active = lock_project_status(&tx, &t.project).await? == ProjectStatus::Active;
     let floor = lock_cursor_floor(&tx, id).await?;
     // A stored definition that no longer parses (or never fires again) gets no cursor: the
@@ -119,6 +131,15 @@ pub async fn enable(
         // Wake the replicas for the first occurrence (delivered at commit).
         crate::store::wake::notify(&tx, Some(at)).await?;
     }
+    audit::append_change(
+        &tx,
+        ObjectKind::Trigger,
+        id,
+        "enable",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Changed::Yes)
 }
@@ -136,6 +157,7 @@ pub async fn delete(
         tx.commit().await?;
         return Ok(Changed::AlreadyThatWay);
     }
+    let before = audit::snapshot(&tx, ObjectKind::Trigger, id).await?;
     tx.execute(
         concat!(
             "UPDATE qlsched.triggers
@@ -147,6 +169,15 @@ pub async fn delete(
     )
     .await?;
     tx.execute(FENCE_OUT, &[&id]).await?;
+    audit::append_change(
+        &tx,
+        ObjectKind::Trigger,
+        id,
+        "delete",
+        before.as_ref(),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Changed::Yes)
 }

@@ -14,7 +14,9 @@
 //!   than the grace (no misfire decision can explain it) and `misfired` when the hole is a
 //!   grace or longer (the fleet found it more than the grace late: overload, not a fence
 //!   failure; still a drill failure); a run off the cron grid or at or
-//!   after the cursor is `unexpected`; a trigger never admitted at all is `starved`;
+//!   after the cursor is `unexpected`; a trigger never admitted at all is `starved`; an
+//!   occurrence an overlap policy skipped is recorded (a count per trigger, V21) and is
+//!   accounted for, not lost, up to that count;
 //! - takeovers: of the leases a killed or cut-off replica held, the occurrences another
 //!   replica admitted; `early_takeovers` are those admitted before the database expiry of
 //!   the lease (and before the holder's successor could have released it): must be 0.
@@ -136,12 +138,22 @@ WITH r AS (
                    at_ms - $1 * row_number() OVER (PARTITION BY trigger_id ORDER BY at_ms) AS island
               FROM missing) m
      GROUP BY trigger_id, island
+), per AS (
+    -- Per trigger, the missing occurrences in short and in long holes, less the skips its
+    -- overlap policy recorded (V21): a recorded skip is accounted for, first against the
+    -- short holes (which nothing else explains), then against the long ones.
+    SELECT h.trigger_id,
+           coalesce(sum(h.len) FILTER (WHERE h.len * $1 < $2), 0) AS short,
+           coalesce(sum(h.len) FILTER (WHERE h.len * $1 >= $2), 0) AS long,
+           coalesce((SELECT o.skipped_overlap FROM qlsched.trigger_overlap o
+                      WHERE o.trigger_id = h.trigger_id), 0) AS skipped
+      FROM holes h GROUP BY h.trigger_id
 )
 SELECT (SELECT count(*) FROM span),
        (SELECT count(*) FROM want),
        (SELECT count(*) FROM r),
-       (SELECT coalesce(sum(len) FILTER (WHERE len * $1 < $2), 0)::bigint FROM holes),
-       (SELECT coalesce(sum(len) FILTER (WHERE len * $1 >= $2), 0)::bigint FROM holes),
+       (SELECT coalesce(sum(greatest(short - skipped, 0)), 0)::bigint FROM per),
+       (SELECT coalesce(sum(greatest(long - greatest(skipped - short, 0), 0)), 0)::bigint FROM per),
        (SELECT count(*) FROM r JOIN span USING (trigger_id)
          WHERE r.scheduled_for_ms % $1 <> 0 OR r.scheduled_for_ms >= span.cursor_ms
             OR span.cursor_ms IS NULL),

@@ -18,6 +18,7 @@ mod commit_reply_lost;
 mod findings;
 mod kill_restart;
 mod netns;
+mod overlap;
 mod partition;
 mod pg_restart;
 mod republish;

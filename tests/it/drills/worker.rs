@@ -96,6 +96,26 @@ fn wall_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// Watches every pid of `pids` at once until each is gone (or a zombie): when each was first
+/// seen gone, as (wall clock ms, monotonic instant).
+async fn gone_at(pids: &[i32], what: &str, within: Duration) -> Vec<(i64, Instant)> {
+    let deadline = Instant::now() + within;
+    let mut seen: Vec<Option<(i64, Instant)>> = vec![None; pids.len()];
+    while seen.iter().any(Option::is_none) {
+        for (pid, at) in pids.iter().zip(seen.iter_mut()) {
+            if at.is_none() && gone(*pid) {
+                *at = Some((wall_ms(), Instant::now()));
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    seen.into_iter().flatten().collect()
+}
+
 /// Counts `runs` whose status is one of `statuses`.
 async fn count_in(sql: &tokio_postgres::Client, runs: &[Uuid], statuses: &[&str]) -> i64 {
     let statuses: Vec<String> = statuses.iter().map(|s| s.to_string()).collect();
@@ -590,10 +610,11 @@ async fn a_worker_cut_off_stops_its_children_before_its_lease_can_end() {
         crew.start("b").await;
         let cut_at = Instant::now();
         ns.cut();
-        for (run, pid) in runs.iter().zip(&pids) {
-            await_gone(*pid, "the cut-off worker's command gone", WITHIN).await;
-            let at = wall_ms();
-            gone_after.push(cut_at.elapsed().as_millis());
+        // Each command's end is seen on its own: measured one after the other, the second
+        // would be stamped when the first ended (its own lease may have ended between).
+        let ends = gone_at(&pids, "the cut-off worker's commands gone", WITHIN).await;
+        for (run, (at, after)) in runs.iter().zip(ends) {
+            gone_after.push(after.saturating_duration_since(cut_at).as_millis());
             // The lease as the database last extended it (nothing reaches it from a since
             // the cut): the command must be gone before it ends.
             let expiry = attempts(&sql, *run).await[0].lease_expires_at_ms.unwrap();

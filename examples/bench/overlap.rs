@@ -1,0 +1,243 @@
+//! Rows O (issue 35 item 8): the overlap policy's cost. One server (stock, durable), one run:
+//! 10,000 every-minute triggers under `allow` due at second 0 and 10,000 under `forbid` due at
+//! second 30, both published as `trigger publish` writes them, 3 replicas at the default
+//! config; the two herds alternate, one each half minute, so load on the machine falls on
+//! both alike. Every run of a herd is ended (`runs cancel`, one status change each, as a
+//! worker's finish is) as soon as the herd is committed, well before its next boundary, so
+//! `forbid` admits every occurrence and what is measured is its check: the lock of the
+//! trigger's row, the count, the count's write at admission and at the run's end.
+//!
+//! - O1: the slowest `forbid` boundary against the slowest `allow` one (target ≤ 1.15×);
+//! - O2, O3: WAL bytes per occurrence of each herd, from a CHECKPOINT before its boundary to
+//!   its last run committed; O4, O5: WAL bytes per run of the end of each herd's runs.
+
+use qlsched::store::manage::{self, OverlapPolicy, TriggerSpec};
+
+use crate::env::{now_ms, say, sleep_s, Bench};
+use crate::replicas::{Group, Setup};
+use crate::report::Row;
+
+const N: u64 = 10_000;
+
+/// Publishes `n` triggers `{prefix}{i}` with `cron` under `policy`, 4 at a time.
+async fn publish(b: &Bench, prefix: &str, cron: &str, policy: OverlapPolicy, n: u64) -> f64 {
+    let t0 = std::time::Instant::now();
+    let mut admin = b.srv.connect("qlsched_admin", "qlsched").await;
+    manage::set_project(&mut admin, "bench", "active")
+        .await
+        .expect("project set");
+    manage::publish_task(
+        &mut admin,
+        "bench",
+        "bench-task",
+        r#"{"image":"bench/noop:1","args":[]}"#,
+    )
+    .await
+    .expect("task publish");
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (next, config, prefix, cron) = (
+            next.clone(),
+            b.srv.config("qlsched_admin", "qlsched"),
+            prefix.to_string(),
+            cron.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let (mut c, conn) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(conn);
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let spec = TriggerSpec {
+                    overlap_policy: policy,
+                    ..TriggerSpec::new(
+                        &format!("{prefix}{i:07}"),
+                        "bench",
+                        "bench-task",
+                        &cron,
+                        "UTC",
+                    )
+                };
+                manage::publish_trigger(&mut c, &spec)
+                    .await
+                    .expect("trigger publish");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a publishing task");
+    }
+    t0.elapsed().as_secs_f64()
+}
+
+/// One herd: waits for its `n` runs at `boundary` (CHECKPOINT taken before it), returns
+/// (ms from the boundary to the last commit, WAL bytes per occurrence, WAL bytes per run of
+/// ending them all).
+async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
+    while now_ms() < boundary - 8_000 {
+        sleep_s(0.5).await;
+    }
+    // Whatever is still queued (the occurrences caught up when the replicas started) ends
+    // now: under forbid an unfinished run would have the herd skipped.
+    end_queued(b, None).await;
+    b.checkpoint().await;
+    let lsn0 = b.lsn().await;
+    let q = format!(
+        "select count(*) from qlsched.runs where scheduled_for_ms = {boundary} and trigger_id like '{prefix}%'"
+    );
+    loop {
+        if b.num(&q).await as u64 >= N || now_ms() > boundary + 25_000 {
+            break;
+        }
+        sleep_s(0.2).await;
+    }
+    let c = b.num(&q).await as u64;
+    b.check(
+        &format!("herd {prefix} at {boundary}: {c}/{N} runs"),
+        c >= N,
+    );
+    let wal = b.wal_since(&lsn0).await / c.max(1) as f64;
+    let t = b
+        .num(&format!(
+            "select coalesce(max(queued_at_ms), 0) - {boundary} from qlsched.runs
+              where scheduled_for_ms = {boundary} and trigger_id like '{prefix}%'"
+        ))
+        .await;
+    // End every run of the herd (the admin's cancel: a queued run's end).
+    let lsn1 = b.lsn().await;
+    let ended = end_queued(b, Some(boundary)).await;
+    let end_wal = b.wal_since(&lsn1).await / ended.max(1) as f64;
+    eprintln!(
+        "   {prefix} herd at {boundary}: {c} runs, last committed {t:.0} ms after it, {wal:.0} B/occ, ending them {end_wal:.0} B/run"
+    );
+    (t, wal, end_wal)
+}
+
+/// Cancels the queued runs (of `boundary`, or all), 2,000 per `runs cancel` chunk; how many.
+async fn end_queued(b: &Bench, boundary: Option<i64>) -> usize {
+    let ids: Vec<uuid::Uuid> =
+        b.su.query(
+            "select run_id from qlsched.runs
+              where status = 'queued' and ($1::bigint is null or scheduled_for_ms = $1)",
+            &[&boundary],
+        )
+        .await
+        .expect("runs")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut admin = b.srv.connect("qlsched_admin", "qlsched").await;
+    for chunk in ids.chunks(2_000) {
+        qlsched::store::runs::cancel_chunk(&mut admin, chunk)
+            .await
+            .expect("runs cancel");
+    }
+    ids.len()
+}
+
+pub async fn rows(b: &mut Bench, boundaries: usize) {
+    say(&format!(
+        "O. overlap: {N} `0 * * * * *` triggers under allow and {N} `30 * * * * *` under forbid, 3 replicas, {boundaries} boundaries each"
+    ));
+    b.reset().await;
+    let pub_a = publish(b, "a", "0 * * * * *", OverlapPolicy::Allow, N).await;
+    let pub_f = publish(b, "f", "30 * * * * *", OverlapPolicy::Forbid, N).await;
+    b.checkpoint().await;
+    let mut g = Group::start(3, &Setup::default_config(&b.runtime_dsn));
+    g.wait_ready().await;
+    // The first allow boundary at least 20 s from now, its forbid herd 30 s later.
+    let first = (now_ms() + 20_000) / 60_000 * 60_000 + 60_000;
+    let (mut allow, mut forbid) = (Vec::new(), Vec::new());
+    for i in 0..boundaries {
+        let at = first + i as i64 * 60_000;
+        allow.push(herd(b, "a", at).await);
+        forbid.push(herd(b, "f", at + 30_000).await);
+    }
+    g.stop().await;
+    let dups = b.invariants("overlap").await;
+    b.check(&format!("overlap: duplicates {dups}"), dups == 0);
+    let skipped = b
+        .num("select coalesce(sum(skipped_overlap), 0) from qlsched.trigger_overlap")
+        .await;
+    b.check(
+        &format!("overlap: {skipped} occurrences skipped under forbid"),
+        skipped == 0.0,
+    );
+    let max = |v: &[(f64, f64, f64)]| v.iter().map(|x| x.0).fold(0.0, f64::max);
+    let mean = |v: &[(f64, f64, f64)], f: fn(&(f64, f64, f64)) -> f64| {
+        v.iter().map(f).sum::<f64>() / v.len() as f64
+    };
+    let (ma, mf) = (max(&allow), max(&forbid));
+    let ratio = mf / ma.max(1.0);
+    let list = |v: &[(f64, f64, f64)]| {
+        v.iter()
+            .map(|x| format!("{:.0}", x.0))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    b.row(
+        Row::new(
+            "O1",
+            "overlap_forbid_herd_ratio",
+            format!(
+                "{N}-trigger minute herd under forbid against the same herd under allow, alternating half minutes, same server and replicas, every run ended before its next boundary (published in {pub_a:.0} s and {pub_f:.0} s)"
+            ),
+            ratio,
+            "× (slowest forbid / slowest allow)",
+        )
+        .lower_better()
+        .detail(format!(
+            "allow {} ms, forbid {} ms; duplicates {dups}; skipped {skipped}",
+            list(&allow),
+            list(&forbid)
+        ))
+        .target("≤ 1.15×", ratio <= 1.15 && dups == 0 && skipped == 0.0),
+    );
+    for (id, key, what, v, f) in [
+        (
+            "O2",
+            "overlap_wal_allow",
+            "allow herd",
+            &allow,
+            (|x: &(f64, f64, f64)| x.1) as fn(&(f64, f64, f64)) -> f64,
+        ),
+        ("O3", "overlap_wal_forbid", "forbid herd", &forbid, |x| x.1),
+        (
+            "O4",
+            "overlap_wal_end_allow",
+            "end of an allow run (runs cancel)",
+            &allow,
+            |x| x.2,
+        ),
+        (
+            "O5",
+            "overlap_wal_end_forbid",
+            "end of a forbid run (runs cancel)",
+            &forbid,
+            |x| x.2,
+        ),
+    ] {
+        b.row(
+            Row::new(
+                id,
+                key,
+                format!("WAL per occurrence: {what}, mean of {boundaries} boundaries"),
+                mean(v, f),
+                "B/occ",
+            )
+            .lower_better()
+            .detail(
+                v.iter()
+                    .map(|x| format!("{:.0}", f(x)))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+            ),
+        );
+    }
+}

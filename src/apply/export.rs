@@ -1,0 +1,60 @@
+//! `qlsched export`: the stored definitions in the format of [`super::file`], so that the
+//! plan of an export against the database it came from is all unchanged.
+
+use crate::store::definitions::Stored;
+
+/// The label an export writes as its `source`.
+pub const EXPORT_SOURCE: &str = "export";
+
+/// The stored projects, tasks and live triggers as one definition file. `Err` names a task
+/// whose spec TOML cannot hold (a JSON `null`, or not a JSON object).
+pub fn to_toml(stored: &Stored) -> Result<String, String> {
+    let mut doc = toml::Table::new();
+    doc.insert("source".into(), EXPORT_SOURCE.into());
+    let projects: Vec<toml::Value> = stored
+        .projects
+        .iter()
+        .map(|p| {
+            let mut t = toml::Table::new();
+            t.insert("id".into(), p.id.clone().into());
+            t.insert("status".into(), p.status.clone().into());
+            t.into()
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    for k in &stored.tasks {
+        let json: serde_json::Value = serde_json::from_str(&k.spec)
+            .map_err(|e| format!("task {}: its spec is not JSON ({e})", k.id))?;
+        let spec: toml::Value = toml::Value::try_from(&json)
+            .map_err(|e| format!("task {}: its spec cannot be written as TOML ({e})", k.id))?;
+        if !spec.is_table() {
+            return Err(format!("task {}: its spec is not a JSON object", k.id));
+        }
+        let mut t = toml::Table::new();
+        t.insert("id".into(), k.id.clone().into());
+        t.insert("project".into(), k.project.clone().into());
+        t.insert("spec".into(), spec);
+        tasks.push(toml::Value::from(t));
+    }
+    let triggers: Vec<toml::Value> = stored
+        .triggers
+        .iter()
+        .filter(|t| !t.deleted)
+        .map(|g| {
+            let mut t = toml::Table::new();
+            t.insert("id".into(), g.id.clone().into());
+            t.insert("project".into(), g.project.clone().into());
+            t.insert("task".into(), g.task.clone().into());
+            t.insert("cron".into(), g.cron.clone().into());
+            t.insert("tz".into(), g.tz.clone().into());
+            t.insert("misfire".into(), g.misfire.clone().into());
+            t.insert("grace_ms".into(), g.grace_ms.into());
+            t.insert("disabled".into(), (!g.published_enabled).into());
+            t.into()
+        })
+        .collect();
+    doc.insert("project".into(), projects.into());
+    doc.insert("task".into(), tasks.into());
+    doc.insert("trigger".into(), triggers.into());
+    toml::to_string(&doc).map_err(|e| e.to_string())
+}

@@ -1,0 +1,7 @@
+//! Schedules as code (issue 36): definition files of projects, tasks and triggers
+//! ([`file`]), checked in full before anything is written. The plan against the database,
+//! `qlsched apply` and `qlsched export` build on it (docs/apply.md).
+
+pub mod export;
+pub mod file;
+pub mod plan;

@@ -1,0 +1,212 @@
+//! The plan of `qlsched apply`: what the files would change in the database, object by
+//! object — create, update (each changed field before → after), unchanged, absent (stored,
+//! not in the files: reported, never deleted here), refused — computed from the files'
+//! [`Definitions`] and the [`Stored`] definitions, with no I/O.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::file::Definitions;
+use crate::store::definitions::Stored;
+
+/// What applying would do to one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Create,
+    Update,
+    Unchanged,
+    /// Stored but in no file: left as it is (tasks and projects are permanent; deleting
+    /// triggers is `--prune`'s, not built yet).
+    Absent,
+    /// The files ask for something the database cannot take (a deleted trigger's id).
+    Refused,
+}
+
+/// One object of the plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Item {
+    pub kind: &'static str,
+    pub id: String,
+    pub op: Op,
+    /// Changed fields: (before, after).
+    pub changes: BTreeMap<&'static str, (Value, Value)>,
+    pub note: Option<String>,
+}
+
+/// The whole plan, projects first, then tasks, then triggers, each in id order.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Plan {
+    pub items: Vec<Item>,
+}
+
+impl Plan {
+    /// Whether the database differs from the files (`--check`'s question).
+    pub fn differs(&self) -> bool {
+        self.items
+            .iter()
+            .any(|i| matches!(i.op, Op::Create | Op::Update | Op::Refused))
+    }
+    pub fn count(&self, op: Op) -> usize {
+        self.items.iter().filter(|i| i.op == op).count()
+    }
+}
+
+fn item(
+    kind: &'static str,
+    id: &str,
+    changes: BTreeMap<&'static str, (Value, Value)>,
+    existed: bool,
+) -> Item {
+    let op = match (existed, changes.is_empty()) {
+        (false, _) => Op::Create,
+        (true, true) => Op::Unchanged,
+        (true, false) => Op::Update,
+    };
+    Item {
+        kind,
+        id: id.to_string(),
+        op,
+        changes,
+        note: None,
+    }
+}
+
+/// Adds `(field, before, after)` to `changes` when they differ (`before` None: created).
+fn field<T: Into<Value> + PartialEq>(
+    changes: &mut BTreeMap<&'static str, (Value, Value)>,
+    name: &'static str,
+    before: Option<T>,
+    after: T,
+) {
+    match before {
+        Some(b) if b == after => {}
+        b => {
+            changes.insert(name, (b.map_or(Value::Null, Into::into), after.into()));
+        }
+    }
+}
+
+/// The plan of `files` against `stored`.
+pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
+    let mut items = Vec::new();
+    for p in files.projects.values() {
+        let s = stored.projects.iter().find(|s| s.id == p.id);
+        let mut c = BTreeMap::new();
+        field(
+            &mut c,
+            "status",
+            s.map(|s| s.status.clone()),
+            p.status.as_str().to_string(),
+        );
+        items.push(item("project", &p.id, c, s.is_some()));
+    }
+    for s in stored
+        .projects
+        .iter()
+        .filter(|s| !files.projects.contains_key(&s.id))
+    {
+        items.push(absent("project", &s.id));
+    }
+    for t in files.tasks.values() {
+        let s = stored.tasks.iter().find(|s| s.id == t.id);
+        let mut c = BTreeMap::new();
+        field(
+            &mut c,
+            "project",
+            s.map(|s| s.project.clone()),
+            t.project.clone(),
+        );
+        // Specs compare as JSON values: the same spec written with other spacing or key
+        // order is the same spec.
+        let want: Value = serde_json::from_str(&t.spec).unwrap_or(Value::Null);
+        let had = s.map(|s| serde_json::from_str(&s.spec).unwrap_or(Value::String(s.spec.clone())));
+        field(&mut c, "spec", had, want);
+        items.push(item("task", &t.id, c, s.is_some()));
+    }
+    for s in stored
+        .tasks
+        .iter()
+        .filter(|s| !files.tasks.contains_key(&s.id))
+    {
+        items.push(absent("task", &s.id));
+    }
+    for t in files.triggers.values() {
+        let d = &t.spec;
+        let s = stored.triggers.iter().find(|s| s.id == d.trigger_id);
+        if let Some(s) = s.filter(|s| s.deleted) {
+            items.push(Item {
+                kind: "trigger",
+                id: s.id.clone(),
+                op: Op::Refused,
+                changes: BTreeMap::new(),
+                note: Some(format!(
+                    "trigger {} was deleted and a deleted trigger id is never reused (its runs keep it): give the trigger another id in {}",
+                    s.id, t.place
+                )),
+            });
+            continue;
+        }
+        let mut c = BTreeMap::new();
+        field(
+            &mut c,
+            "project",
+            s.map(|s| s.project.clone()),
+            d.project_id.clone(),
+        );
+        field(&mut c, "task", s.map(|s| s.task.clone()), d.task_id.clone());
+        field(
+            &mut c,
+            "cron",
+            s.map(|s| s.cron.clone()),
+            d.cron_expr.clone(),
+        );
+        field(&mut c, "tz", s.map(|s| s.tz.clone()), d.timezone.clone());
+        field(
+            &mut c,
+            "misfire",
+            s.map(|s| s.misfire.clone()),
+            d.misfire_policy.as_str().to_string(),
+        );
+        field(
+            &mut c,
+            "grace_ms",
+            s.map(|s| s.grace_ms),
+            d.misfire_grace_ms,
+        );
+        field(
+            &mut c,
+            "disabled",
+            s.map(|s| !s.published_enabled),
+            !d.enabled,
+        );
+        let mut i = item("trigger", &d.trigger_id, c, s.is_some());
+        if s.is_some_and(|s| s.operator_disabled) {
+            i.note = Some(
+                "disabled by an operator: apply leaves it disabled (`trigger enable` ends it)"
+                    .into(),
+            );
+        }
+        items.push(i);
+    }
+    for s in stored
+        .triggers
+        .iter()
+        .filter(|s| !s.deleted && !files.triggers.contains_key(&s.id))
+    {
+        items.push(absent("trigger", &s.id));
+    }
+    Plan { items }
+}
+
+fn absent(kind: &'static str, id: &str) -> Item {
+    Item {
+        kind,
+        id: id.to_string(),
+        op: Op::Absent,
+        changes: BTreeMap::new(),
+        note: None,
+    }
+}
