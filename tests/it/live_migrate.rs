@@ -170,8 +170,6 @@ fn migration_names() -> Vec<String> {
     names.into_iter().map(|(_, n)| n).collect()
 }
 
-/// The real binary behind a reader: each wait on stderr, then exit 1 with V13 not applied;
-/// after the reader, V13 and V14 apply and `db check` passes.
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
@@ -192,6 +190,8 @@ pub const UNDO_AFTER_V18: &str = "
     DROP TABLE qlsched.trigger_outcomes;
     ALTER TABLE qlsched.triggers DROP COLUMN pause_after_failures, DROP COLUMN expect_success_within_ms;";
 
+/// The real binary behind a reader: each wait on stderr, then exit 1 with V13 not applied;
+/// after the reader, V13 and V14 apply and `db check` passes.
 #[tokio::test]
 async fn db_migrate_reports_each_wait_gives_up_with_exit_1_and_resumes() {
     let db = TestDb::new().await;
