@@ -384,7 +384,11 @@ fn trigger(c: &mut Checker<'_>, t: &RawTrigger) -> Option<TriggerSpec> {
     spec.overlap_policy = options.overlap_policy;
     if let (Some(j), Ok(schedule)) = (&t.jitter, Schedule::parse(t.cron.get_ref(), &tz)) {
         if let Err(e) = jitter_fits(&spec, &schedule) {
-            c.problem(j.span(), "trigger.jitter", e);
+            c.problem(
+                j.span(),
+                "trigger.jitter",
+                format!("`{}`: {e}", j.get_ref()),
+            );
             return None;
         }
     }
