@@ -1,6 +1,7 @@
 //! `qlsched export`: the stored definitions in the format of [`super::file`], so that the
 //! plan of an export against the database it came from is all unchanged.
 
+use super::options;
 use crate::store::definitions::Stored;
 
 /// The label an export writes as its `source`.
@@ -50,6 +51,28 @@ pub fn to_toml(stored: &Stored) -> Result<String, String> {
             t.insert("misfire".into(), g.misfire.clone().into());
             t.insert("grace_ms".into(), g.grace_ms.into());
             t.insert("disabled".into(), (!g.published_enabled).into());
+            // The options only when set, as `trigger publish` was given them.
+            if g.jitter_ms != 0 {
+                t.insert("jitter".into(), options::duration_text(g.jitter_ms).into());
+            }
+            if let Some(ms) = g.start_at_ms {
+                t.insert("start_at".into(), options::instant_text(ms).into());
+            }
+            if let Some(ms) = g.end_at_ms {
+                t.insert("end_at".into(), options::instant_text(ms).into());
+            }
+            if let Some(n) = g.pause_after_failures {
+                t.insert("pause_after_failures".into(), i64::from(n).into());
+            }
+            if let Some(ms) = g.expect_success_within_ms {
+                t.insert(
+                    "expect_success_within".into(),
+                    options::duration_text(ms).into(),
+                );
+            }
+            if g.overlap != "allow" {
+                t.insert("overlap".into(), g.overlap.clone().into());
+            }
             t.into()
         })
         .collect();

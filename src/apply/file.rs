@@ -23,6 +23,12 @@
 //! misfire = "fire_once"           # default "skip"
 //! grace_ms = 60000                # default 60000, 0..=86400000
 //! disabled = false                # default false: the publisher's switch
+//! jitter = "30s"                  # default none ("0s"); shorter than the shortest gap
+//! start_at = "2026-03-01T00:00:00Z"   # default none (RFC 3339)
+//! end_at = "2026-12-31T00:00:00Z"     # default none; after start_at
+//! pause_after_failures = 3        # default none, 1..=1000
+//! expect_success_within = "26h"   # default none, 1m..=366d
+//! overlap = "forbid"              # default "allow" | "forbid" | "buffer_one" | "replace"
 //! ```
 
 use std::collections::BTreeMap;
@@ -33,8 +39,13 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::schedule::{MisfirePolicy, Schedule, DEFAULT_MISFIRE_GRACE_MS};
-use crate::store::manage::{ProjectStatus, TriggerSpec};
+use super::options;
+use crate::schedule::{min_gap, MisfirePolicy, Schedule, DEFAULT_MISFIRE_GRACE_MS};
+use crate::store::manage::{
+    OutcomePolicy, ProjectStatus, TriggerSpec, EXPECT_SUCCESS_WITHIN_MS, MAX_JITTER_MS,
+    PAUSE_AFTER_FAILURES,
+};
+use crate::store::overlap::OverlapPolicy;
 
 /// Where a value was written: file and line (1-based).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,6 +149,12 @@ struct RawTrigger {
     misfire: Option<Spanned<String>>,
     grace_ms: Option<Spanned<i64>>,
     disabled: Option<Spanned<bool>>,
+    jitter: Option<Spanned<String>>,
+    start_at: Option<Spanned<String>>,
+    end_at: Option<Spanned<String>>,
+    pause_after_failures: Option<Spanned<i64>>,
+    expect_success_within: Option<Spanned<String>>,
+    overlap: Option<Spanned<String>>,
 }
 
 /// Ids of projects, tasks (`[A-Za-z0-9][A-Za-z0-9._:-]{0,127}`) and triggers
@@ -351,7 +368,8 @@ fn trigger(c: &mut Checker<'_>, t: &RawTrigger) -> Option<TriggerSpec> {
             format!("{grace}: must be within 0..=86400000"),
         );
     }
-    let (id, project, task, misfire) = (id?, project?, task?, misfire?);
+    let options = options(c, t);
+    let (id, project, task, misfire, options) = (id?, project?, task?, misfire?, options?);
     if !schedule_ok || !grace_ok {
         return None;
     }
@@ -359,7 +377,146 @@ fn trigger(c: &mut Checker<'_>, t: &RawTrigger) -> Option<TriggerSpec> {
     spec.misfire_policy = misfire;
     spec.misfire_grace_ms = grace;
     spec.enabled = !t.disabled.as_ref().is_some_and(|d| *d.get_ref());
+    spec.jitter_ms = options.jitter_ms;
+    spec.start_at_ms = options.start_at_ms;
+    spec.end_at_ms = options.end_at_ms;
+    spec.outcome_policy = options.outcome_policy;
+    spec.overlap_policy = options.overlap_policy;
+    if let (Some(j), Ok(schedule)) = (&t.jitter, Schedule::parse(t.cron.get_ref(), &tz)) {
+        if let Err(e) = jitter_fits(&spec, &schedule) {
+            c.problem(
+                j.span(),
+                "trigger.jitter",
+                format!("`{}`: {e}", j.get_ref()),
+            );
+            return None;
+        }
+    }
     Some(spec)
+}
+
+/// The timing and policy options of a `[[trigger]]`, as `trigger publish` takes them.
+struct Options {
+    jitter_ms: i64,
+    start_at_ms: Option<i64>,
+    end_at_ms: Option<i64>,
+    outcome_policy: OutcomePolicy,
+    overlap_policy: OverlapPolicy,
+}
+
+/// Parses one optional value with `parse`, reporting a refusal under `key`. `Err`: refused.
+fn opt<T>(
+    c: &mut Checker<'_>,
+    v: &Option<Spanned<String>>,
+    key: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, ()> {
+    let Some(v) = v else { return Ok(None) };
+    parse(v.get_ref()).map(Some).map_err(|e| {
+        c.problem(v.span(), key, format!("`{}`: {e}", v.get_ref()));
+    })
+}
+
+/// The options of `t` within `trigger publish`'s bounds; `None` when any is refused (each
+/// refusal reported).
+fn options(c: &mut Checker<'_>, t: &RawTrigger) -> Option<Options> {
+    let jitter = opt(c, &t.jitter, "trigger.jitter", |s| {
+        let ms = options::parse_jitter(s)?;
+        if (0..=MAX_JITTER_MS).contains(&ms) {
+            Ok(ms)
+        } else {
+            Err(format!("{ms} ms must be within 0..={MAX_JITTER_MS}"))
+        }
+    });
+    let start = opt(c, &t.start_at, "trigger.start_at", options::parse_instant);
+    let end = opt(c, &t.end_at, "trigger.end_at", options::parse_instant);
+    let expect = opt(
+        c,
+        &t.expect_success_within,
+        "trigger.expect_success_within",
+        |s| {
+            let ms = options::policy_duration(s)
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))?;
+            if EXPECT_SUCCESS_WITHIN_MS.contains(&ms) {
+                Ok(ms)
+            } else {
+                Err(format!(
+                    "{ms} ms must be within 1 minute..=366 days ({}..={} ms)",
+                    EXPECT_SUCCESS_WITHIN_MS.start(),
+                    EXPECT_SUCCESS_WITHIN_MS.end()
+                ))
+            }
+        },
+    );
+    let overlap = opt(c, &t.overlap, "trigger.overlap", |s| {
+        s.parse::<OverlapPolicy>()
+    });
+    let pause = match &t.pause_after_failures {
+        None => Ok(None),
+        Some(n) => match i32::try_from(*n.get_ref()) {
+            Ok(v) if PAUSE_AFTER_FAILURES.contains(&v) => Ok(Some(v)),
+            _ => {
+                c.problem(
+                    n.span(),
+                    "trigger.pause_after_failures",
+                    format!(
+                        "{}: must be within {}..={} consecutive failed runs",
+                        n.get_ref(),
+                        PAUSE_AFTER_FAILURES.start(),
+                        PAUSE_AFTER_FAILURES.end()
+                    ),
+                );
+                Err(())
+            }
+        },
+    };
+    let (jitter, start, end, expect, overlap, pause) = (
+        jitter.ok()?,
+        start.ok()?,
+        end.ok()?,
+        expect.ok()?,
+        overlap.ok()?,
+        pause.ok()?,
+    );
+    if let (Some(s), Some(e), Some(at)) = (start, end, &t.end_at) {
+        if s >= e {
+            c.problem(
+                at.span(),
+                "trigger.end_at",
+                format!("the window's end must be after its start ({s} ms >= {e} ms)"),
+            );
+            return None;
+        }
+    }
+    Some(Options {
+        jitter_ms: jitter.unwrap_or(0),
+        start_at_ms: start,
+        end_at_ms: end,
+        outcome_policy: OutcomePolicy {
+            pause_after_failures: pause,
+            expect_success_within_ms: expect,
+        },
+        overlap_policy: overlap.unwrap_or_default(),
+    })
+}
+
+/// `trigger publish`'s jitter check from now on: shorter than the shortest gap between two
+/// consecutive occurrences in the window.
+fn jitter_fits(spec: &TriggerSpec, schedule: &Schedule) -> Result<(), String> {
+    if spec.jitter_ms == 0 {
+        return Ok(());
+    }
+    let now = chrono::Utc::now().timestamp_millis();
+    let from = spec.start_at_ms.map_or(now, |s| now.max(s - 1));
+    match min_gap(schedule, from, spec.end_at_ms, spec.jitter_ms) {
+        Some(gap) if gap.gap_ms <= spec.jitter_ms => Err(format!(
+            "{} ms must be shorter than the shortest gap between two consecutive occurrences, {} ms (after the occurrence at {})",
+            spec.jitter_ms,
+            gap.gap_ms,
+            options::instant_text(gap.after_ms)
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The `*.toml` files of `paths` (a file as given; a directory's `*.toml` files, not its
@@ -515,6 +672,105 @@ misfire = "fire_once"
         assert_eq!(t.spec.misfire_policy, MisfirePolicy::FireOnce);
         assert_eq!(t.spec.misfire_grace_ms, DEFAULT_MISFIRE_GRACE_MS);
         assert!(t.spec.enabled);
+    }
+
+    #[test]
+    fn the_publish_options_are_read_and_default_to_unset() {
+        let (d, _) = parse_file(Path::new("a.toml"), GOOD);
+        let t = &d.triggers["nightly"].spec;
+        assert_eq!((t.jitter_ms, t.start_at_ms, t.end_at_ms), (0, None, None));
+        assert_eq!(t.outcome_policy, OutcomePolicy::default());
+        assert_eq!(t.overlap_policy, OverlapPolicy::Allow);
+        let all = format!(
+            "{GOOD}jitter = \"30s\"\nstart_at = \"2026-03-01T00:00:00Z\"\nend_at = \"2036-03-01T01:00:00+01:00\"\npause_after_failures = 3\nexpect_success_within = \"2d\"\noverlap = \"buffer_one\"\n"
+        );
+        let (d, problems) = parse_file(Path::new("a.toml"), &all);
+        assert_eq!(problems, vec![]);
+        let t = &d.triggers["nightly"].spec;
+        assert_eq!(t.jitter_ms, 30_000);
+        assert_eq!(t.start_at_ms, Some(1_772_323_200_000));
+        assert_eq!(
+            t.end_at_ms,
+            options::parse_instant("2036-03-01T00:00:00Z").ok()
+        );
+        assert_eq!(t.outcome_policy.pause_after_failures, Some(3));
+        assert_eq!(
+            t.outcome_policy.expect_success_within_ms,
+            Some(2 * 86_400_000)
+        );
+        assert_eq!(t.overlap_policy, OverlapPolicy::BufferOne);
+    }
+
+    #[test]
+    fn a_publish_option_out_of_bounds_is_refused_naming_its_line_and_key() {
+        let cases = [
+            (
+                "jitter = \"2d\"",
+                "trigger.jitter",
+                "must be within 0..=86400000",
+            ),
+            ("jitter = \"soon\"", "trigger.jitter", "`soon`"),
+            ("jitter = \"24h\"", "trigger.jitter", "shortest gap"),
+            ("start_at = \"tomorrow\"", "trigger.start_at", "RFC 3339"),
+            (
+                "end_at = \"2026-13-01T00:00:00Z\"",
+                "trigger.end_at",
+                "RFC 3339",
+            ),
+            (
+                "start_at = \"2030-01-01T00:00:00Z\"\nend_at = \"2029-01-01T00:00:00Z\"",
+                "trigger.end_at",
+                "after its start",
+            ),
+            (
+                "pause_after_failures = 0",
+                "trigger.pause_after_failures",
+                "1..=1000",
+            ),
+            (
+                "pause_after_failures = 1001",
+                "trigger.pause_after_failures",
+                "1..=1000",
+            ),
+            (
+                "expect_success_within = \"30s\"",
+                "trigger.expect_success_within",
+                "1 minute..=366 days",
+            ),
+            (
+                "expect_success_within = \"367d\"",
+                "trigger.expect_success_within",
+                "1 minute..=366 days",
+            ),
+            (
+                "expect_success_within = \"1w\"",
+                "trigger.expect_success_within",
+                "`1w`",
+            ),
+            (
+                "overlap = \"queue\"",
+                "trigger.overlap",
+                "unknown overlap policy `queue`",
+            ),
+        ];
+        for (line, key, says) in cases {
+            let text = format!("{GOOD}{line}\n");
+            let at = text.lines().count();
+            let (d, p) = parse_file(Path::new("o.toml"), &text);
+            assert!(d.triggers.is_empty(), "{line}: refused, not defined");
+            assert_eq!(p.len(), 1, "{line}: {p:?}");
+            assert_eq!(
+                (p[0].key.as_str(), p[0].place.line),
+                (key, at),
+                "{line}: {p:?}"
+            );
+            let shown = p[0].to_string();
+            assert!(
+                shown.starts_with(&format!("o.toml:{at}: {key}: ")),
+                "{shown}"
+            );
+            assert!(shown.contains(says), "{line}: {shown}");
+        }
     }
 
     #[test]

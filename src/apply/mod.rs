@@ -4,4 +4,5 @@
 
 pub mod export;
 pub mod file;
+pub mod options;
 pub mod plan;

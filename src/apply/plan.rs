@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::file::Definitions;
+use super::options;
 use crate::store::definitions::Stored;
 
 /// What applying would do to one object.
@@ -182,6 +183,46 @@ pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
             s.map(|s| !s.published_enabled),
             !d.enabled,
         );
+        // The options compare as their file spellings (`None` for unset), so a default
+        // equals an unset option and a change reads as the file writes it.
+        field(
+            &mut c,
+            "jitter",
+            s.map(|s| jitter_value(s.jitter_ms)),
+            jitter_value(d.jitter_ms),
+        );
+        field(
+            &mut c,
+            "start_at",
+            s.map(|s| instant_value(s.start_at_ms)),
+            instant_value(d.start_at_ms),
+        );
+        field(
+            &mut c,
+            "end_at",
+            s.map(|s| instant_value(s.end_at_ms)),
+            instant_value(d.end_at_ms),
+        );
+        field(
+            &mut c,
+            "pause_after_failures",
+            s.map(|s| s.pause_after_failures.map_or(Value::Null, Value::from)),
+            d.outcome_policy
+                .pause_after_failures
+                .map_or(Value::Null, Value::from),
+        );
+        field(
+            &mut c,
+            "expect_success_within",
+            s.map(|s| duration_value(s.expect_success_within_ms)),
+            duration_value(d.outcome_policy.expect_success_within_ms),
+        );
+        field(
+            &mut c,
+            "overlap",
+            s.map(|s| s.overlap.clone()),
+            d.overlap_policy.as_str().to_string(),
+        );
         let mut i = item("trigger", &d.trigger_id, c, s.is_some());
         if s.is_some_and(|s| s.operator_disabled) {
             i.note = Some(
@@ -199,6 +240,19 @@ pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
         items.push(absent("trigger", &s.id));
     }
     Plan { items }
+}
+
+/// A jitter as the files write it; none (0) is null, as an unset option.
+fn jitter_value(ms: i64) -> Value {
+    duration_value(Some(ms).filter(|&ms| ms != 0))
+}
+
+fn duration_value(ms: Option<i64>) -> Value {
+    ms.map_or(Value::Null, |ms| options::duration_text(ms).into())
+}
+
+fn instant_value(ms: Option<i64>) -> Value {
+    ms.map_or(Value::Null, |ms| options::instant_text(ms).into())
 }
 
 fn absent(kind: &'static str, id: &str) -> Item {

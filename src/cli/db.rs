@@ -60,26 +60,7 @@ pub enum DbCommand {
     },
 }
 
-/// `500ms`, `2s`, `10m`, `1h` (a bare number is seconds).
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}`: not a duration such as 500ms, 2s, 10m"))?;
-    let ms = match unit {
-        "ms" => n,
-        "" | "s" => n * 1000,
-        "m" | "min" => n * 60_000,
-        "h" => n * 3_600_000,
-        _ => return Err(format!("`{s}`: unit must be ms, s, m or h")),
-    };
-    if ms == 0 {
-        return Err(format!("`{s}`: must be more than 0"));
-    }
-    Ok(Duration::from_millis(ms))
-}
+pub(crate) use crate::apply::options::parse_duration;
 
 pub async fn run(cmd: DbCommand) -> Result<(), CliError> {
     match cmd {

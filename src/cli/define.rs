@@ -75,27 +75,8 @@ pub struct PublishArgs {
     pub overlap: String,
 }
 
-/// `--jitter`: a duration, in ms.
-pub(super) fn parse_jitter(text: &str) -> Result<i64, String> {
-    let d = crate::config::parse_duration(text)?;
-    i64::try_from(d.as_millis()).map_err(|_| "too large".to_string())
-}
-
-/// `--start-at`, `--end-at`: an RFC 3339 time, in Unix ms.
-fn parse_instant(text: &str) -> Result<i64, String> {
-    chrono::DateTime::parse_from_rfc3339(text)
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| format!("not an RFC 3339 time such as 2026-03-01T00:00:00Z ({e})"))
-}
-
-/// A policy's duration: `500ms`, `2s`, `10m`, `26h` as `db migrate` takes them, or `7d`.
-fn policy_duration(s: &str) -> Result<std::time::Duration, String> {
-    match s.trim().strip_suffix('d').map(str::parse::<u64>) {
-        Some(Ok(n)) if n > 0 => Ok(std::time::Duration::from_secs(n.saturating_mul(86_400))),
-        Some(_) => Err(format!("`{s}`: not a duration such as 10m, 26h, 7d")),
-        None => super::db::parse_duration(s),
-    }
-}
+pub(super) use crate::apply::options::parse_jitter;
+use crate::apply::options::{parse_instant, policy_duration};
 
 pub async fn trigger_publish(a: PublishArgs) -> Result<(), CliError> {
     let misfire_policy =
@@ -192,19 +173,4 @@ pub fn trigger_explain(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::policy_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn policy_durations_take_days_too() {
-        assert_eq!(policy_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        assert_eq!(policy_duration("26h"), Ok(Duration::from_secs(26 * 3_600)));
-        assert!(policy_duration("0d").is_err());
-        assert!(policy_duration("xd").is_err());
-        assert!(policy_duration("1w").is_err());
-    }
 }

@@ -28,6 +28,15 @@ pub struct StoredTrigger {
     pub tz: String,
     pub misfire: String,
     pub grace_ms: i64,
+    /// Jitter (0: none) and validity window, in ms (V20).
+    pub jitter_ms: i64,
+    pub start_at_ms: Option<i64>,
+    pub end_at_ms: Option<i64>,
+    /// The outcome policies (V19; None: not set).
+    pub pause_after_failures: Option<i32>,
+    pub expect_success_within_ms: Option<i64>,
+    /// allow, forbid, buffer_one or replace (V21).
+    pub overlap: String,
     /// The publisher's switch (`--disabled` not given).
     pub published_enabled: bool,
     /// An operator's `trigger disable` in force (never drift: apply reports it).
@@ -81,7 +90,9 @@ pub async fn read(
     let triggers = tx
         .query(
             "SELECT trigger_id, project_id, task_id, cron_expr, timezone, misfire_policy,
-                    misfire_grace_ms, published_enabled, operator_disabled, deleted_at_ms IS NOT NULL
+                    misfire_grace_ms, published_enabled, operator_disabled, deleted_at_ms IS NOT NULL,
+                    jitter_ms, start_at_ms, end_at_ms, pause_after_failures,
+                    expect_success_within_ms, overlap_policy
                FROM qlsched.triggers
               WHERE $1::text IS NULL OR project_id = $1 ORDER BY trigger_id",
             &[&project],
@@ -99,6 +110,12 @@ pub async fn read(
             published_enabled: r.get(7),
             operator_disabled: r.get(8),
             deleted: r.get(9),
+            jitter_ms: r.get(10),
+            start_at_ms: r.get(11),
+            end_at_ms: r.get(12),
+            pause_after_failures: r.get(13),
+            expect_success_within_ms: r.get(14),
+            overlap: r.get(15),
         })
         .collect();
     tx.commit().await?;

@@ -236,3 +236,191 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// `seed`, and a trigger published with every timing and policy option of `trigger publish`.
+fn seed_tuned(db: &TestDb) {
+    seed(db);
+    ok(ql(
+        db,
+        &[
+            "trigger",
+            "publish",
+            "--id",
+            "tuned",
+            "--project",
+            "pay",
+            "--task",
+            "report",
+            "--cron",
+            "*/10 * * * *",
+            "--jitter",
+            "30s",
+            "--start-at",
+            "2026-01-01T00:00:00Z",
+            "--end-at",
+            "2099-01-01T00:00:00+00:00",
+            "--pause-after-failures",
+            "3",
+            "--expect-success-within",
+            "26h",
+            "--overlap",
+            "forbid",
+        ],
+    ));
+}
+
+#[tokio::test]
+async fn every_publish_option_is_exported_and_its_export_plans_unchanged() {
+    let db = TestDb::new().await;
+    seed_tuned(&db);
+    let dir = tempdir();
+    let exported = ok(ql(&db, &["export"]));
+    for line in [
+        "jitter = \"30s\"",
+        "start_at = \"2026-01-01T00:00:00Z\"",
+        "end_at = \"2099-01-01T00:00:00Z\"",
+        "pause_after_failures = 3",
+        "expect_success_within = \"26h\"",
+        "overlap = \"forbid\"",
+    ] {
+        // Only the trigger that set it writes it: the others were published without them.
+        assert_eq!(exported.matches(line).count(), 1, "{line}:\n{exported}");
+        let key = line.split(" = ").next().unwrap();
+        assert_eq!(
+            exported.matches(&format!("\n{key} = ")).count(),
+            1,
+            "{key}:\n{exported}"
+        );
+    }
+    let f = write(&dir, "all.toml", &exported);
+    let plan: Value =
+        serde_json::from_str(&ok(ql(&db, &["apply", "-f", &f, "--check", "--json"]))).unwrap();
+    assert_eq!(
+        ops(&plan),
+        [
+            "unchanged project pay",
+            "unchanged task report",
+            "unchanged trigger held",
+            "unchanged trigger nightly",
+            "unchanged trigger paused",
+            "unchanged trigger tuned",
+        ],
+        "{exported}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_changed_publish_option_is_drift_named_before_and_after() {
+    let db = TestDb::new().await;
+    seed_tuned(&db);
+    let dir = tempdir();
+    let exported = ok(ql(&db, &["export"]));
+    let cases = [
+        (
+            "jitter = \"30s\"",
+            "jitter = \"45s\"",
+            "jitter: \"30s\" → \"45s\"",
+        ),
+        ("jitter = \"30s\"\n", "", "jitter: \"30s\" → null"),
+        (
+            "start_at = \"2026-01-01T00:00:00Z\"",
+            "start_at = \"2026-02-01T01:00:00+01:00\"",
+            "start_at: \"2026-01-01T00:00:00Z\" → \"2026-02-01T00:00:00Z\"",
+        ),
+        (
+            "end_at = \"2099-01-01T00:00:00Z\"",
+            "end_at = \"2098-01-01T00:00:00Z\"",
+            "end_at: \"2099-01-01T00:00:00Z\" → \"2098-01-01T00:00:00Z\"",
+        ),
+        (
+            "pause_after_failures = 3",
+            "pause_after_failures = 5",
+            "pause_after_failures: 3 → 5",
+        ),
+        (
+            "expect_success_within = \"26h\"",
+            "expect_success_within = \"2d\"",
+            "expect_success_within: \"26h\" → \"2d\"",
+        ),
+        (
+            "overlap = \"forbid\"",
+            "overlap = \"replace\"",
+            "overlap: \"forbid\" → \"replace\"",
+        ),
+    ];
+    for (from, to, shown) in cases {
+        assert!(exported.contains(from), "{from}:\n{exported}");
+        let f = write(&dir, "changed.toml", &exported.replacen(from, to, 1));
+        let out = ql(&db, &["apply", "-f", &f, "--check"]);
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(5), "{from}: {text}");
+        assert!(
+            text.contains(&format!("update trigger tuned: {shown}\n")),
+            "{from}: {text}"
+        );
+        assert!(
+            text.contains("plan: 0 to create, 1 to update, 5 unchanged"),
+            "{from}: {text}"
+        );
+    }
+    // An option written at its default is no change from one never set.
+    let defaults = exported.replace(
+        "id = \"nightly\"",
+        "id = \"nightly\"\njitter = \"0s\"\noverlap = \"allow\"",
+    );
+    let f = write(&dir, "defaults.toml", &defaults);
+    ok(ql(&db, &["apply", "-f", &f, "--check"]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_bad_publish_option_is_refused_naming_file_line_and_key() {
+    let db = TestDb::new().await;
+    let dir = tempdir();
+    let f = write(
+        &dir,
+        "o.toml",
+        "source = \"t\"\n\n[[trigger]]\nid = \"x\"\nproject = \"p\"\ntask = \"k\"\ncron = \"*/10 * * * *\"\n\
+         jitter = \"10m\"\nstart_at = \"soon\"\npause_after_failures = 0\n\
+         expect_success_within = \"30s\"\noverlap = \"queue\"\n\n\
+         [[trigger]]\nid = \"y\"\nproject = \"p\"\ntask = \"k\"\ncron = \"* * * * *\"\n\
+         start_at = \"2030-01-01T00:00:00Z\"\nend_at = \"2029-01-01T00:00:00Z\"\njitter = \"2d\"\n",
+    );
+    let err = refused(
+        ql(&db, &["apply", "-f", &f, "--check"]),
+        2,
+        &["nothing was written"],
+    );
+    for want in [
+        "o.toml:9: trigger.start_at: `soon`: not an RFC 3339 time",
+        "o.toml:10: trigger.pause_after_failures: 0: must be within 1..=1000",
+        "o.toml:11: trigger.expect_success_within: `30s`: 30000 ms must be within 1 minute..=366 days",
+        "o.toml:12: trigger.overlap: `queue`: unknown overlap policy",
+        "o.toml:21: trigger.jitter: `2d`: 172800000 ms must be within 0..=86400000",
+    ] {
+        assert!(err.contains(want), "{want}:\n{err}");
+    }
+    // With its other options refused the jitter of x is not checked against the schedule;
+    // alone, it is: 10m is not shorter than the 10-minute gap.
+    let g = write(
+        &dir,
+        "g.toml",
+        "source = \"t\"\n\n[[trigger]]\nid = \"x\"\nproject = \"p\"\ntask = \"k\"\ncron = \"*/10 * * * *\"\njitter = \"10m\"\n\n\
+         [[trigger]]\nid = \"y\"\nproject = \"p\"\ntask = \"k\"\ncron = \"* * * * *\"\n\
+         start_at = \"2030-01-01T00:00:00Z\"\nend_at = \"2029-01-01T00:00:00Z\"\n",
+    );
+    let err = refused(
+        ql(&db, &["apply", "-f", &g, "--check"]),
+        2,
+        &["2 problem(s)"],
+    );
+    for want in [
+        "g.toml:8: trigger.jitter: `10m`: 600000 ms must be shorter than the shortest gap",
+        "g.toml:16: trigger.end_at: ",
+        "after its start",
+    ] {
+        assert!(err.contains(want), "{want}:\n{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
