@@ -88,7 +88,7 @@ pub enum Command {
     #[command(subcommand)]
     Runs(RunsCommand),
     /// The audit log, newest first: who changed which project, task or trigger, or acted on
-    /// runs, when, and each changed field before → after (admin role; docs/audit.md).
+    /// runs, when, and each changed field before -> after (admin role; docs/audit.md).
     Audit(audit::AuditArgs),
     /// Compare definition files (projects, tasks, triggers; docs/apply.md) with the
     /// database and print the plan: --dry-run, or --check to exit 5 on drift (admin role).
