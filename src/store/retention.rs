@@ -311,7 +311,7 @@ pub async fn view(
 /// backfill runs). `None`: nothing was or will be pruned (no pruning replica yet, or
 /// retention 0 = forever and nothing pruned before).
 pub async fn backfill_floor_ms(
-    client: &tokio_postgres::Client,
+    client: &impl tokio_postgres::GenericClient,
     margin: Duration,
 ) -> Result<Option<(i64, Option<i64>)>, StoreError> {
     let margin_ms = i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);

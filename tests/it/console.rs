@@ -573,3 +573,360 @@ async fn a_runs_page_shows_its_attempts_output_escaped_and_its_json_is_runs_show
     assert_eq!(status, 404);
     r.terminate(Duration::from_secs(20)).await;
 }
+
+/// A refused POST: who sends it, its headers and body, and the status it gets.
+type Refusal<'a> = (&'a str, Vec<(&'a str, &'a str)>, String, u16);
+
+/// The auth file of the action tests: an operator and a viewer, each with its role.
+const ROLES_FILE: &str =
+    "# who may act\noperator alice:alice-password-1\nviewer bob:bob-password-12\n";
+/// base64("alice:alice-password-1") and base64("bob:bob-password-12").
+const ALICE: (&str, &str) = ("Authorization", "Basic YWxpY2U6YWxpY2UtcGFzc3dvcmQtMQ==");
+const BOB: (&str, &str) = ("Authorization", "Basic Ym9iOmJvYi1wYXNzd29yZC0xMg==");
+/// What a browser sends with a form post from the console's own page.
+const SAME_SITE: (&str, &str) = ("Sec-Fetch-Site", "same-origin");
+
+/// The value of the first `<input name=NAME value=…>` of `form_id`'s form in `page`.
+fn form_field(page: &str, form_id: &str, name: &str) -> String {
+    let form = page
+        .split(&format!("id=\"{form_id}\""))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no form {form_id} in {page}"));
+    let form = form.split("</form>").next().unwrap();
+    let at = form
+        .find(&format!("name=\"{name}\" value=\""))
+        .unwrap_or_else(|| panic!("no {name} in form {form_id}: {form}"));
+    let rest = &form[at + name.len() + 15..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+/// A form body, percent-encoded.
+fn form(pairs: &[(&str, &str)]) -> String {
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                b => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// The console's audit rows of a trigger (newest first), from `qlsched audit --json`.
+fn console_audit(db: &TestDb, trigger: &str) -> Vec<Value> {
+    let page: Value =
+        serde_json::from_str(&ok(ql(db, &["audit", "--json", "--trigger", trigger]))).unwrap();
+    page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["source"] == "console")
+        .cloned()
+        .collect()
+}
+
+/// A replica on loopback whose console has the operator and the viewer of [`ROLES_FILE`],
+/// with `seed`'s triggers and `con-s`, every second.
+async fn console_with_roles(db: &TestDb, dir: &std::path::Path) -> ReplicaProc {
+    seed(db).await;
+    let mut admin = db.admin().await;
+    let spec =
+        qlsched::store::manage::TriggerSpec::new("con-s", "proj", "task", "* * * * * *", "UTC");
+    qlsched::store::manage::publish_trigger(&mut admin, &spec)
+        .await
+        .unwrap();
+    let file = secret_file(dir, "roles", ROLES_FILE, 0o600);
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "act1",
+        "",
+        &[("QLSCHED__HTTP__CONSOLE_AUTH_FILE", file.as_str())],
+    );
+    r.wait_ready(Duration::from_secs(30)).await;
+    r
+}
+
+/// An operator disables a trigger with a note: the answer comes after the fence, so the
+/// replica admits nothing more for it while it keeps admitting its other triggers; enable
+/// brings it back. A viewer sees no action and its forged POST is refused (403), so is a
+/// post from another site and one without the page's token; each action is one audit row
+/// naming the console user, the client address and source console.
+#[tokio::test]
+async fn an_operator_disables_and_enables_and_a_viewer_or_another_site_cannot() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = console_with_roles(&db, dir.path()).await;
+
+    // A viewer reads the page but sees no action.
+    let (status, _, page) = get(r.http, "/triggers/con-a", &[BOB]);
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        !page.contains("id=\"actions\"") && !page.contains("method=\"post\""),
+        "{page}"
+    );
+    // The operator's page has the forms and the token.
+    let (status, _, page) = get(r.http, "/triggers/con-a", &[ALICE]);
+    assert_eq!(status, 200, "{page}");
+    let token = form_field(&page, "disable-form", "csrf");
+    let disable = form(&[("csrf", &token), ("note", "incident <42> & co")]);
+
+    // Refused, each with nothing written: a viewer (even with the operator's token), another
+    // site's form, no token, a token made for another user, no credentials at all.
+    let refusals: [Refusal; 6] = [
+        ("a viewer", vec![BOB, SAME_SITE], disable.clone(), 403),
+        (
+            "another site",
+            vec![
+                ALICE,
+                ("Sec-Fetch-Site", "cross-site"),
+                ("Origin", "https://evil.example"),
+            ],
+            disable.clone(),
+            403,
+        ),
+        (
+            "an old client from another origin",
+            vec![ALICE, ("Origin", "https://evil.example")],
+            disable.clone(),
+            403,
+        ),
+        (
+            "no token",
+            vec![ALICE, SAME_SITE],
+            form(&[("note", "x")]),
+            403,
+        ),
+        (
+            "a forged token",
+            vec![ALICE, SAME_SITE],
+            form(&[
+                (
+                    "csrf",
+                    &format!("{}.{}", token.split('.').next().unwrap(), "ab".repeat(32)),
+                ),
+                ("note", "x"),
+            ]),
+            403,
+        ),
+        ("no credentials", vec![SAME_SITE], disable.clone(), 401),
+    ];
+    for (who, headers, body, want) in &refusals {
+        let (status, _, text) = http::post(r.http, "/triggers/con-a/disable", headers, body);
+        assert_eq!(status, *want, "{who}: {text}");
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.triggers WHERE trigger_id = 'con-a' AND enabled")
+            .await,
+        1,
+        "a refused POST changed the trigger"
+    );
+    assert!(console_audit(&db, "con-a").is_empty());
+    // GET is not an action.
+    assert_eq!(get(r.http, "/triggers/con-a/disable", &[ALICE]).0, 404);
+
+    // The operator disables with a note; an empty note is refused first.
+    let (status, _, text) = http::post(
+        r.http,
+        "/triggers/con-a/disable",
+        &[ALICE, SAME_SITE],
+        &form(&[("csrf", &token), ("note", "  ")]),
+    );
+    assert_eq!(status, 400, "{text}");
+    // A client that sends no fetch metadata but its own origin is accepted too.
+    let (status, _, text) = http::post(
+        r.http,
+        "/triggers/con-a/disable",
+        &[ALICE, ("Origin", "http://localhost")],
+        &disable,
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("Disabled"), "{text}");
+    let runs_at_answer = db
+        .count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a'")
+        .await;
+    // Fenced: the replica goes on admitting con-s, and nothing more of con-a.
+    let s_at_answer = db
+        .count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-s'")
+        .await;
+    crate::helpers::wait_until(
+        "two more runs of con-s",
+        Duration::from_secs(20),
+        || async {
+            db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-s'")
+                .await
+                >= s_at_answer + 2
+        },
+    )
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a'")
+            .await,
+        runs_at_answer,
+        "a run of con-a was admitted after the disable answered"
+    );
+    let (_, _, page) = get(r.http, "/triggers/con-a", &[ALICE]);
+    assert!(page.contains("incident &lt;42&gt; &amp; co"), "{page}");
+    assert!(page.contains("id=\"enable-form\""), "{page}");
+
+    // Enable: the cursor after now, and runs come again.
+    let token = form_field(&page, "enable-form", "csrf");
+    let (status, _, text) = http::post(
+        r.http,
+        "/triggers/con-a/enable",
+        &[ALICE, SAME_SITE],
+        &form(&[("csrf", &token)]),
+    );
+    assert_eq!(status, 200, "{text}");
+    crate::helpers::wait_until(
+        "a run of con-a after the enable",
+        Duration::from_secs(20),
+        || async {
+            db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a'")
+                .await
+                > runs_at_answer
+        },
+    )
+    .await;
+
+    // One audit row per action: the console user, the client address, source console.
+    let rows = console_audit(&db, "con-a");
+    let actions: Vec<&str> = rows.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions, ["enable", "disable"], "{rows:#?}");
+    for e in &rows {
+        assert_eq!(e["actor"], "alice", "{e}");
+        assert_eq!(e["host"], "127.0.0.1", "{e}");
+        assert_eq!(e["db_user"], "qlsched_runtime", "{e}");
+    }
+    assert_eq!(rows[1]["note"], "incident <42> & co");
+    assert_eq!(rows[1]["changes"]["enabled"]["after"], false, "{}", rows[1]);
+    r.terminate(Duration::from_secs(20)).await;
+}
+
+/// A double-clicked "Fire now" posts the page's request id twice: one run. A console
+/// backfill is bounded as the CLI's default (`--max 1000`): a window of 1001 occurrences is
+/// refused by both, nothing written; 1000 are shown first and admitted on confirmation.
+/// Cancelling queued runs shows their count first. Each action is in `qlsched audit`.
+#[tokio::test]
+async fn a_double_fire_admits_one_run_and_backfill_and_cancel_are_bounded_and_confirmed() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = console_with_roles(&db, dir.path()).await;
+    let (_, _, page) = get(r.http, "/triggers/con-b", &[ALICE]);
+    let token = form_field(&page, "fire-form", "csrf");
+    let request_id = form_field(&page, "fire-form", "request_id");
+    let body = form(&[("csrf", &token), ("request_id", &request_id)]);
+    let clicks: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, body) = (r.http, body.clone());
+            std::thread::spawn(move || {
+                http::post(addr, "/triggers/con-b/fire", &[ALICE, SAME_SITE], &body)
+            })
+        })
+        .collect();
+    for c in clicks {
+        let (status, _, text) = c.join().unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-b' AND idempotency_key LIKE 'ql3:manual:%'")
+            .await,
+        1,
+        "a double click admitted two runs"
+    );
+
+    // Backfill of con-s (every second): 1001 occurrences refused by the console and by the
+    // CLI alike; 1000 shown, then admitted on confirmation.
+    let now = db.now_ms().await;
+    let from_ms = (now / 1000 - 1500) * 1000;
+    let iso = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms)
+            .unwrap()
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let (from, over, to) = (
+        iso(from_ms),
+        iso(from_ms + 1_001_000),
+        iso(from_ms + 1_000_000),
+    );
+    let backfill = |pairs: &[(&str, &str)]| {
+        let mut all = vec![("csrf", token.as_str())];
+        all.extend_from_slice(pairs);
+        http::post(
+            r.http,
+            "/triggers/con-s/backfill",
+            &[ALICE, SAME_SITE],
+            &form(&all),
+        )
+    };
+    let (status, _, text) = backfill(&[("from", &from), ("to", &over), ("confirm", "yes")]);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("more than 1000 occurrences"), "{text}");
+    let cli = ql(
+        &db,
+        &[
+            "trigger", "backfill", "con-s", "--from", &from, "--to", &over,
+        ],
+    );
+    assert!(!cli.status.success(), "the CLI refuses the same window");
+    let backfilled = "SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-s' AND admitted_by LIKE 'backfill:%'";
+    assert_eq!(db.count(backfilled).await, 0);
+    let (status, _, text) = backfill(&[("from", &from), ("to", &to)]);
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("1000 occurrences"), "{text}");
+    assert_eq!(db.count(backfilled).await, 0, "the confirmation step wrote");
+    let (status, _, text) = backfill(&[("from", &from), ("to", &to), ("confirm", "yes")]);
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(db.count(backfilled).await, 1000);
+
+    // Cancel the queued runs of the window: the count first, then the cancel.
+    let cancel = |pairs: &[(&str, &str)]| {
+        let mut all = vec![
+            ("csrf", token.as_str()),
+            ("from", from.as_str()),
+            ("to", to.as_str()),
+        ];
+        all.extend_from_slice(pairs);
+        http::post(
+            r.http,
+            "/triggers/con-s/cancel",
+            &[ALICE, SAME_SITE],
+            &form(&all),
+        )
+    };
+    let (status, _, text) = cancel(&[]);
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("1000 queued runs"), "{text}");
+    let (status, _, text) = cancel(&[("confirm", "yes")]);
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("1000 runs cancelled"), "{text}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-s' AND admitted_by LIKE 'backfill:%' AND status = 'cancelled'")
+            .await,
+        1000
+    );
+
+    // Each action once in the audit log, with the console user and source.
+    let fire = console_audit(&db, "con-b");
+    assert_eq!(fire.len(), 1, "{fire:#?}");
+    assert_eq!(fire[0]["action"], "fire");
+    let s = console_audit(&db, "con-s");
+    let actions: Vec<&str> = s.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions, ["runs.cancel", "backfill"], "{s:#?}");
+    assert_eq!(s[1]["changes"]["admitted"], 1000);
+    for e in fire.iter().chain(&s) {
+        assert_eq!(
+            (e["actor"].as_str(), e["host"].as_str()),
+            (Some("alice"), Some("127.0.0.1")),
+            "{e}"
+        );
+    }
+    r.terminate(Duration::from_secs(20)).await;
+}
