@@ -323,6 +323,7 @@ pub fn trigger(d: &TriggerDetail, actions: Markup) -> String {
                 dt { "Lease" } dd { (holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
             }
         }
+        (actions)
         section aria-labelledby="outcome-h" {
             h2 id="outcome-h" { "Outcome" @if v.outcome.overdue { " " strong.overdue id="overdue" { "overdue" } } }
             dl.facts id="outcome" {
@@ -360,7 +361,6 @@ pub fn trigger(d: &TriggerDetail, actions: Markup) -> String {
             (runs_table(&d.runs, false))
             p { a href=(format!("/runs{}", qs(&[("trigger", Some(&v.trigger_id))]))) { "All runs of this trigger" } }
         }
-        (actions)
     };
     layout(&format!("Trigger {}", v.trigger_id), Nav::Triggers, body)
 }

@@ -578,11 +578,11 @@ async fn a_runs_page_shows_its_attempts_output_escaped_and_its_json_is_runs_show
 type Refusal<'a> = (&'a str, Vec<(&'a str, &'a str)>, String, u16);
 
 /// The auth file of the action tests: an operator and a viewer, each with its role.
-const ROLES_FILE: &str =
+pub(crate) const ROLES_FILE: &str =
     "# who may act\noperator alice:alice-password-1\nviewer bob:bob-password-12\n";
 /// base64("alice:alice-password-1") and base64("bob:bob-password-12").
-const ALICE: (&str, &str) = ("Authorization", "Basic YWxpY2U6YWxpY2UtcGFzc3dvcmQtMQ==");
-const BOB: (&str, &str) = ("Authorization", "Basic Ym9iOmJvYi1wYXNzd29yZC0xMg==");
+pub(crate) const ALICE: (&str, &str) = ("Authorization", "Basic YWxpY2U6YWxpY2UtcGFzc3dvcmQtMQ==");
+pub(crate) const BOB: (&str, &str) = ("Authorization", "Basic Ym9iOmJvYi1wYXNzd29yZC0xMg==");
 /// What a browser sends with a form post from the console's own page.
 const SAME_SITE: (&str, &str) = ("Sec-Fetch-Site", "same-origin");
 
