@@ -1,5 +1,8 @@
-//! The read-only web console and its JSON (`/api/v1/…`), served on the replica's HTTP port
-//! (docs/console.md).
+//! The web console and its JSON (`/api/v1/…`), served on the replica's HTTP port
+//! (docs/console.md). Pages only read; an operator's actions are POSTs handled in
+//! actions.rs (roles, same-origin and token checks in auth.rs, the forms in forms.rs), each
+//! one call of a V24 function the runtime role may execute (docs/design.md, "Acting from
+//! the console").
 //!
 //! - Pages: `/` (overview), `/triggers`, `/triggers/{id}`, `/runs`, `/runs/{id}` (a run with
 //!   its attempts, each one's error and output tail), `/audit` (the audit log, docs/audit.md):
