@@ -930,3 +930,170 @@ async fn a_double_fire_admits_one_run_and_backfill_and_cancel_are_bounded_and_co
     }
     r.terminate(Duration::from_secs(20)).await;
 }
+
+/// The V24 functions called as the runtime role, held to the CLI's outcomes where they
+/// rewrite its statements: an enable's jittered claim instant is the Rust one
+/// (`Timing::claimable_at_ms`, as `trigger enable` writes it); a stale cursor is answered
+/// `stale` and nothing written; a disabled trigger is refused a fire (as `trigger fire`);
+/// a retry admits one run of a failed run only; a cancel request reaches only a held run;
+/// each write is one audit row, a refusal none.
+#[tokio::test]
+async fn the_console_functions_keep_the_clis_checks_and_write_one_audit_row_each() {
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    let mut spec =
+        qlsched::store::manage::TriggerSpec::new("con-j", "proj", "task", "*/5 * * * *", "UTC");
+    spec.jitter_ms = 120_000;
+    qlsched::store::manage::publish_trigger(&mut admin, &spec)
+        .await
+        .unwrap();
+    let rt = db.client("qlsched_runtime").await;
+    let audit_rows = || db.count("SELECT count(*) FROM qlsched.audit_log WHERE source = 'console'");
+    let call = |sql: &'static str| {
+        let rt = &rt;
+        async move { rt.query_one(sql, &[]).await.map(|r| r.get::<_, String>(0)) }
+    };
+
+    assert_eq!(
+        call("SELECT qlsched.console_disable('con-j', 'why', 'alice', '10.0.0.1')")
+            .await
+            .unwrap(),
+        "disabled"
+    );
+    assert_eq!(
+        call("SELECT qlsched.console_disable('con-j', 'again', 'alice', '10.0.0.1')")
+            .await
+            .unwrap(),
+        "unchanged"
+    );
+    assert_eq!(
+        audit_rows().await,
+        1,
+        "an unchanged disable appends nothing"
+    );
+    // A fire of a disabled trigger is refused, as the CLI's.
+    let e = call("SELECT outcome FROM qlsched.console_fire('con-j', 'r1', NULL, gen_random_uuid(), gen_random_uuid(), 'alice', '', NULL)")
+        .await
+        .unwrap_err();
+    let msg = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(msg.contains("is disabled"), "{e:?}");
+    let cli = ql(&db, &["trigger", "fire", "con-j", "--request-id", "r1"]);
+    assert!(!cli.status.success(), "the CLI refuses it too");
+
+    // Enable: a cursor in the past is stale; the next occurrence is written with the Rust
+    // jitter.
+    let now = db.now_ms().await;
+    let stale = format!(
+        "SELECT qlsched.console_enable('con-j', 1, {}, 'alice', '')",
+        now - 1
+    );
+    let got: String = rt.query_one(&stale, &[]).await.unwrap().get(0);
+    assert_eq!(got, "stale");
+    let schedule = qlsched::schedule::Schedule::parse("*/5 * * * *", "UTC").unwrap();
+    let first = schedule.next_after_ms(now + 1000).unwrap();
+    let enable = format!("SELECT qlsched.console_enable('con-j', 1, {first}, 'alice', '')");
+    let got: String = rt.query_one(&enable, &[]).await.unwrap().get(0);
+    assert_eq!(got, "enabled");
+    let row = rt
+        .query_one(
+            "SELECT next_fire_at_ms, claimable_at_ms FROM qlsched.trigger_schedules WHERE trigger_id = 'con-j'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), first);
+    assert_eq!(
+        Some(row.get::<_, i64>(1)),
+        spec.timing().claimable_at_ms(first)
+    );
+    assert_ne!(
+        row.get::<_, i64>(1),
+        first,
+        "the jitter of this instant is not 0"
+    );
+    assert_eq!(audit_rows().await, 2);
+
+    // A run that did not fail is not retried; a failed one is, once.
+    ok(ql(&db, &["trigger", "fire", "con-j", "--request-id", "r2"]));
+    let run: uuid::Uuid = db
+        .superuser()
+        .await
+        .query_one(
+            "SELECT run_id FROM qlsched.runs WHERE request_id = 'r2'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let retry = format!(
+        "SELECT outcome FROM qlsched.console_fire('con-j', '', '{run}', gen_random_uuid(), gen_random_uuid(), 'alice', '', NULL)"
+    );
+    let e = rt.query_one(&retry, &[]).await.unwrap_err();
+    let msg = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(msg.contains("not a failed run"), "{e:?}");
+    // Take it, start it: a cancel request reaches it (once); then it fails.
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = d
+        .query_one(
+            "SELECT attempt_id, lease_token FROM qlsched.dispatch_take('w', NULL, 1, 60000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (attempt, token): (uuid::Uuid, uuid::Uuid) = (taken.get(0), taken.get(1));
+    d.execute(
+        "SELECT qlsched.dispatch_start($1, $2, 60000)",
+        &[&attempt, &token],
+    )
+    .await
+    .unwrap();
+    let ask = format!("SELECT qlsched.console_request_cancel('{run}', 'alice', '', 'stuck')");
+    assert_eq!(rt.query_one(&ask, &[]).await.unwrap().get::<_, i64>(0), 1);
+    assert_eq!(rt.query_one(&ask, &[]).await.unwrap().get::<_, i64>(0), 0);
+    d.execute(
+        "SELECT qlsched.dispatch_finish($1, $2, 'failed', 1, '', 'exit 1', NULL)",
+        &[&attempt, &token],
+    )
+    .await
+    .unwrap();
+    for want in ["admitted", "existing"] {
+        let got: String = rt.query_one(&retry, &[]).await.unwrap().get(0);
+        assert_eq!(got, want);
+    }
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM qlsched.runs WHERE request_id = 'retry.{run}'"
+        ))
+        .await,
+        1
+    );
+    // disable, enable, cancel request, retry: one row each, all the runtime role's.
+    let rows: Vec<(String, String, String)> = db
+        .superuser()
+        .await
+        .query(
+            "SELECT action, actor, db_user FROM qlsched.audit_log WHERE source = 'console' ORDER BY audit_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let actions: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        actions,
+        ["disable", "enable", "runs.cancel_request", "fire"]
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r.1 == "alice" && r.2 == "qlsched_runtime"),
+        "{rows:?}"
+    );
+}
