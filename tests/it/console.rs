@@ -82,6 +82,11 @@ async fn console_json_is_the_clis_json_and_pages_escape_every_value() {
         !page.contains("<script>window") && !page.contains("<b>bold") && !page.contains("<img"),
         "{page}"
     );
+    // Without credentials (a loopback console) nobody acts: no form, a POST refused.
+    assert!(!page.contains("method=\"post\""), "{page}");
+    let (status, _, text) = http::post(r.http, "/triggers/con-a/disable", &[SAME_SITE], "note=x");
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("only an operator"), "{text}");
     // Security headers.
     let csp = header(&h, "content-security-policy").expect("a CSP");
     for part in [
