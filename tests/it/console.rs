@@ -677,8 +677,9 @@ async fn an_operator_disables_and_enables_and_a_viewer_or_another_site_cannot() 
         "{page}"
     );
     // The operator's page has the forms and the token.
-    let (status, _, page) = get(r.http, "/triggers/con-a", &[ALICE]);
+    let (status, h, page) = get(r.http, "/triggers/con-a", &[ALICE]);
     assert_eq!(status, 200, "{page}");
+    assert_eq!(header(&h, "set-cookie"), None, "the page sets no cookie");
     let token = form_field(&page, "disable-form", "csrf");
     let disable = form(&[("csrf", &token), ("note", "incident <42> & co")]);
 
@@ -745,13 +746,14 @@ async fn an_operator_disables_and_enables_and_a_viewer_or_another_site_cannot() 
     );
     assert_eq!(status, 400, "{text}");
     // A client that sends no fetch metadata but its own origin is accepted too.
-    let (status, _, text) = http::post(
+    let (status, h, text) = http::post(
         r.http,
         "/triggers/con-a/disable",
         &[ALICE, ("Origin", "http://localhost")],
         &disable,
     );
     assert_eq!(status, 200, "{text}");
+    assert_eq!(header(&h, "set-cookie"), None, "an action needs no cookie");
     assert!(text.contains("Disabled"), "{text}");
     let runs_at_answer = db
         .count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a'")
