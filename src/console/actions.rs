@@ -5,8 +5,6 @@
 //! steps: the first POST shows what the action will do and writes nothing; the second,
 //! with `confirm=yes`, does it.
 
-use std::time::Duration;
-
 use actix_web::{web, HttpRequest, HttpResponse};
 use maud::{html, Markup};
 use serde::Deserialize;
@@ -17,14 +15,13 @@ use super::auth::{self, Refusal, Who};
 use super::{forms, pages, secure, Console, Failure};
 use crate::db::{self, StoreError};
 use crate::present as render;
-use crate::schedule::Schedule;
+use crate::schedule::{occurrences_in, Schedule};
 use crate::store::console_actions::{self as act, Actor};
+use crate::store::retention::BACKFILL_HORIZON_MARGIN as HORIZON_MARGIN;
 
 /// The most occurrences one console backfill admits (the CLI's default `--max`; the V24
 /// function refuses more).
 pub const BACKFILL_MAX: usize = 1000;
-/// How far inside the retention horizon a backfill window must start (as the CLI's).
-pub const HORIZON_MARGIN: Duration = Duration::from_secs(3600);
 
 /// The fields an action form may send (each action reads its own).
 #[derive(Deserialize, Default)]
@@ -257,12 +254,8 @@ async fn fire(
 async fn retry(c: &Console, run: &str, form: &ActionForm, by: Actor<'_>) -> Done {
     let run_id = Uuid::parse_str(run)
         .map_err(|_| Failure::BadRequest(format!("run `{run}`: not a run id (a UUID)")))?;
-    let trigger = write!(c, tx => tx
-        .query_opt("SELECT trigger_id FROM qlsched.runs WHERE run_id = $1", &[&run_id])
-        .await
-        .map_err(StoreError::from)?)?
-    .ok_or_else(|| Failure::NotFound(format!("unknown run `{run}`")))?
-    .get::<_, String>(0);
+    let trigger = write!(c, tx => act::run_trigger(&tx, run_id).await?)?
+        .ok_or_else(|| Failure::NotFound(format!("unknown run `{run}`")))?;
     fire(c, &trigger, form, Some(run_id), by).await
 }
 
@@ -297,20 +290,6 @@ fn instant(field: &str, v: Option<&str>) -> Result<Option<i64>, Failure> {
     Err(Failure::BadRequest(format!(
         "{field} `{v}`: not a time (RFC 3339, or YYYY-MM-DDTHH:MM in UTC)"
     )))
-}
-
-/// Every occurrence of `schedule` in `[from, to)`, or `None` past `max`.
-fn occurrences_in(schedule: &Schedule, from: i64, to: i64, max: usize) -> Option<Vec<i64>> {
-    let mut out = Vec::new();
-    let mut at = from - 1;
-    while let Some(t) = schedule.next_after_ms(at).filter(|t| *t < to) {
-        if out.len() == max {
-            return None;
-        }
-        out.push(t);
-        at = t;
-    }
-    Some(out)
 }
 
 async fn backfill(c: &Console, who: &Who, id: &str, form: &ActionForm, by: Actor<'_>) -> Done {

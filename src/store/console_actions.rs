@@ -223,6 +223,20 @@ pub async fn cancel_queued(
         .get(0))
 }
 
+/// The trigger of a run (a retry fires it), or `None` for an unknown run.
+pub async fn run_trigger(
+    client: &impl tokio_postgres::GenericClient,
+    run_id: Uuid,
+) -> Result<Option<String>, StoreError> {
+    Ok(client
+        .query_opt(
+            "SELECT trigger_id FROM qlsched.runs WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await?
+        .map(|r| r.get(0)))
+}
+
 /// `qlsched.console_request_cancel`: 1 when the holder was asked, 0 otherwise.
 pub async fn request_cancel(
     tx: &tokio_postgres::Transaction<'_>,

@@ -305,6 +305,11 @@ pub async fn view(
     })
 }
 
+/// How far inside the retention horizon a backfill window must start (`trigger backfill`
+/// and the console's): covers a prune pass that starts while the backfill runs
+/// (docs/design.md, "Retention").
+pub const BACKFILL_HORIZON_MARGIN: Duration = Duration::from_secs(3600);
+
 /// The earliest `scheduled_for` (epoch ms) an operator may still admit without risking a
 /// pruned run's occurrence being admitted again: the later of the highest horizon any prune
 /// used and `now − max(finished_after, floor) + margin` (the floor: V15) (the margin covers a prune that starts while the
