@@ -819,7 +819,9 @@ async fn an_operator_disables_and_enables_and_a_viewer_or_another_site_cannot() 
 /// A double-clicked "Fire now" posts the page's request id twice: one run. A console
 /// backfill is bounded as the CLI's default (`--max 1000`): a window of 1001 occurrences is
 /// refused by both, nothing written; 1000 are shown first and admitted on confirmation.
-/// Cancelling queued runs shows their count first. Each action is in `qlsched audit`.
+/// Cancelling queued runs shows their count first. A run a worker holds is asked to stop
+/// from its page; once failed, its retry admits one run however often it is posted. Each
+/// action is in `qlsched audit`.
 #[tokio::test]
 async fn a_double_fire_admits_one_run_and_backfill_and_cancel_are_bounded_and_confirmed() {
     let db = TestDb::new().await;
@@ -935,6 +937,61 @@ async fn a_double_fire_admits_one_run_and_backfill_and_cancel_are_bounded_and_co
             "{e}"
         );
     }
+
+    // A run a worker runs: its page offers the cancel request, which reaches it; once it
+    // failed, its retry admits one run however often it is posted.
+    let d = db.client("qlsched_dispatcher").await;
+    let taken = d
+        .query_one(
+            "SELECT run_id, attempt_id, lease_token FROM qlsched.dispatch_take('w', NULL, 1, 60000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (run, attempt, lease): (uuid::Uuid, uuid::Uuid, uuid::Uuid) =
+        (taken.get(0), taken.get(1), taken.get(2));
+    d.execute(
+        "SELECT qlsched.dispatch_start($1, $2, 60000)",
+        &[&attempt, &lease],
+    )
+    .await
+    .unwrap();
+    let (_, _, page) = get(r.http, &format!("/runs/{run}"), &[ALICE]);
+    let token = form_field(&page, "cancel-request-form", "csrf");
+    let post = |what: &str| {
+        http::post(
+            r.http,
+            &format!("/runs/{run}/{what}"),
+            &[ALICE, SAME_SITE],
+            &form(&[("csrf", &token)]),
+        )
+    };
+    let (status, _, text) = post("cancel-request");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("Asked its worker"), "{text}");
+    let asked = format!(
+        "SELECT count(*) FROM qlsched.runs WHERE run_id = '{run}' AND cancel_requested_at_ms IS NOT NULL"
+    );
+    assert_eq!(db.count(&asked).await, 1);
+    d.execute(
+        "SELECT qlsched.dispatch_finish($1, $2, 'failed', 1, '', 'exit 1', NULL)",
+        &[&attempt, &lease],
+    )
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        let (status, _, text) = post("retry");
+        assert_eq!(status, 200, "{text}");
+    }
+    let retried = format!("SELECT count(*) FROM qlsched.runs WHERE request_id = 'retry.{run}'");
+    assert_eq!(db.count(&retried).await, 1, "two retries admitted two runs");
+    let rows = db
+        .count("SELECT count(*) FROM qlsched.audit_log WHERE source = 'console' AND action IN ('runs.cancel_request', 'fire') AND changes->>'run_id' IS NOT NULL")
+        .await;
+    assert_eq!(
+        rows, 3,
+        "the cancel request, con-b's fire and the one retry"
+    );
     r.terminate(Duration::from_secs(20)).await;
 }
 
