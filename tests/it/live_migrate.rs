@@ -173,6 +173,8 @@ fn migration_names() -> Vec<String> {
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
+    ALTER TABLE qlsched.runs DROP COLUMN overlap_counted CASCADE;
+    DROP FUNCTION qlsched.overlap_decided(text[], boolean[], bigint[]);
     DROP TABLE qlsched.audit_log;
     DROP FUNCTION qlsched.prune_audit(bigint, integer, text, uuid), qlsched.audit_is_append_only();
     DROP TABLE qlsched.trigger_overlap;
