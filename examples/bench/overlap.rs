@@ -103,6 +103,7 @@ async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
         c >= N,
     );
     let wal = b.wal_since(&lsn0).await / c.max(1) as f64;
+    wal_records(b, prefix, &lsn0, c).await;
     let t = b
         .num(&format!(
             "select coalesce(max(queued_at_ms), 0) - {boundary} from qlsched.runs
@@ -117,6 +118,53 @@ async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
         "   {prefix} herd at {boundary}: {c} runs, last committed {t:.0} ms after it, {wal:.0} B/occ, ending them {end_wal:.0} B/run"
     );
     (t, wal, end_wal)
+}
+
+/// Prints where a herd's WAL went: the record kinds of `pg_waldump --stats=record` from
+/// `lsn0` to now, the largest first, in bytes per occurrence (of `n`), full-page images
+/// apart.
+async fn wal_records(b: &Bench, prefix: &str, lsn0: &str, n: u64) {
+    let end = b.lsn().await;
+    let out = qlsched_testkit::pg::server_command(&b.srv.server.bindir.join("pg_waldump"), false)
+        .args(["--stats=record", "-p"])
+        .arg(b.srv.server.data.join("pg_wal"))
+        .args(["--start", lsn0, "--end", &end])
+        .output();
+    let Ok(out) = out else {
+        eprintln!("   {prefix}: pg_waldump did not run");
+        return;
+    };
+    // Lines: `Heap/HOT_UPDATE  N ( p)  rec_bytes ( p)  fpi_bytes ( p)  combined ( p)`; the
+    // percentages in parentheses go first.
+    let pct = regex::Regex::new(r"\(\s*[0-9.]+\)").unwrap();
+    let mut kinds: Vec<(f64, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = pct.replace_all(l, "");
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 5 || !f[0].contains('/') {
+                return None;
+            }
+            let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+            let (count, rec, fpi) = (num(1)?, num(2)?, num(3)?);
+            Some((
+                (rec + fpi) / n.max(1) as f64,
+                format!(
+                    "{} {:.0}+{:.0} B ({:.2}/occ)",
+                    f[0],
+                    rec / n.max(1) as f64,
+                    fpi / n.max(1) as f64,
+                    count / n.max(1) as f64
+                ),
+            ))
+        })
+        .collect();
+    kinds.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let top: Vec<String> = kinds.into_iter().take(8).map(|k| k.1).collect();
+    eprintln!(
+        "   {prefix} WAL per occurrence, record+FPI: {}",
+        top.join("; ")
+    );
 }
 
 /// Cancels the queued runs (of `boundary`, or all), 2,000 per `runs cancel` chunk; how many.
