@@ -8,6 +8,8 @@
 //! trigger's row, the count, the count's write at admission and at the run's end.
 //!
 //! - O1: the slowest `forbid` boundary against the slowest `allow` one (target ≤ 1.15×);
+//!   with `QLSCHED_BENCH_OVERLAP_CONTROL=allow` both herds are under allow (a control run:
+//!   the ratio of the phase alone);
 //! - O2, O3: WAL bytes per occurrence of each herd, from a CHECKPOINT before its boundary to
 //!   its last run committed; O4, O5: WAL bytes per run of the end of each herd's runs.
 
@@ -195,7 +197,16 @@ pub async fn rows(b: &mut Bench, boundaries: usize) {
     ));
     b.reset().await;
     let pub_a = publish(b, "a", "0 * * * * *", OverlapPolicy::Allow, N).await;
-    let pub_f = publish(b, "f", "30 * * * * *", OverlapPolicy::Forbid, N).await;
+    // QLSCHED_BENCH_OVERLAP_CONTROL=allow publishes the second herd under allow too: an A/A
+    // run that measures what the half-minute phase alone costs (autovacuum, checkpoints).
+    let second = match std::env::var("QLSCHED_BENCH_OVERLAP_CONTROL").as_deref() {
+        Ok("allow") => {
+            say("control run: the second herd under allow as well");
+            OverlapPolicy::Allow
+        }
+        _ => OverlapPolicy::Forbid,
+    };
+    let pub_f = publish(b, "f", "30 * * * * *", second, N).await;
     b.checkpoint().await;
     let mut g = Group::start(3, &Setup::default_config(&b.runtime_dsn));
     g.wait_ready().await;
