@@ -81,7 +81,7 @@ async fn publish(b: &Bench, prefix: &str, cron: &str, policy: OverlapPolicy, n: 
 /// One herd: waits for its `n` runs at `boundary` (CHECKPOINT taken before it), returns
 /// (ms from the boundary to the last commit, WAL bytes per occurrence, WAL bytes per run of
 /// ending them all).
-async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
+async fn herd(b: &mut Bench, g: &Group, prefix: &str, boundary: i64) -> (f64, f64, f64) {
     while now_ms() < boundary - 8_000 {
         sleep_s(0.5).await;
     }
@@ -89,6 +89,11 @@ async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
     // now: under forbid an unfinished run would have the herd skipped.
     end_queued(b, None).await;
     b.checkpoint().await;
+    b.check(
+        &format!("{prefix} herd at {boundary}: its CHECKPOINT ended before the boundary"),
+        now_ms() < boundary,
+    );
+    let retries0 = g.metric_sum("qlsched_serialization_retries_total");
     let lsn0 = b.lsn().await;
     let q = format!(
         "select count(*) from qlsched.runs where scheduled_for_ms = {boundary} and trigger_id like '{prefix}%'"
@@ -116,8 +121,9 @@ async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
     let lsn1 = b.lsn().await;
     let ended = end_queued(b, Some(boundary)).await;
     let end_wal = b.wal_since(&lsn1).await / ended.max(1) as f64;
+    let retries = g.metric_sum("qlsched_serialization_retries_total") - retries0;
     eprintln!(
-        "   {prefix} herd at {boundary}: {c} runs, last committed {t:.0} ms after it, {wal:.0} B/occ, ending them {end_wal:.0} B/run"
+        "   {prefix} herd at {boundary}: {c} runs, last committed {t:.0} ms after it, {wal:.0} B/occ, ending them {end_wal:.0} B/run, {retries:.0} serialization failures retried"
     );
     (t, wal, end_wal)
 }
@@ -214,18 +220,22 @@ pub async fn rows(b: &mut Bench, boundaries: usize) {
     let first = (now_ms() + 20_000) / 60_000 * 60_000 + 60_000;
     // Skips before the first measured herd (the occurrences due while the runs caught up at
     // start were still queued) are forbid doing its job, not part of the rows.
-    while now_ms() < first - 8_000 {
+    // Early enough that the CHECKPOINT after it (the catch-up's runs ended, the publish's
+    // pages) is over long before the first boundary: the one each herd takes 8 s before its
+    // boundary then has little to write and ends before it.
+    while now_ms() < first - 25_000 {
         sleep_s(0.5).await;
     }
     end_queued(b, None).await;
+    b.checkpoint().await;
     let skipped_before = b
         .num("select coalesce(sum(skipped_overlap), 0) from qlsched.trigger_overlap")
         .await;
     let (mut allow, mut forbid) = (Vec::new(), Vec::new());
     for i in 0..boundaries {
         let at = first + i as i64 * 60_000;
-        allow.push(herd(b, "a", at).await);
-        forbid.push(herd(b, "f", at + 30_000).await);
+        allow.push(herd(b, &g, "a", at).await);
+        forbid.push(herd(b, &g, "f", at + 30_000).await);
     }
     g.stop().await;
     let dups = b.invariants("overlap").await;
