@@ -202,6 +202,18 @@ pub async fn rows(b: &mut Bench, boundaries: usize) {
         "O. overlap: {N} `0 * * * * *` triggers under allow and {N} `30 * * * * *` under forbid, 3 replicas, {boundaries} boundaries each"
     ));
     b.reset().await;
+    // QLSCHED_BENCH_OVERLAP_PRED_PAGE=N (a diagnosis, not a row): the server's
+    // max_pred_locks_per_page (stock 2), i.e. how many rows of one page a SERIALIZABLE
+    // transaction may read before its predicate locks become one lock on the whole page.
+    if let Ok(n) = std::env::var("QLSCHED_BENCH_OVERLAP_PRED_PAGE") {
+        let n: u32 = n
+            .parse()
+            .expect("QLSCHED_BENCH_OVERLAP_PRED_PAGE: a number");
+        say(&format!("diagnosis: max_pred_locks_per_page = {n}"));
+        b.exec(&format!("ALTER SYSTEM SET max_pred_locks_per_page = {n}"))
+            .await;
+        b.exec("SELECT pg_reload_conf()").await;
+    }
     let pub_a = publish(b, "a", "0 * * * * *", OverlapPolicy::Allow, N).await;
     // QLSCHED_BENCH_OVERLAP_CONTROL=allow publishes the second herd under allow too: an A/A
     // run that measures what the half-minute phase alone costs (autovacuum, checkpoints).
