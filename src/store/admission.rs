@@ -164,7 +164,11 @@ impl Refusal {
 /// the admission after it, start after the tombstone committed. Admissions never write
 /// tombstones, so their predicate locks there conflict with no other admission. A row whose
 /// checks fail is simply absent (refused, nothing written for it); any failed write aborts
-/// the statement and the whole transaction rolls back.
+/// the statement and the whole transaction rolls back. The overlap policy of a forbid or
+/// buffer_one trigger is decided here too (V26): the statement reads the trigger's
+/// `trigger_overlap` row, decides, and writes the rows it decided on in one
+/// `overlap_decided` call; that write is the row's lock, so a run end or a fire that
+/// changed the row after this transaction's snapshot fails it to serialize (retried).
 ///
 /// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
 /// flush for the whole batch. A broken connection anywhere in the three leaves the outcome
