@@ -8,6 +8,8 @@
 //! trigger's row, the count, the count's write at admission and at the run's end.
 //!
 //! - O1: the slowest `forbid` boundary against the slowest `allow` one (target ≤ 1.15×);
+//!   with `QLSCHED_BENCH_OVERLAP_CONTROL=allow` both herds are under allow (a control run:
+//!   the ratio of the phase alone);
 //! - O2, O3: WAL bytes per occurrence of each herd, from a CHECKPOINT before its boundary to
 //!   its last run committed; O4, O5: WAL bytes per run of the end of each herd's runs.
 
@@ -79,7 +81,7 @@ async fn publish(b: &Bench, prefix: &str, cron: &str, policy: OverlapPolicy, n: 
 /// One herd: waits for its `n` runs at `boundary` (CHECKPOINT taken before it), returns
 /// (ms from the boundary to the last commit, WAL bytes per occurrence, WAL bytes per run of
 /// ending them all).
-async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
+async fn herd(b: &mut Bench, g: &Group, prefix: &str, boundary: i64) -> (f64, f64, f64) {
     while now_ms() < boundary - 8_000 {
         sleep_s(0.5).await;
     }
@@ -87,6 +89,11 @@ async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
     // now: under forbid an unfinished run would have the herd skipped.
     end_queued(b, None).await;
     b.checkpoint().await;
+    b.check(
+        &format!("{prefix} herd at {boundary}: its CHECKPOINT ended before the boundary"),
+        now_ms() < boundary,
+    );
+    let retries0 = g.metric_sum("qlsched_serialization_retries_total");
     let lsn0 = b.lsn().await;
     let q = format!(
         "select count(*) from qlsched.runs where scheduled_for_ms = {boundary} and trigger_id like '{prefix}%'"
@@ -103,6 +110,7 @@ async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
         c >= N,
     );
     let wal = b.wal_since(&lsn0).await / c.max(1) as f64;
+    wal_records(b, prefix, &lsn0, c).await;
     let t = b
         .num(&format!(
             "select coalesce(max(queued_at_ms), 0) - {boundary} from qlsched.runs
@@ -113,10 +121,58 @@ async fn herd(b: &mut Bench, prefix: &str, boundary: i64) -> (f64, f64, f64) {
     let lsn1 = b.lsn().await;
     let ended = end_queued(b, Some(boundary)).await;
     let end_wal = b.wal_since(&lsn1).await / ended.max(1) as f64;
+    let retries = g.metric_sum("qlsched_serialization_retries_total") - retries0;
     eprintln!(
-        "   {prefix} herd at {boundary}: {c} runs, last committed {t:.0} ms after it, {wal:.0} B/occ, ending them {end_wal:.0} B/run"
+        "   {prefix} herd at {boundary}: {c} runs, last committed {t:.0} ms after it, {wal:.0} B/occ, ending them {end_wal:.0} B/run, {retries:.0} serialization failures retried"
     );
     (t, wal, end_wal)
+}
+
+/// Prints where a herd's WAL went: the record kinds of `pg_waldump --stats=record` from
+/// `lsn0` to now, the largest first, in bytes per occurrence (of `n`), full-page images
+/// apart.
+async fn wal_records(b: &Bench, prefix: &str, lsn0: &str, n: u64) {
+    let end = b.lsn().await;
+    let out = qlsched_testkit::pg::server_command(&b.srv.server.bindir.join("pg_waldump"), false)
+        .args(["--stats=record", "-p"])
+        .arg(b.srv.server.data.join("pg_wal"))
+        .args(["--start", lsn0, "--end", &end])
+        .output();
+    let Ok(out) = out else {
+        eprintln!("   {prefix}: pg_waldump did not run");
+        return;
+    };
+    // Lines: `Heap/HOT_UPDATE  N ( p)  rec_bytes ( p)  fpi_bytes ( p)  combined ( p)`; the
+    // percentages in parentheses go first.
+    let pct = regex::Regex::new(r"\(\s*[0-9.]+\)").unwrap();
+    let mut kinds: Vec<(f64, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = pct.replace_all(l, "");
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 5 || !f[0].contains('/') {
+                return None;
+            }
+            let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+            let (count, rec, fpi) = (num(1)?, num(2)?, num(3)?);
+            Some((
+                (rec + fpi) / n.max(1) as f64,
+                format!(
+                    "{} {:.0}+{:.0} B ({:.2}/occ)",
+                    f[0],
+                    rec / n.max(1) as f64,
+                    fpi / n.max(1) as f64,
+                    count / n.max(1) as f64
+                ),
+            ))
+        })
+        .collect();
+    kinds.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let top: Vec<String> = kinds.into_iter().take(8).map(|k| k.1).collect();
+    eprintln!(
+        "   {prefix} WAL per occurrence, record+FPI: {}",
+        top.join("; ")
+    );
 }
 
 /// Cancels the queued runs (of `boundary`, or all), 2,000 per `runs cancel` chunk; how many.
@@ -146,8 +202,29 @@ pub async fn rows(b: &mut Bench, boundaries: usize) {
         "O. overlap: {N} `0 * * * * *` triggers under allow and {N} `30 * * * * *` under forbid, 3 replicas, {boundaries} boundaries each"
     ));
     b.reset().await;
+    // QLSCHED_BENCH_OVERLAP_PRED_PAGE=N (a diagnosis, not a row): the server's
+    // max_pred_locks_per_page (stock 2), i.e. how many rows of one page a SERIALIZABLE
+    // transaction may read before its predicate locks become one lock on the whole page.
+    if let Ok(n) = std::env::var("QLSCHED_BENCH_OVERLAP_PRED_PAGE") {
+        let n: u32 = n
+            .parse()
+            .expect("QLSCHED_BENCH_OVERLAP_PRED_PAGE: a number");
+        say(&format!("diagnosis: max_pred_locks_per_page = {n}"));
+        b.exec(&format!("ALTER SYSTEM SET max_pred_locks_per_page = {n}"))
+            .await;
+        b.exec("SELECT pg_reload_conf()").await;
+    }
     let pub_a = publish(b, "a", "0 * * * * *", OverlapPolicy::Allow, N).await;
-    let pub_f = publish(b, "f", "30 * * * * *", OverlapPolicy::Forbid, N).await;
+    // QLSCHED_BENCH_OVERLAP_CONTROL=allow publishes the second herd under allow too: an A/A
+    // run that measures what the half-minute phase alone costs (autovacuum, checkpoints).
+    let second = match std::env::var("QLSCHED_BENCH_OVERLAP_CONTROL").as_deref() {
+        Ok("allow") => {
+            say("control run: the second herd under allow as well");
+            OverlapPolicy::Allow
+        }
+        _ => OverlapPolicy::Forbid,
+    };
+    let pub_f = publish(b, "f", "30 * * * * *", second, N).await;
     b.checkpoint().await;
     let mut g = Group::start(3, &Setup::default_config(&b.runtime_dsn));
     g.wait_ready().await;
@@ -155,18 +232,22 @@ pub async fn rows(b: &mut Bench, boundaries: usize) {
     let first = (now_ms() + 20_000) / 60_000 * 60_000 + 60_000;
     // Skips before the first measured herd (the occurrences due while the runs caught up at
     // start were still queued) are forbid doing its job, not part of the rows.
-    while now_ms() < first - 8_000 {
+    // Early enough that the CHECKPOINT after it (the catch-up's runs ended, the publish's
+    // pages) is over long before the first boundary: the one each herd takes 8 s before its
+    // boundary then has little to write and ends before it.
+    while now_ms() < first - 25_000 {
         sleep_s(0.5).await;
     }
     end_queued(b, None).await;
+    b.checkpoint().await;
     let skipped_before = b
         .num("select coalesce(sum(skipped_overlap), 0) from qlsched.trigger_overlap")
         .await;
     let (mut allow, mut forbid) = (Vec::new(), Vec::new());
     for i in 0..boundaries {
         let at = first + i as i64 * 60_000;
-        allow.push(herd(b, "a", at).await);
-        forbid.push(herd(b, "f", at + 30_000).await);
+        allow.push(herd(b, &g, "a", at).await);
+        forbid.push(herd(b, &g, "f", at + 30_000).await);
     }
     g.stop().await;
     let dups = b.invariants("overlap").await;

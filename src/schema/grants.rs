@@ -164,7 +164,9 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// triggers on runs: no role executes them, they run as the owner inside whichever role's
 /// insert or status change fires them (the runtime's admission, the admin's fire, backfill
 /// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
-pub const EXECUTE_GRANTS: [(&str, &str); 22] = [
+/// `overlap_decided` (V26) is the admission's (runtime role): the statement decides forbid
+/// and buffer_one itself and writes the overlap rows it read through it, once per batch.
+pub const EXECUTE_GRANTS: [(&str, &str); 23] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -195,6 +197,11 @@ pub const EXECUTE_GRANTS: [(&str, &str); 22] = [
     ("qlsched.spec_executor(text)", "admin"),
     ("qlsched.overlap_adopt(text)", "admin"),
     ("qlsched.overlap_prune_skips(bigint)", "runtime"),
+    // The admission's write of the overlap rows it decided on (V26), once per batch.
+    (
+        "qlsched.overlap_decided(text[],boolean[],bigint[])",
+        "runtime",
+    ),
     // Retention of the audit log (V22), under the replicas' 'prune' lease.
     ("qlsched.prune_audit(bigint,integer,text,uuid)", "runtime"),
     // The console's operator actions (V24, docs/console.md "Actions"): a replica serves the

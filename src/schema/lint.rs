@@ -11,12 +11,12 @@ use super::compat::{kind_of, BASELINE};
 
 /// The one order in which relation locks are taken: the order in which the admission
 /// statement opens its tables (trigger_schedules, triggers, tasks, projects,
-/// execution_revisions, pruned_occurrences, runs, attempts, run_events; a unit test reads it from
+/// execution_revisions, pruned_occurrences, trigger_overlap, runs, attempts, run_events; a unit test reads it from
 /// `store::admission::ADMIT_SQL`), after replicas, which the claim statement opens first. (The
 /// claim opens projects before tasks; a migration never needs both exclusively at once, and
 /// the lock timeout ends any wait cycle.) A migration that locks several of these takes them
 /// in this order, with `LOCK TABLE` statements before anything else.
-pub const LOCK_ORDER: [&str; 12] = [
+pub const LOCK_ORDER: [&str; 13] = [
     "replicas",
     "trigger_schedules",
     "triggers",
@@ -24,6 +24,8 @@ pub const LOCK_ORDER: [&str; 12] = [
     "projects",
     "execution_revisions",
     "pruned_occurrences",
+    // V26: the admission reads and writes its forbid and buffer_one triggers' overlap rows.
+    "trigger_overlap",
     "runs",
     "attempts",
     "run_events",

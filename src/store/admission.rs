@@ -164,7 +164,11 @@ impl Refusal {
 /// the admission after it, start after the tombstone committed. Admissions never write
 /// tombstones, so their predicate locks there conflict with no other admission. A row whose
 /// checks fail is simply absent (refused, nothing written for it); any failed write aborts
-/// the statement and the whole transaction rolls back.
+/// the statement and the whole transaction rolls back. The overlap policy of a forbid or
+/// buffer_one trigger is decided here too (V26): the statement reads the trigger's
+/// `trigger_overlap` row, decides, and writes the rows it decided on in one
+/// `overlap_decided` call; that write is the row's lock, so a run end or a fire that
+/// changed the row after this transaction's snapshot fails it to serialize (retried).
 ///
 /// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
 /// flush for the whole batch. A broken connection anywhere in the three leaves the outcome
@@ -385,9 +389,8 @@ WITH obs AS MATERIALIZED (
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS pool,
               (SELECT e.executor FROM qlsched.tasks k, qlsched.execution_revisions e
                 WHERE k.task_id = d.task_id AND e.execution_revision_id = k.execution_revision_id) AS executor,
-              -- The trigger's overlap policy (V21), NULL for allow: a counted run's insert
-              -- runs the decision (overlap_admit, a row trigger on runs, V21), an allow
-              -- trigger's runs call nothing.
+              -- The trigger's overlap policy (V21), NULL for allow: an allow trigger's run
+              -- reads and writes nothing more and calls no function.
               (SELECT nullif(t.overlap_policy, 'allow') FROM qlsched.triggers t
                 WHERE t.trigger_id = d.trigger_id) AS opol,
               d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms
@@ -397,16 +400,44 @@ WITH obs AS MATERIALIZED (
     -- usual case (a probe per key of an empty index still reads its metapage each time).
     SELECT p.idempotency_key FROM qlsched.pruned_occurrences p
      WHERE EXISTS (SELECT FROM qlsched.pruned_occurrences) AND p.idempotency_key = ANY ($16::text[])
+), ovr AS MATERIALIZED (
+    -- The overlap decision of the batch's forbid and buffer_one members (V26) reads one row
+    -- per trigger, its count of unfinished runs, as this transaction's snapshot has it; the
+    -- statement then writes every row it decided on (ovw below). A writer that changed the
+    -- row after the snapshot (a run end, a fire) makes that write fail to serialize, one in
+    -- flight is waited for, and a later one waits for this commit: the count decided on is
+    -- the count at the commit. A trigger without the row was never adopted: not counted.
+    SELECT o.trigger_id, o.unfinished, o.buffered IS NOT NULL AS kept
+      FROM qlsched.trigger_overlap o
+     WHERE o.trigger_id IN (SELECT adv.trigger_id FROM adv WHERE adv.opol IN ('forbid', 'buffer_one'))
+), dec AS MATERIALIZED (
+    SELECT adv.*, ovr.trigger_id IS NOT NULL AS counted,
+           EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey) AS tombed,
+           -- A run of the trigger is unfinished and the key is new (a key that exists is left
+           -- to the insert's ON CONFLICT: nothing to decide). The key is read only then.
+           CASE WHEN ovr.unfinished > 0
+                THEN NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
+                     AND NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = adv.ikey)
+                ELSE false END AS busy,
+           coalesce(ovr.kept, false) AS kept
+      FROM adv LEFT JOIN ovr ON ovr.trigger_id = adv.trigger_id
 ), run AS (
+    -- A busy forbid member (or a buffer_one one with an occurrence kept already) is skipped:
+    -- not inserted. A busy buffer_one member with nothing kept goes to V21's row trigger
+    -- (overlap_counted NULL), which keeps it; so does a replace member, whose cancels the
+    -- trigger makes. Every other counted member is inserted as counted by this statement.
     INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                               execution_revision_id, idempotency_key, status, scheduled_for_ms,
-                              queued_at_ms, admitted_by, pool, executor, due_at_ms, overlap_policy)
+                              queued_at_ms, admitted_by, pool, executor, due_at_ms, overlap_policy,
+                              overlap_counted)
     SELECT run_id, project_id, trigger_id, rev, task_id, krev, erev, ikey, 'queued', sf, now_ms, admitted_by,
-           pool, executor, due_ms, opol
-      FROM adv
-     WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
+           pool, executor, due_ms,
+           CASE WHEN opol = 'replace' OR counted THEN opol END,
+           CASE WHEN counted AND NOT (busy AND opol = 'buffer_one' AND NOT kept) THEN true END
+      FROM dec
+     WHERE NOT tombed AND NOT (busy AND (opol = 'forbid' OR kept))
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING run_id, queued_at_ms
+    RETURNING run_id, queued_at_ms, overlap_counted
 ), att AS (
     INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
     SELECT adv.attempt_id, adv.run_id, 1, 'remote_worker', 'claimed', adv.now_ms
@@ -415,6 +446,16 @@ WITH obs AS MATERIALIZED (
     INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
     SELECT adv.run_id, e.seq, e.kind, adv.now_ms
       FROM adv JOIN run ON run.run_id = adv.run_id, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
+), ovw AS MATERIALIZED (
+    -- The decided rows, one write each, in one call for the batch (the owner's function,
+    -- V26: no role writes the overlap rows): the count raised for a run this statement
+    -- inserted as counted, the skip recorded for a skipped member. Called once (NULL
+    -- arguments, no call, when nothing was decided); read by the final SELECT so it runs.
+    SELECT qlsched.overlap_decided(array_agg(x.trigger_id), array_agg(x.skip), array_agg(x.sf)) AS n
+      FROM (SELECT dec.trigger_id, dec.sf, run.run_id IS NULL AS skip
+              FROM dec LEFT JOIN run ON run.run_id = dec.run_id
+             WHERE dec.counted AND NOT dec.tombed
+               AND (run.overlap_counted OR (dec.busy AND (dec.opol = 'forbid' OR dec.kept)))) x
 )
 SELECT adv.trigger_id, run.queued_at_ms,
        -- Not written although its key is new and not a tombstone: the overlap policy kept it
@@ -424,7 +465,7 @@ SELECT adv.trigger_id, run.queued_at_ms,
             THEN NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
                  AND NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = adv.ikey)
             ELSE false END
-  FROM adv LEFT JOIN run ON run.run_id = adv.run_id"
+  FROM adv LEFT JOIN run ON run.run_id = adv.run_id CROSS JOIN ovw"
 );
 
 /// Why an admission statement hit no row. Read after the rollback, outside the transaction,

@@ -7,11 +7,15 @@ use crate::schema::lint::LOCK_ORDER;
 
 /// The tables a statement opens, in the order it opens (and locks) them: the parser
 /// takes each relation's lock as it meets it (a CTE before the next, an UPDATE's target
-/// before its FROM list), i.e. in the order of first mention.
+/// before its FROM list), i.e. in the order of first mention. A name followed at once by `(`
+/// is a function called, not a table (a table's column list follows a space).
 fn opened(sql: &str) -> Vec<String> {
-    let re = Regex::new(r"qlsched\.([a-z_]+)").unwrap();
+    let re = Regex::new(r"qlsched\.([a-z_]+)(\()?").unwrap();
     let mut out: Vec<String> = Vec::new();
     for c in re.captures_iter(sql) {
+        if c.get(2).is_some() {
+            continue;
+        }
         if !out.iter().any(|t| *t == c[1]) {
             out.push(c[1].to_string());
         }
@@ -35,7 +39,7 @@ fn the_lock_order_is_the_order_the_admission_statement_locks_in() {
         positions.windows(2).all(|w| w[0] < w[1]),
         "the admission opens {tables:?}, against LOCK_ORDER {LOCK_ORDER:?}"
     );
-    assert_eq!(tables.len(), 9, "{tables:?}");
+    assert_eq!(tables.len(), 10, "{tables:?}");
     // The claim opens replicas first, then trigger_schedules and triggers.
     let claim = opened(super::claim::CLAIM_DUE_SQL);
     assert_eq!(

@@ -1,7 +1,9 @@
 //! The overlap policy of a trigger (migration V21, docs/policies-overlap.md): what an
 //! occurrence due while a run of the trigger is unfinished does. The decision itself is the
-//! database's (`qlsched.overlap_admit`, a row trigger on runs, inside whichever transaction
-//! inserts the run); this module sets the policy at publish and names a request's own.
+//! database's, inside whichever transaction inserts the run: the replica's admission
+//! statement for `forbid` and `buffer_one` (V26, `store::admission::ADMIT_SQL`), the row
+//! trigger `qlsched.overlap_admit` for everything else; this module sets the policy at
+//! publish and names a request's own.
 
 use std::fmt;
 use std::str::FromStr;

@@ -238,6 +238,69 @@ async fn n_failures_pause_the_trigger_like_a_disable_and_enable_resets_the_count
     db.assert_invariants().await;
 }
 
+/// A pause by the system appends one audit row in the run end's transaction (V26): source
+/// `system`, actor `qlsched`, action `pause` on the trigger, the switch and the count as
+/// changes, the note naming both; `qlsched audit --trigger` shows it.
+#[tokio::test]
+async fn a_system_pause_appends_one_audit_row_that_audit_trigger_shows() {
+    let db = TestDb::new().await;
+    let policy = OutcomePolicy {
+        pause_after_failures: Some(2),
+        expect_success_within_ms: None,
+    };
+    trigger_with_runs(&db, policy, 3).await;
+    let pauses = "SELECT count(*) FROM qlsched.audit_log WHERE action = 'pause'";
+    run_to(&db, "failed", Some("first")).await;
+    assert_eq!(db.count(pauses).await, 0, "one failure of two: no pause");
+    run_to(&db, "failed", Some("disk full")).await;
+    assert_eq!(db.count(pauses).await, 1, "the pause appended one row");
+
+    let page: serde_json::Value = serde_json::from_str(&crate::helpers::cli::ok(
+        crate::helpers::cli::ql(&db, &["audit", "--json", "--trigger", "t", "--limit", "1"]),
+    ))
+    .unwrap();
+    let e = &page["entries"][0];
+    assert_eq!(
+        (
+            &e["source"],
+            &e["actor"],
+            &e["object_kind"],
+            &e["object_id"]
+        ),
+        (
+            &serde_json::json!("system"),
+            &serde_json::json!("qlsched"),
+            &serde_json::json!("trigger"),
+            &serde_json::json!("t")
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        (&e["action"], &e["project_id"]),
+        (&serde_json::json!("pause"), &serde_json::json!("proj")),
+        "{e}"
+    );
+    assert_eq!(
+        e["changes"],
+        serde_json::json!({
+            "enabled": {"before": true, "after": false},
+            "consecutive_failures": {"before": 1, "after": 2}
+        }),
+        "{e}"
+    );
+    let note = e["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("2 consecutive failed runs") && note.contains("disk full"),
+        "{e}"
+    );
+    let text = crate::helpers::cli::ok(crate::helpers::cli::ql(
+        &db,
+        &["audit", "--trigger", "t", "--limit", "1"],
+    ));
+    assert!(text.contains("trigger t pause"), "{text}");
+    db.assert_invariants().await;
+}
+
 #[tokio::test]
 async fn an_operator_disabled_trigger_is_not_paused_again() {
     let db = TestDb::new().await;

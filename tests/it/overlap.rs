@@ -208,6 +208,83 @@ async fn forbid_skips_while_a_run_is_unfinished_records_the_skip_and_admits_agai
     db.assert_invariants().await;
 }
 
+/// What an admission statement from before V26 writes for a forbid trigger, as the runtime
+/// role: a run of `t` at `sf` counted under forbid and not counted by the statement itself
+/// (overlap_counted NULL), its attempt and events. How many runs it inserted.
+async fn admit_as_before_v26(db: &TestDb, sf: i64) -> i64 {
+    db.client("qlsched_runtime")
+        .await
+        .query_one(
+            "WITH r AS (
+                 INSERT INTO qlsched.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                                           task_revision, execution_revision_id, idempotency_key,
+                                           status, scheduled_for_ms, queued_at_ms, admitted_by,
+                                           pool, executor, overlap_policy)
+                 SELECT gen_random_uuid(), project_id, trigger_id, trigger_revision, task_id,
+                        task_revision, execution_revision_id,
+                        'ql3:cron:v1:t:' || trigger_revision || ':' || $1::int8, 'queued', $1::int8,
+                        queued_at_ms, 'before-v26', pool, executor, 'forbid'
+                   FROM qlsched.runs WHERE trigger_id = 't' ORDER BY queued_at_ms LIMIT 1
+                 RETURNING run_id, queued_at_ms
+             ), a AS (
+                 INSERT INTO qlsched.attempts (attempt_id, run_id, attempt_no, executor, state, created_at_ms)
+                 SELECT gen_random_uuid(), run_id, 1, 'remote_worker', 'claimed', queued_at_ms FROM r
+             ), e AS (
+                 INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
+                 SELECT run_id, s.seq, s.kind, queued_at_ms
+                   FROM r, (VALUES (1, 'run.created'), (2, 'run.queued')) AS s(seq, kind)
+             )
+             SELECT count(*) FROM r",
+            &[&sf],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The scheduled admission decides and counts a forbid trigger's run in its own statement
+/// (V26: the run is marked counted, V21's row triggers are not called for it), while a run
+/// inserted the way a binary before V26 admits (unmarked) is still decided and counted by
+/// those triggers: both paths keep one count.
+#[tokio::test]
+async fn forbid_is_decided_in_the_admission_and_an_older_binarys_admission_is_still_counted() {
+    let db = with_policy(OverlapPolicy::Forbid).await;
+    let (sf, first) = scheduled(&db, "a").await;
+    assert!(
+        matches!(first, Ok(AdmitOutcome::Admitted { .. })),
+        "{first:?}"
+    );
+    let marked = "SELECT count(*) FROM qlsched.runs WHERE trigger_id = 't' AND overlap_counted";
+    assert_eq!(db.count(marked).await, 1, "counted by the statement");
+    assert_eq!(state(&db).await, (Some(1), 0, vec![], None));
+
+    // An older binary's admission while the run is unfinished: V21's trigger skips it.
+    let old_sf = sf - 3_600_000;
+    assert_eq!(admit_as_before_v26(&db, old_sf).await, 0);
+    assert_eq!(state(&db).await, (Some(1), 1, vec![old_sf], None));
+
+    // Once the run ended: admitted and counted by the trigger, ended and uncounted again.
+    let run = runs_of_t(&db).await[0].0;
+    cancel(&db, run).await;
+    assert_eq!(state(&db).await.0, Some(0));
+    // (Another instant: the skipped one is accounted for by its skip.)
+    let old_sf = sf - 7_200_000;
+    assert_eq!(admit_as_before_v26(&db, old_sf).await, 1);
+    assert_eq!(state(&db).await.0, Some(1), "the older admission counted");
+    assert_eq!(db.count(marked).await, 1, "the older run is not marked");
+    let (_, refused) = scheduled(&db, "a").await;
+    assert_eq!(refused.unwrap(), AdmitOutcome::Overlap);
+    let old = runs_of_t(&db)
+        .await
+        .iter()
+        .find(|r| r.1 == old_sf)
+        .unwrap()
+        .0;
+    cancel(&db, old).await;
+    assert_eq!(state(&db).await.0, Some(0));
+    db.assert_invariants().await;
+}
+
 #[tokio::test]
 async fn buffer_one_keeps_one_occurrence_skips_the_next_and_admits_it_when_the_run_ends() {
     let db = with_policy(OverlapPolicy::BufferOne).await;

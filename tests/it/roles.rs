@@ -336,6 +336,11 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_admin",
     ),
     (
+        "qlsched.overlap_decided(text[],boolean[],bigint[])",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
+    (
         "qlsched.prune_audit(bigint,integer,text,uuid)",
         "qlsched_runtime",
         "qlsched_admin",

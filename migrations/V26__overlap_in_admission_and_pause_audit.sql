@@ -1,0 +1,148 @@
+-- qlsched: expand
+-- Two changes to the policies of issue 35 (docs/policies-overlap.md, docs/policies-outcome.md).
+--
+-- 1. The overlap decision of a scheduled admission moves into the admission statement
+--    (src/store/admission.rs): for a forbid or buffer_one trigger the statement reads the
+--    trigger's qlsched.trigger_overlap row, decides, and writes the row once for the whole
+--    batch (the count raised for an admitted run, the skip recorded for a skipped one), in the
+--    same SERIALIZABLE transaction. The runs it inserts carry runs.overlap_counted = true: V21's
+--    row triggers before and after the insert (overlap_admit, overlap_counted) are not called
+--    for them, since the statement already did their work. A run's end is unchanged: it lowers
+--    the count (overlap_run_ended) whoever counted it.
+--
+--    Every other insert of a counted run leaves overlap_counted NULL and is decided by V21's
+--    triggers as before: `trigger fire`, `trigger backfill`, a buffered occurrence admitted at
+--    a run end, a replace admission, a buffer_one admission that keeps its occurrence, and the
+--    admission statement of a binary older than V26. Both paths write the same row under the
+--    same lock, so they exclude each other as V21 describes.
+--
+-- 2. A pause by the system (V19's trigger_outcome_of_run, after pause_after_failures
+--    consecutive failed runs) appends one row to qlsched.audit_log (V22) in the same
+--    transaction: source 'system', actor 'qlsched', action 'pause' on the trigger, the switch
+--    and the count as its changes, the note naming the count and the last error.
+--
+-- Expand: a nullable column without a default on runs (a catalog change, no rewrite); the
+-- two insert triggers recreated with one more condition in their WHEN (an older binary never
+-- sets the column, so its runs are decided as before); a function replaced in place.
+
+LOCK TABLE qlsched.runs IN ACCESS EXCLUSIVE MODE;
+
+-- true: the admission statement decided and counted this run itself (V26); NULL otherwise.
+ALTER TABLE qlsched.runs ADD COLUMN overlap_counted boolean;
+
+CREATE OR REPLACE TRIGGER runs_overlap_admit BEFORE INSERT ON qlsched.runs
+    FOR EACH ROW WHEN (NEW.overlap_policy IS NOT NULL AND NEW.overlap_counted IS NULL)
+    EXECUTE FUNCTION qlsched.overlap_admit();
+CREATE OR REPLACE TRIGGER runs_overlap_counted AFTER INSERT ON qlsched.runs
+    FOR EACH ROW WHEN (NEW.overlap_policy IS NOT NULL AND NEW.overlap_counted IS NULL)
+    EXECUTE FUNCTION qlsched.overlap_counted();
+
+-- The admission's write of the overlap rows it decided on (src/store/admission.rs, the
+-- `ovw` step): for each member, the count raised (a run inserted as counted) or a skip
+-- recorded (reason overlap: the count of skips and the last 4 instants, as
+-- overlap_record_skip). One UPDATE for the batch, each row by its primary key; the rows
+-- are the ones the statement read in its snapshot, so a row changed since fails to
+-- serialize. EXECUTE to the runtime role only (the admitting role); it decides nothing.
+CREATE FUNCTION qlsched.overlap_decided(trigger_ids text[], skipped boolean[], sfs bigint[])
+RETURNS integer
+LANGUAGE sql STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Point accesses only (a sequential scan under SERIALIZABLE would lock the whole table).
+SET enable_seqscan = off
+AS $$
+    WITH u AS (
+        UPDATE qlsched.trigger_overlap o
+           SET unfinished = o.unfinished + (NOT x.skip)::int,
+               skipped_overlap = o.skipped_overlap + x.skip::int,
+               last_skipped_ms = CASE WHEN x.skip
+                                      THEN (o.last_skipped_ms || x.sf)[greatest(cardinality(o.last_skipped_ms) - 3, 1):]
+                                      ELSE o.last_skipped_ms END,
+               updated_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+          FROM unnest(trigger_ids, skipped, sfs) AS x(trigger_id, skip, sf)
+         WHERE o.trigger_id = x.trigger_id
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM u;
+$$;
+REVOKE ALL ON FUNCTION qlsched.overlap_decided(text[], boolean[], bigint[]) FROM PUBLIC;
+
+-- V19's function with the audit row of a pause.
+CREATE OR REPLACE FUNCTION qlsched.trigger_outcome_of_run() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    pause integer;
+    t record;
+    err text;
+    n integer;
+BEGIN
+    IF NEW.status = 'succeeded' THEN
+        INSERT INTO qlsched.trigger_outcomes AS o (trigger_id, project_id, last_success_at_ms,
+                                                   last_success_run_id, updated_at_ms)
+        VALUES (NEW.trigger_id, NEW.project_id, now_ms, NEW.run_id, now_ms)
+        ON CONFLICT (trigger_id) DO UPDATE
+           SET last_success_at_ms = now_ms, last_success_run_id = NEW.run_id,
+               consecutive_failures = 0,
+               success_due_at_ms = CASE WHEN o.enabled_since_ms IS NOT NULL
+                                             AND o.expect_success_within_ms IS NOT NULL
+                                        THEN greatest(o.enabled_since_ms, now_ms) + o.expect_success_within_ms END,
+               updated_at_ms = now_ms;
+        RETURN NULL;
+    END IF;
+    IF NEW.status = 'cancelled' THEN
+        INSERT INTO qlsched.trigger_outcomes AS o (trigger_id, project_id, last_cancelled_at_ms,
+                                                   last_cancelled_run_id, updated_at_ms)
+        VALUES (NEW.trigger_id, NEW.project_id, now_ms, NEW.run_id, now_ms)
+        ON CONFLICT (trigger_id) DO UPDATE
+           SET last_cancelled_at_ms = now_ms, last_cancelled_run_id = NEW.run_id, updated_at_ms = now_ms;
+        RETURN NULL;
+    END IF;
+    -- Failed. The trigger row first when a pause may follow (the lock order of publish and
+    -- disable: trigger row, then outcome row).
+    SELECT tr.pause_after_failures INTO pause FROM qlsched.triggers tr WHERE tr.trigger_id = NEW.trigger_id;
+    IF pause IS NOT NULL THEN
+        SELECT tr.enabled, tr.deleted_at_ms, tr.pause_after_failures INTO t
+          FROM qlsched.triggers tr WHERE tr.trigger_id = NEW.trigger_id FOR NO KEY UPDATE;
+    END IF;
+    SELECT left(coalesce(a.error, 'exit status ' || a.exit_status, 'failed without an error recorded'), 1000)
+      INTO err
+      FROM qlsched.attempts a WHERE a.run_id = NEW.run_id ORDER BY a.attempt_no DESC LIMIT 1;
+    err := coalesce(err, 'failed without an attempt');
+    INSERT INTO qlsched.trigger_outcomes AS o (trigger_id, project_id, last_failure_at_ms,
+                                               last_failure_run_id, last_failure_error,
+                                               consecutive_failures, updated_at_ms)
+    VALUES (NEW.trigger_id, NEW.project_id, now_ms, NEW.run_id, err, 1, now_ms)
+    ON CONFLICT (trigger_id) DO UPDATE
+       SET last_failure_at_ms = now_ms, last_failure_run_id = NEW.run_id, last_failure_error = err,
+           consecutive_failures = o.consecutive_failures + 1, updated_at_ms = now_ms
+    RETURNING o.consecutive_failures INTO n;
+    IF pause IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF t.enabled AND t.deleted_at_ms IS NULL AND n >= t.pause_after_failures THEN
+        -- `trigger disable` (src/store/triggers/state.rs), by the system.
+        UPDATE qlsched.triggers
+           SET enabled = false, operator_disabled = true, disabled_by = 'qlsched', disabled_at_ms = now_ms,
+               disabled_note = left(format('paused after %s consecutive failed runs; last error: %s', n, err), 1000)
+         WHERE trigger_id = NEW.trigger_id;
+        UPDATE qlsched.trigger_schedules s
+           SET claimable_at_ms = NULL, claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
+               claim_version = s.claim_version + CASE WHEN s.claim_owner IS NULL THEN 0 ELSE 1 END,
+               state_version = s.state_version + 1, updated_at_ms = now_ms
+         WHERE s.trigger_id = NEW.trigger_id;
+        UPDATE qlsched.trigger_outcomes SET system_paused_at_ms = now_ms WHERE trigger_id = NEW.trigger_id;
+        -- The pause in the audit log, as `trigger disable` records an operator's (V26).
+        INSERT INTO qlsched.audit_log (actor, source, object_kind, object_id, project_id, action,
+                                       changes, note)
+        VALUES ('qlsched', 'system', 'trigger', NEW.trigger_id, NEW.project_id, 'pause',
+                jsonb_build_object('enabled', jsonb_build_object('before', true, 'after', false),
+                                   'consecutive_failures', jsonb_build_object('before', n - 1, 'after', n)),
+                left(format('paused after %s consecutive failed runs; last error: %s', n, err), 1000));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+REVOKE ALL ON FUNCTION qlsched.trigger_outcome_of_run() FROM PUBLIC;
