@@ -31,11 +31,14 @@
 //!   `outcome`: row E1, the overdue evaluation at 100k triggers with a success window;
 //!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
 //!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
+//! - `apply`: rows A, `qlsched apply` of 10,000 triggers created, unchanged and changed, the
+//!   lag of 200 every-second triggers beside it, and the WAL of its audit rows (about 2 min)
 //!
 //! Environment: `QLSCHED_BIN` (the replica binary, else the one beside this program),
 //! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
 //! `QLSCHED_BENCH_LAG_ROWS=second` (only the every-second lag row).
 
+mod apply;
 mod capacity;
 mod ceiling;
 mod claim;
@@ -103,6 +106,8 @@ pub enum Mode {
     },
     /// Row E1: the expected-success (overdue) evaluation at 100,000 triggers.
     Outcome,
+    /// Rows A: `qlsched apply` at 10,000 triggers and the lag beside it.
+    Apply,
     /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
     Worker {
         /// W1's window (HTTP executor, 2,000 every-second triggers).

@@ -173,6 +173,7 @@ fn migration_names() -> Vec<String> {
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
+    ALTER TABLE qlsched.triggers DROP COLUMN source_label;
     DROP TABLE qlsched.audit_log;
     DROP FUNCTION qlsched.prune_audit(bigint, integer, text, uuid), qlsched.audit_is_append_only();
     DROP TABLE qlsched.trigger_overlap;

@@ -458,3 +458,70 @@ async fn a_second_apply_waits_for_the_first_and_gives_up_naming_the_holder() {
     assert!(text.contains("applied: 3 created"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// V23 over a database with a trigger published before it: the migration applies, the
+/// trigger is unlabelled, an identical publish still changes nothing (its label included),
+/// an apply of it without --adopt leaves it unlabelled and with --adopt labels it with no
+/// new revision, and `db check` is clean.
+#[tokio::test]
+async fn v23_applies_over_triggers_written_before_it() {
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    let spec = qlsched::store::manage::TriggerSpec::new("old", "proj", "task", "0 * * * *", "UTC");
+    qlsched::store::manage::publish_trigger(&mut admin, &spec)
+        .await
+        .unwrap();
+    db.superuser()
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE qlsched.triggers DROP COLUMN source_label;
+             DELETE FROM {} WHERE version > 22;
+             DELETE FROM qlsched.schema_compat WHERE version > 22",
+            qlsched::schema::HISTORY_TABLE
+        ))
+        .await
+        .unwrap();
+    let applied = qlsched::schema::migrate(&db.config("qlsched_owner"), &crate::helpers::roles())
+        .await
+        .unwrap();
+    assert!(
+        applied
+            .iter()
+            .any(|m| m.starts_with("V23__trigger_source_label")),
+        "{applied:?}"
+    );
+    let p = qlsched::store::manage::publish_trigger(&mut admin, &spec)
+        .await
+        .unwrap();
+    assert_eq!((p.revision, p.changed), (1, false));
+    let label =
+        "SELECT count(*) FROM qlsched.triggers WHERE trigger_id = 'old' AND source_label IS NULL";
+    assert_eq!(db.count(label).await, 1);
+    let dir = tempdir();
+    let f = write(
+        &dir,
+        "o.toml",
+        "source = \"ops\"\n\n[[trigger]]\nid = \"old\"\nproject = \"proj\"\ntask = \"task\"\ncron = \"0 * * * *\"\n",
+    );
+    ok(ql(&db, &["apply", "-f", &f]));
+    assert_eq!(db.count(label).await, 1, "no --adopt: still unlabelled");
+    ok(ql(&db, &["apply", "-f", &f, "--adopt"]));
+    assert_eq!(db.count(label).await, 0);
+    assert_eq!(
+        db.count("SELECT revision FROM qlsched.triggers WHERE trigger_id = 'old'")
+            .await,
+        1
+    );
+    let problems = qlsched::schema::check(
+        &db.client("qlsched_owner").await,
+        &[
+            ("qlsched_admin", "admin"),
+            ("qlsched_runtime", "runtime"),
+            ("qlsched_worker_ingress", "worker_ingress"),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
