@@ -29,10 +29,10 @@
 //!   `overlap [--boundaries 3]`: rows O, the 10,000-trigger herd under `forbid` against
 //!   `allow` and their WAL per occurrence, on a stock server (about 6 min);
 //!   `outcome`: row E1, the overdue evaluation at 100k triggers with a success window;
+//!   `apply`: rows A, `qlsched apply` of 10,000 unchanged and changed triggers, the lag of
+//!   200 every-second triggers while it runs, the WAL of an audit row (about 2 min);
 //!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
 //!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
-//! - `apply`: rows A, `qlsched apply` of 10,000 triggers created, unchanged and changed, the
-//!   lag of 200 every-second triggers beside it, and the WAL of its audit rows (about 2 min)
 //!
 //! Environment: `QLSCHED_BIN` (the replica binary, else the one beside this program),
 //! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
@@ -106,7 +106,8 @@ pub enum Mode {
     },
     /// Row E1: the expected-success (overdue) evaluation at 100,000 triggers.
     Outcome,
-    /// Rows A: `qlsched apply` at 10,000 triggers and the lag beside it.
+    /// Rows A: `qlsched apply` of 10,000 triggers (unchanged, changed), the lag of 200
+    /// every-second triggers meanwhile, and the WAL of an audit row.
     Apply,
     /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
     Worker {
