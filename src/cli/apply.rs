@@ -1,4 +1,5 @@
-//! `qlsched apply` (its plan: `--dry-run`, `--check`) and `qlsched export` (docs/apply.md).
+//! `qlsched apply` (the plan, then one transaction writing it; `--dry-run`, `--check`: the
+//! plan only) and `qlsched export` (docs/apply.md).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -111,6 +112,7 @@ pub async fn apply(a: ApplyArgs) -> Result<(), CliError> {
     let defs = file::load(&a.files).map_err(|problems| CliError::ApplyInput {
         problems: problems.iter().map(ToString::to_string).collect(),
     })?;
+    super::triggers::at_most("--actor", a.actor.as_deref(), 100)?;
     let opts = plan::Options {
         prune: a.prune,
         adopt: a.adopt,
@@ -130,7 +132,6 @@ pub async fn apply(a: ApplyArgs) -> Result<(), CliError> {
         }
         return Ok(());
     }
-    super::triggers::at_most("--actor", a.actor.as_deref(), 100)?;
     let role = crate::schema::current_role(&client).await?;
     let person = super::audit::declare_origin(&client, a.actor.as_deref()).await?;
     let host = crate::startup::hostname();

@@ -2,6 +2,7 @@
 //! and trigger publishing. Each is one transaction.
 
 use sha2::{Digest, Sha256};
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::audit::{self, ObjectKind};
@@ -529,12 +530,14 @@ pub async fn publish_trigger_in(
     let id = &spec.trigger_id;
     let schedule = validate(spec)?;
     let digest = spec.content_digest();
+    // The reads and locks of a publish are typed queries: one round trip each instead of a
+    // prepare and an execute (`qlsched apply` runs them for every trigger it changes).
     let current = tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT revision, content_digest, deleted_at_ms IS NOT NULL, published_enabled,
                     source_label
                FROM qlsched.triggers WHERE trigger_id = $1 FOR UPDATE",
-            &[id],
+            &[(id, Type::TEXT)],
         )
         .await?;
     if let Some(r) = &current {
@@ -666,9 +669,9 @@ async fn lock_task_in_project(
     project_id: &str,
 ) -> Result<(), ManageError> {
     let row = tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT project_id FROM qlsched.tasks WHERE task_id = $1 FOR SHARE",
-            &[&task_id],
+            &[(&task_id, Type::TEXT)],
         )
         .await?;
     match row {
@@ -827,7 +830,7 @@ pub(crate) async fn lock_cursor_floor(
     trigger_id: &str,
 ) -> Result<CursorFloor, ManageError> {
     let row = tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT greatest(s.admitted_through_ms, s.last_scheduled_at_ms,
                              (SELECT max(r.scheduled_for_ms) FROM qlsched.runs r
                                WHERE r.trigger_id = s.trigger_id
@@ -835,7 +838,7 @@ pub(crate) async fn lock_cursor_floor(
                     CASE WHEN s.claimable_at_ms IS NOT NULL THEN s.next_fire_at_ms END
                FROM qlsched.trigger_schedules s WHERE s.trigger_id = $1
                 FOR UPDATE OF s",
-            &[&trigger_id],
+            &[(&trigger_id, Type::TEXT)],
         )
         .await?;
     Ok(row
@@ -853,9 +856,9 @@ pub(crate) async fn lock_project_status(
     project_id: &str,
 ) -> Result<ProjectStatus, ManageError> {
     match tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT status FROM qlsched.projects WHERE project_id = $1 FOR SHARE",
-            &[&project_id],
+            &[(&project_id, Type::TEXT)],
         )
         .await?
     {
