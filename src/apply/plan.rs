@@ -4,7 +4,7 @@
 //! the files: reported, left as it is), refused — computed from the files' [`Definitions`]
 //! and the [`Stored`] definitions, with no I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -118,8 +118,12 @@ fn refused(kind: &'static str, id: &str, note: String) -> Item {
 /// The plan of `files` against `stored` (every stored definition: the whole database).
 pub fn plan(files: &Definitions, stored: &Stored, opts: Options) -> Plan {
     let mut items = Vec::new();
+    // By id (the stored lists are in the database's collation order, not Rust's).
+    let projects: HashMap<&str, _> = stored.projects.iter().map(|p| (p.id.as_str(), p)).collect();
+    let tasks: HashMap<&str, _> = stored.tasks.iter().map(|k| (k.id.as_str(), k)).collect();
+    let triggers: HashMap<&str, _> = stored.triggers.iter().map(|t| (t.id.as_str(), t)).collect();
     for p in files.projects.values() {
-        let s = stored.projects.iter().find(|s| s.id == p.id);
+        let s = projects.get(p.id.as_str()).copied();
         let mut c = BTreeMap::new();
         field(
             &mut c,
@@ -136,8 +140,7 @@ pub fn plan(files: &Definitions, stored: &Stored, opts: Options) -> Plan {
     {
         items.push(absent("project", &s.id));
     }
-    let project_known =
-        |id: &str| files.projects.contains_key(id) || stored.projects.iter().any(|p| p.id == id);
+    let project_known = |id: &str| files.projects.contains_key(id) || projects.contains_key(id);
     for t in files.tasks.values() {
         if !project_known(&t.project) {
             items.push(refused(
@@ -150,7 +153,7 @@ pub fn plan(files: &Definitions, stored: &Stored, opts: Options) -> Plan {
             ));
             continue;
         }
-        let s = stored.tasks.iter().find(|s| s.id == t.id);
+        let s = tasks.get(t.id.as_str()).copied();
         let mut c = BTreeMap::new();
         field(
             &mut c,
@@ -174,7 +177,7 @@ pub fn plan(files: &Definitions, stored: &Stored, opts: Options) -> Plan {
     }
     for t in files.triggers.values() {
         let d = &t.spec;
-        let s = stored.triggers.iter().find(|s| s.id == d.trigger_id);
+        let s = triggers.get(d.trigger_id.as_str()).copied();
         if let Some(s) = s.filter(|s| s.deleted) {
             let by = s
                 .deleted_by
@@ -201,8 +204,7 @@ pub fn plan(files: &Definitions, stored: &Stored, opts: Options) -> Plan {
             ));
             continue;
         }
-        if !files.tasks.contains_key(&d.task_id) && !stored.tasks.iter().any(|k| k.id == d.task_id)
-        {
+        if !files.tasks.contains_key(&d.task_id) && !tasks.contains_key(d.task_id.as_str()) {
             items.push(refused(
                 "trigger",
                 &d.trigger_id,

@@ -121,6 +121,11 @@ async fn write(
 ) -> Result<Applied, ApplyError> {
     let mut declared: Option<String> = None;
     let mut applied = Applied::default();
+    let labels: std::collections::HashMap<&str, Option<&String>> = stored
+        .triggers
+        .iter()
+        .map(|t| (t.id.as_str(), t.source.as_ref()))
+        .collect();
     for i in p
         .items
         .iter()
@@ -129,11 +134,10 @@ async fn write(
         let label = match (i.kind, i.op) {
             ("project", _) => &defs.projects[&i.id].source,
             ("task", _) => &defs.tasks[&i.id].source,
-            (_, Op::Delete) => stored
-                .triggers
-                .iter()
-                .find(|t| t.id == i.id)
-                .and_then(|t| t.source.as_ref())
+            (_, Op::Delete) => labels
+                .get(i.id.as_str())
+                .copied()
+                .flatten()
                 .expect("only labelled triggers are pruned"),
             _ => &defs.triggers[&i.id].source,
         };
@@ -161,10 +165,7 @@ async fn write(
             }
             _ => {
                 let d = &defs.triggers[&i.id];
-                let unlabelled = stored
-                    .triggers
-                    .iter()
-                    .any(|t| t.id == i.id && t.source.is_none());
+                let unlabelled = matches!(labels.get(i.id.as_str()), Some(None));
                 // An unlabelled trigger stays unlabelled unless --adopt (the plan refused
                 // another source's without it).
                 let label = Some(d.source.as_str()).filter(|_| !unlabelled || opts.plan.adopt);
