@@ -459,7 +459,8 @@ async fn a_second_apply_waits_for_the_first_and_gives_up_naming_the_holder() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// V23 over a database with a trigger published before it: the migration applies, the
+/// V23 over a database with a trigger published before it (every migration after V18
+/// undone, as the V20 test does, so V23 applies in order): the migration applies, the
 /// trigger is unlabelled, an identical publish still changes nothing (its label included),
 /// an apply of it without --adopt leaves it unlabelled and with --adopt labels it with no
 /// new revision, and `db check` is clean.
@@ -474,9 +475,10 @@ async fn v23_applies_over_triggers_written_before_it() {
     db.superuser()
         .await
         .batch_execute(&format!(
-            "ALTER TABLE qlsched.triggers DROP COLUMN source_label;
-             DELETE FROM {} WHERE version > 22;
-             DELETE FROM qlsched.schema_compat WHERE version > 22",
+            "{}
+             DELETE FROM {} WHERE version > 18;
+             DELETE FROM qlsched.schema_compat WHERE version > 18",
+            crate::live_migrate::UNDO_AFTER_V18,
             qlsched::schema::HISTORY_TABLE
         ))
         .await
