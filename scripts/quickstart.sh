@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # qlsched end to end on a throwaway PostgreSQL: start a private cluster, bootstrap roles and
 # database, migrate, publish a task whose spec a worker runs (a shell command) and sample
-# triggers, backfill, run three replicas and `qlsched worker` that executes their runs, show a
+# triggers from a definition file with `qlsched apply`, backfill, run three replicas and `qlsched worker` that executes their runs, show a
 # failed run's output, manage triggers as an operator (list, show, disable/enable, fire), SIGKILL the replica holding the most leases and watch its
 # rows taken over after the lease expiry, stop admissions and watch a short retention (1m)
 # prune every finished run, stop the rest with SIGTERM, check the invariants, clean up.
@@ -77,19 +77,43 @@ sql "CREATE TABLE public.quickstart_audit (op text, trigger_id text, scheduled_f
      CREATE TRIGGER quickstart_audit AFTER INSERT OR DELETE ON qlsched.runs
        FOR EACH ROW EXECUTE FUNCTION public.quickstart_audit();"
 
-say "publishing sample triggers"
-$QL project set --dsn "$ADMIN" --id demo
+say "publishing the sample project, task and triggers as code: a definition file, qlsched apply (docs/apply.md)"
 # The spec `qlsched worker` runs (docs/worker.md): a shell command in a cleared environment
 # with the run's QLSCHED_* variables; an occurrence whose second ends in 7 fails (exit 1).
-SPEC='{"executor": "shell", "timeout": "30s",
- "command": ["sh", "-c", "echo \"report for $QLSCHED_SCHEDULED_FOR (attempt $QLSCHED_ATTEMPT)\"; if [ $((QLSCHED_SCHEDULED_FOR_MS / 1000 % 10)) = 7 ]; then echo \"no data for second 7\" >&2; exit 1; fi"]}'
-$QL task publish --dsn "$ADMIN" --project demo --id report --spec "$SPEC"
+cat >"$WORK/demo.toml" <<'TOML'
+source = "quickstart"
+
+[[project]]
+id = "demo"
+
+[[task]]
+id = "report"
+project = "demo"
+spec = { executor = "shell", timeout = "30s", command = ["sh", "-c", 'echo "report for $QLSCHED_SCHEDULED_FOR (attempt $QLSCHED_ATTEMPT)"; if [ $((QLSCHED_SCHEDULED_FOR_MS / 1000 % 10)) = 7 ]; then echo "no data for second 7" >&2; exit 1; fi'] }
+
+[[trigger]]
+id = "every-5s"
+project = "demo"
+task = "report"
+cron = "*/5 * * * * *"
+misfire = "fire_once"
+
+[[trigger]]
+id = "nightly-berlin"
+project = "demo"
+task = "report"
+cron = "30 2 * * *"
+tz = "Europe/Berlin"
+TOML
 for i in $(seq -w 1 20); do
-  $QL trigger publish --dsn "$ADMIN" --project demo --task report --id "every-second-$i" --cron '* * * * * *' >/dev/null
+  printf '\n[[trigger]]\nid = "every-second-%s"\nproject = "demo"\ntask = "report"\ncron = "* * * * * *"\n' "$i" >>"$WORK/demo.toml"
 done
-echo "20 triggers firing every second"
-$QL trigger publish --dsn "$ADMIN" --project demo --task report --id every-5s --cron '*/5 * * * * *' --misfire fire_once
-$QL trigger publish --dsn "$ADMIN" --project demo --task report --id nightly-berlin --cron '30 2 * * *' --tz Europe/Berlin
+echo "\$ qlsched apply -f demo.toml        # 1 project, 1 task, 22 triggers (20 of them every second)"
+$QL apply --dsn "$ADMIN" -f "$WORK/demo.toml" --actor demo | grep -v '^create trigger every-second-' | sed 's/^/   /'
+echo "\$ qlsched apply -f demo.toml --check   # the same file again: nothing to do, exit 0"
+$QL apply --dsn "$ADMIN" -f "$WORK/demo.toml" --check | tail -1 | sed 's/^/   /'
+echo "\$ qlsched audit --trigger every-5s      # the apply's audit entry"
+$QL audit --dsn "$ADMIN" --trigger every-5s --limit 1 | sed 's/^/   /'
 $QL trigger explain --cron '30 2 * * *' --tz Europe/Berlin --after 2026-03-27T00:00:00Z --count 3
 if $QL trigger publish --dsn "$ADMIN" --project demo --task report --id broken --cron '61 * * * *' 2>"$WORK/err"; then
   echo "a bad expression was accepted" >&2; exit 1

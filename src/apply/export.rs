@@ -4,14 +4,64 @@
 use super::options;
 use crate::store::definitions::Stored;
 
-/// The label an export writes as its `source`.
+/// The label an export writes as its `source` when no live trigger carries one.
 pub const EXPORT_SOURCE: &str = "export";
 
-/// The stored projects, tasks and live triggers as one definition file. `Err` names a task
-/// whose spec TOML cannot hold (a JSON `null`, or not a JSON object).
-pub fn to_toml(stored: &Stored) -> Result<String, String> {
+/// Only `source`'s live triggers, and the tasks and projects they use (so the file applies
+/// on its own), or everything when `source` is `None`.
+pub fn only_source(stored: &Stored, source: &str) -> Stored {
+    let triggers: Vec<_> = stored
+        .triggers
+        .iter()
+        .filter(|t| !t.deleted && t.source.as_deref() == Some(source))
+        .cloned()
+        .collect();
+    Stored {
+        projects: stored
+            .projects
+            .iter()
+            .filter(|p| triggers.iter().any(|t| t.project == p.id))
+            .cloned()
+            .collect(),
+        tasks: stored
+            .tasks
+            .iter()
+            .filter(|k| triggers.iter().any(|t| t.task == k.id))
+            .cloned()
+            .collect(),
+        triggers,
+    }
+}
+
+/// The label the export writes: the one its live triggers carry, [`EXPORT_SOURCE`] when
+/// none does. `Err`: they carry several (a file has one owner; export them one at a time
+/// with `--source`).
+pub fn label(stored: &Stored) -> Result<String, String> {
+    let mut labels: Vec<&str> = stored
+        .triggers
+        .iter()
+        .filter(|t| !t.deleted)
+        .filter_map(|t| t.source.as_deref())
+        .collect();
+    labels.sort_unstable();
+    labels.dedup();
+    match labels.as_slice() {
+        [] => Ok(EXPORT_SOURCE.to_string()),
+        [one] => Ok(one.to_string()),
+        many => Err(format!(
+            "the triggers belong to {} sources ({}): a file has one source, so export them one at a time with --source",
+            many.len(),
+            many.join(", ")
+        )),
+    }
+}
+
+/// The stored projects, tasks and live triggers as one definition file with source label
+/// `source`. `Err` names a task whose spec TOML cannot hold (a JSON `null`, or not a JSON
+/// object).
+pub fn to_toml(stored: &Stored, source: &str) -> Result<String, String> {
     let mut doc = toml::Table::new();
-    doc.insert("source".into(), EXPORT_SOURCE.into());
+    doc.insert("source".into(), source.into());
     let projects: Vec<toml::Value> = stored
         .projects
         .iter()

@@ -6,3 +6,4 @@ pub mod export;
 pub mod file;
 pub mod options;
 pub mod plan;
+pub mod write;

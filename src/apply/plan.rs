@@ -1,9 +1,10 @@
 //! The plan of `qlsched apply`: what the files would change in the database, object by
-//! object — create, update (each changed field before → after), unchanged, absent (stored,
-//! not in the files: reported, never deleted here), refused — computed from the files'
-//! [`Definitions`] and the [`Stored`] definitions, with no I/O.
+//! object — create, update (each changed field before → after), unchanged, delete (`--prune`:
+//! a trigger of the files' own source that no file defines any more), absent (stored, not in
+//! the files: reported, left as it is), refused — computed from the files' [`Definitions`]
+//! and the [`Stored`] definitions, with no I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -19,11 +20,24 @@ pub enum Op {
     Create,
     Update,
     Unchanged,
-    /// Stored but in no file: left as it is (tasks and projects are permanent; deleting
-    /// triggers is `--prune`'s, not built yet).
+    /// `--prune`: a live trigger labelled with one of the files' sources that no file
+    /// defines any more.
+    Delete,
+    /// Stored but in no file: left as it is (tasks and projects are permanent; triggers
+    /// unlabelled, of another source, or without `--prune`).
     Absent,
-    /// The files ask for something the database cannot take (a deleted trigger's id).
+    /// The files ask for something the database cannot take (a deleted trigger's id, a task
+    /// or project defined nowhere, another source's trigger without `--adopt`).
     Refused,
+}
+
+/// How the plan treats ownership (docs/apply.md, "Ownership and --prune").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Delete the live triggers labelled with the files' sources that no file defines.
+    pub prune: bool,
+    /// Label the triggers the files define that are unlabelled or another source's.
+    pub adopt: bool,
 }
 
 /// One object of the plan.
@@ -48,7 +62,7 @@ impl Plan {
     pub fn differs(&self) -> bool {
         self.items
             .iter()
-            .any(|i| matches!(i.op, Op::Create | Op::Update | Op::Refused))
+            .any(|i| matches!(i.op, Op::Create | Op::Update | Op::Delete | Op::Refused))
     }
     pub fn count(&self, op: Op) -> usize {
         self.items.iter().filter(|i| i.op == op).count()
@@ -90,11 +104,26 @@ fn field<T: Into<Value> + PartialEq>(
     }
 }
 
-/// The plan of `files` against `stored`.
-pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
+/// A refused item.
+fn refused(kind: &'static str, id: &str, note: String) -> Item {
+    Item {
+        kind,
+        id: id.to_string(),
+        op: Op::Refused,
+        changes: BTreeMap::new(),
+        note: Some(note),
+    }
+}
+
+/// The plan of `files` against `stored` (every stored definition: the whole database).
+pub fn plan(files: &Definitions, stored: &Stored, opts: Options) -> Plan {
     let mut items = Vec::new();
+    // By id (the stored lists are in the database's collation order, not Rust's).
+    let projects: HashMap<&str, _> = stored.projects.iter().map(|p| (p.id.as_str(), p)).collect();
+    let tasks: HashMap<&str, _> = stored.tasks.iter().map(|k| (k.id.as_str(), k)).collect();
+    let triggers: HashMap<&str, _> = stored.triggers.iter().map(|t| (t.id.as_str(), t)).collect();
     for p in files.projects.values() {
-        let s = stored.projects.iter().find(|s| s.id == p.id);
+        let s = projects.get(p.id.as_str()).copied();
         let mut c = BTreeMap::new();
         field(
             &mut c,
@@ -111,8 +140,20 @@ pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
     {
         items.push(absent("project", &s.id));
     }
+    let project_known = |id: &str| files.projects.contains_key(id) || projects.contains_key(id);
     for t in files.tasks.values() {
-        let s = stored.tasks.iter().find(|s| s.id == t.id);
+        if !project_known(&t.project) {
+            items.push(refused(
+                "task",
+                &t.id,
+                format!(
+                    "its project {} is defined in no file and not in the database ({})",
+                    t.project, t.place
+                ),
+            ));
+            continue;
+        }
+        let s = tasks.get(t.id.as_str()).copied();
         let mut c = BTreeMap::new();
         field(
             &mut c,
@@ -136,18 +177,54 @@ pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
     }
     for t in files.triggers.values() {
         let d = &t.spec;
-        let s = stored.triggers.iter().find(|s| s.id == d.trigger_id);
+        let s = triggers.get(d.trigger_id.as_str()).copied();
         if let Some(s) = s.filter(|s| s.deleted) {
-            items.push(Item {
-                kind: "trigger",
-                id: s.id.clone(),
-                op: Op::Refused,
-                changes: BTreeMap::new(),
-                note: Some(format!(
-                    "trigger {} was deleted and a deleted trigger id is never reused (its runs keep it): give the trigger another id in {}",
+            let by = s
+                .deleted_by
+                .as_deref()
+                .map_or(String::new(), |b| format!(" by {b}"));
+            items.push(refused(
+                "trigger",
+                &s.id,
+                format!(
+                    "trigger {} was deleted{by} and a deleted trigger id is never reused (its runs keep it): give the trigger another id in {} (a rename is a delete plus a create)",
                     s.id, t.place
-                )),
-            });
+                ),
+            ));
+            continue;
+        }
+        if !project_known(&d.project_id) {
+            items.push(refused(
+                "trigger",
+                &d.trigger_id,
+                format!(
+                    "its project {} is defined in no file and not in the database ({})",
+                    d.project_id, t.place
+                ),
+            ));
+            continue;
+        }
+        if !files.tasks.contains_key(&d.task_id) && !tasks.contains_key(d.task_id.as_str()) {
+            items.push(refused(
+                "trigger",
+                &d.trigger_id,
+                format!(
+                    "its task {} is defined in no file and not in the database ({})",
+                    d.task_id, t.place
+                ),
+            ));
+            continue;
+        }
+        let owner = s.and_then(|s| s.source.as_deref());
+        if let Some(owner) = owner.filter(|o| *o != t.source && !opts.adopt) {
+            items.push(refused(
+                "trigger",
+                &d.trigger_id,
+                format!(
+                    "owned by source `{owner}`, not `{}` ({}): change it in that source's files, or give --adopt to take it over",
+                    t.source, t.place
+                ),
+            ));
             continue;
         }
         let mut c = BTreeMap::new();
@@ -223,13 +300,27 @@ pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
             s.map(|s| s.overlap.clone()),
             d.overlap_policy.as_str().to_string(),
         );
-        let mut i = item("trigger", &d.trigger_id, c, s.is_some());
-        if s.is_some_and(|s| s.operator_disabled) {
-            i.note = Some(
-                "disabled by an operator: apply leaves it disabled (`trigger enable` ends it)"
-                    .into(),
+        if s.is_some() && owner != Some(t.source.as_str()) && opts.adopt {
+            // Adopted: only the label changes (no new revision).
+            field(
+                &mut c,
+                "source",
+                Some(owner.map_or(Value::Null, Value::from)),
+                Value::from(t.source.as_str()),
             );
         }
+        let mut i = item("trigger", &d.trigger_id, c, s.is_some());
+        i.note = match s {
+            Some(s) if s.operator_disabled && s.disabled_by.as_deref() == Some("qlsched") => Some(
+                "paused by qlsched after failures: apply leaves it paused (`trigger enable` ends it)"
+                    .into(),
+            ),
+            Some(s) if s.operator_disabled => Some(
+                "disabled by an operator: apply leaves it disabled (`trigger enable` ends it)"
+                    .into(),
+            ),
+            _ => None,
+        };
         items.push(i);
     }
     for s in stored
@@ -237,7 +328,17 @@ pub fn plan(files: &Definitions, stored: &Stored) -> Plan {
         .iter()
         .filter(|s| !s.deleted && !files.triggers.contains_key(&s.id))
     {
-        items.push(absent("trigger", &s.id));
+        let ours = s.source.as_ref().is_some_and(|l| files.sources.contains(l));
+        let mut i = absent("trigger", &s.id);
+        if ours && opts.prune {
+            i.op = Op::Delete;
+        } else if ours {
+            i.note = Some(format!(
+                "source `{}`: --prune deletes it",
+                s.source.as_deref().unwrap_or_default()
+            ));
+        }
+        items.push(i);
     }
     Plan { items }
 }

@@ -112,15 +112,19 @@ pub enum CliError {
     #[error("{} problem(s) in the definition files; nothing was written:\n{}", problems.len(), problems.join("\n"))]
     ApplyInput { problems: Vec<String> },
     /// `qlsched apply --check`: the database differs from the files (exit 5).
-    #[error("the database differs from the files: {creates} to create, {updates} to update, {refused} refused")]
+    #[error("the database differs from the files: {creates} to create, {updates} to update, {deletes} to delete, {refused} refused")]
     Drift {
         creates: usize,
         updates: usize,
+        deletes: usize,
         refused: usize,
     },
-    /// `qlsched apply` without `--dry-run` or `--check`.
-    #[error("applying the plan is not built yet: give --dry-run (print the plan) or --check (exit 5 on drift); nothing was written")]
-    ApplyNotBuilt,
+    /// `qlsched apply`: the plan refuses items (each named in the plan; exit 2).
+    #[error("{refused} item(s) of the plan refused (each named above); nothing was written")]
+    ApplyRefused { refused: usize },
+    /// `qlsched apply --prune` deleting more than `--max-delete` (exit 2).
+    #[error("the plan deletes {count} triggers, more than --max-delete {max}; nothing was written (check the files and their source label, or give a larger --max-delete)")]
+    TooManyDeletes { count: usize, max: usize },
     /// `qlsched export` of a definition the file format cannot hold.
     #[error("{0}")]
     Export(String),

@@ -90,8 +90,9 @@ pub enum Command {
     /// The audit log, newest first: who changed which project, task or trigger, or acted on
     /// runs, when, and each changed field before -> after (admin role; docs/audit.md).
     Audit(audit::AuditArgs),
-    /// Compare definition files (projects, tasks, triggers; docs/apply.md) with the
-    /// database and print the plan: --dry-run, or --check to exit 5 on drift (admin role).
+    /// Make the database hold what definition files say (projects, tasks, triggers;
+    /// docs/apply.md): print the plan, then write it in one transaction; --dry-run stops
+    /// after the plan, --check exits 5 on drift (admin role).
     Apply(apply::ApplyArgs),
     /// Write the stored definitions in the format `apply` reads, on stdout (admin role).
     Export(apply::ExportArgs),

@@ -41,6 +41,8 @@ pub struct Holder {
     pub pid: i32,
     pub role: Option<String>,
     pub application: Option<String>,
+    /// Since when: the start of its transaction (of its session for a session lock), UTC.
+    pub since: Option<String>,
     /// `ExclusiveLock` or `ShareLock`.
     pub mode: String,
 }
@@ -49,10 +51,13 @@ impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "pid {} (role {}, application {:?}, {})",
+            "pid {} (role {}, application {:?}, {}{})",
             self.pid,
             self.role.as_deref().unwrap_or("?"),
             self.application.as_deref().unwrap_or(""),
+            self.since
+                .as_deref()
+                .map_or(String::new(), |s| format!("since {s}, ")),
             self.mode
         )
     }
@@ -87,7 +92,9 @@ pub async fn holders(
 ) -> Result<Holders, StoreError> {
     let rows = client
         .query(
-            "SELECT l.pid, a.usename::text, a.application_name, l.mode
+            "SELECT l.pid, a.usename::text, a.application_name, l.mode,
+                    to_char(coalesce(a.xact_start, a.backend_start) AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
                FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -103,6 +110,7 @@ pub async fn holders(
                 role: r.get(1),
                 application: r.get(2),
                 mode: r.get(3),
+                since: r.get(4),
             })
             .collect(),
     ))
@@ -143,11 +151,13 @@ mod tests {
             pid: 42,
             role: Some("qlsched_worker_ingress".into()),
             application: Some("psql".into()),
+            since: Some("2026-12-05T06:00:00Z".into()),
             mode: "ExclusiveLock".into(),
         }]);
         assert_eq!(
             h.to_string(),
-            "held by pid 42 (role qlsched_worker_ingress, application \"psql\", ExclusiveLock); \
+            "held by pid 42 (role qlsched_worker_ingress, application \"psql\", since \
+             2026-12-05T06:00:00Z, ExclusiveLock); \
              a session that is not a qlsched command can be ended with SELECT \
              pg_terminate_backend(<pid>)"
         );

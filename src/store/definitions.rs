@@ -41,7 +41,12 @@ pub struct StoredTrigger {
     pub published_enabled: bool,
     /// An operator's `trigger disable` in force (never drift: apply reports it).
     pub operator_disabled: bool,
+    /// Who disabled it (`qlsched`: a system pause after failures), or deleted it.
+    pub disabled_by: Option<String>,
     pub deleted: bool,
+    pub deleted_by: Option<String>,
+    /// The `qlsched apply` source label that owns it (V23); `None`: unlabelled.
+    pub source: Option<String>,
 }
 
 /// Everything stored, or one project's.
@@ -59,6 +64,16 @@ pub async fn read(
     project: Option<&str>,
 ) -> Result<Stored, StoreError> {
     let tx = super::snapshot(client).await?;
+    let stored = read_in(&tx, project).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// [`read`] in the caller's transaction (`qlsched apply` plans and writes in one).
+pub async fn read_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    project: Option<&str>,
+) -> Result<Stored, StoreError> {
     let projects = tx
         .query(
             "SELECT project_id, status FROM qlsched.projects
@@ -92,7 +107,7 @@ pub async fn read(
             "SELECT trigger_id, project_id, task_id, cron_expr, timezone, misfire_policy,
                     misfire_grace_ms, published_enabled, operator_disabled, deleted_at_ms IS NOT NULL,
                     jitter_ms, start_at_ms, end_at_ms, pause_after_failures,
-                    expect_success_within_ms, overlap_policy
+                    expect_success_within_ms, overlap_policy, disabled_by, deleted_by, source_label
                FROM qlsched.triggers
               WHERE $1::text IS NULL OR project_id = $1 ORDER BY trigger_id",
             &[&project],
@@ -116,12 +131,55 @@ pub async fn read(
             pause_after_failures: r.get(13),
             expect_success_within_ms: r.get(14),
             overlap: r.get(15),
+            disabled_by: r.get(16),
+            deleted_by: r.get(17),
+            source: r.get(18),
         })
         .collect();
-    tx.commit().await?;
     Ok(Stored {
         projects,
         tasks,
         triggers,
     })
+}
+
+/// The advisory lock of `qlsched apply` ("qlsapply" in ASCII): one apply at a time per
+/// database.
+pub const APPLY_LOCK: i64 = 0x716c_7361_7070_6c79;
+
+/// Takes the apply lock for the caller's transaction, waiting at most `wait`; that bound
+/// (`lock_timeout`, `SET LOCAL`) stays on every later lock wait of the transaction. `Err`:
+/// the bound in force and the error (SQLSTATE 55P03 when the wait timed out: the caller
+/// ends the transaction and names the holder, `db::locks::wait_error`).
+///
+/// Locking: `pg_advisory_xact_lock`, released at commit or rollback. It serialises applies
+/// only; `trigger publish` and the other commands take the row locks they always take, and
+/// an apply's publishes take the same ones in the same order.
+pub async fn lock_apply(
+    tx: &tokio_postgres::Transaction<'_>,
+    wait: std::time::Duration,
+) -> Result<(), (String, tokio_postgres::Error)> {
+    let bound = format!("{}ms", wait.as_millis().max(1));
+    tx.execute("SELECT set_config('lock_timeout', $1, true)", &[&bound])
+        .await
+        .map_err(|e| (bound.clone(), e))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&APPLY_LOCK])
+        .await
+        .map_err(|e| (bound, e))?;
+    Ok(())
+}
+
+/// Names this session in `pg_stat_activity` (`application_name`), so a second apply that
+/// waits for this one can say who holds the lock.
+///
+/// Locking: none.
+pub async fn name_session(
+    client: &impl tokio_postgres::GenericClient,
+    name: &str,
+) -> Result<(), StoreError> {
+    let name: String = name.chars().take(63).collect();
+    client
+        .execute("SELECT set_config('application_name', $1, false)", &[&name])
+        .await?;
+    Ok(())
 }

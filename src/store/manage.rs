@@ -2,6 +2,7 @@
 //! and trigger publishing. Each is one transaction.
 
 use sha2::{Digest, Sha256};
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::audit::{self, ObjectKind};
@@ -81,6 +82,18 @@ pub async fn set_project(
     status: &str,
 ) -> Result<(), StoreError> {
     let tx = client.transaction().await?;
+    set_project_in(&tx, project_id, status).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// [`set_project`] in the caller's transaction (`qlsched apply` writes its whole plan in
+/// one); the caller commits.
+pub async fn set_project_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    project_id: &str,
+    status: &str,
+) -> Result<(), StoreError> {
     let created = tx
         .query_opt(
             concat!(
@@ -104,13 +117,12 @@ pub async fn set_project(
         .get(0);
     let before = match created {
         true => None,
-        false => audit::snapshot(&tx, ObjectKind::Project, project_id).await?,
+        false => audit::snapshot(tx, ObjectKind::Project, project_id).await?,
     };
     if current == status {
         if created {
-            audit::append_change(&tx, ObjectKind::Project, project_id, "set", None, None).await?;
+            audit::append_change(tx, ObjectKind::Project, project_id, "set", None, None).await?;
         }
-        tx.commit().await?;
         return Ok(());
     }
     tx.execute(
@@ -147,10 +159,10 @@ pub async fn set_project(
     .await?;
     if status.parse() == Ok(ProjectStatus::Active) {
         // Resumed rows are claimable at their cursors (or pending): wake the replicas.
-        super::wake::notify(&tx, None).await?;
+        super::wake::notify(tx, None).await?;
     }
     audit::append_change(
-        &tx,
+        tx,
         ObjectKind::Project,
         project_id,
         "set",
@@ -158,7 +170,6 @@ pub async fn set_project(
         None,
     )
     .await?;
-    tx.commit().await?;
     Ok(())
 }
 
@@ -181,6 +192,19 @@ pub async fn publish_task(
     spec: &str,
 ) -> Result<(i64, Uuid), ManageError> {
     let tx = client.transaction().await?;
+    let (revision, exec_id, _) = publish_task_in(&tx, project_id, task_id, spec).await?;
+    tx.commit().await?;
+    Ok((revision, exec_id))
+}
+
+/// [`publish_task`] in the caller's transaction; the caller commits. Returns (task
+/// revision, execution revision id, whether anything was written).
+pub async fn publish_task_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    project_id: &str,
+    task_id: &str,
+    spec: &str,
+) -> Result<(i64, Uuid, bool), ManageError> {
     let spec_digest = sha256_hex(spec.as_bytes());
     let content_digest = sha256_hex(format!("task:v1\n{project_id}\n{spec_digest}").as_bytes());
     let current = tx
@@ -200,12 +224,10 @@ pub async fn publish_task(
             });
         }
         if r.get::<_, String>(1) == content_digest {
-            let out = (r.get(0), r.get(2));
-            tx.commit().await?;
-            return Ok(out);
+            return Ok((r.get(0), r.get(2), false));
         }
     }
-    let before = audit::snapshot(&tx, ObjectKind::Task, task_id).await?;
+    let before = audit::snapshot(tx, ObjectKind::Task, task_id).await?;
     let exec_id = Uuid::new_v4();
     tx.execute(
         &format!(
@@ -232,7 +254,7 @@ pub async fn publish_task(
         .await?
         .get(0);
     audit::append_change(
-        &tx,
+        tx,
         ObjectKind::Task,
         task_id,
         "publish",
@@ -240,8 +262,7 @@ pub async fn publish_task(
         None,
     )
     .await?;
-    tx.commit().await?;
-    Ok((revision, exec_id))
+    Ok((revision, exec_id, true))
 }
 
 /// What an operator publishes for a cron trigger.
@@ -491,15 +512,32 @@ pub async fn publish_trigger(
     client: &mut tokio_postgres::Client,
     spec: &TriggerSpec,
 ) -> Result<Published, ManageError> {
+    let tx = client.transaction().await?;
+    let published = publish_trigger_in(&tx, spec, None).await?;
+    tx.commit().await?;
+    Ok(published)
+}
+
+/// [`publish_trigger`] in the caller's transaction; the caller commits. `source`: the
+/// `qlsched apply` source label the trigger is to carry (V23); `None` leaves the label as it
+/// is (a `trigger publish` never changes who owns a trigger). A changed label alone is no
+/// new revision: the row's `source_label` is set, nothing is fenced, nobody is woken.
+pub async fn publish_trigger_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    spec: &TriggerSpec,
+    source: Option<&str>,
+) -> Result<Published, ManageError> {
     let id = &spec.trigger_id;
     let schedule = validate(spec)?;
     let digest = spec.content_digest();
-    let tx = client.transaction().await?;
+    // The reads and locks of a publish are typed queries: one round trip each instead of a
+    // prepare and an execute (`qlsched apply` runs them for every trigger it changes).
     let current = tx
-        .query_opt(
-            "SELECT revision, content_digest, deleted_at_ms IS NOT NULL, published_enabled
+        .query_typed_opt(
+            "SELECT revision, content_digest, deleted_at_ms IS NOT NULL, published_enabled,
+                    source_label
                FROM qlsched.triggers WHERE trigger_id = $1 FOR UPDATE",
-            &[id],
+            &[(id, Type::TEXT)],
         )
         .await?;
     if let Some(r) = &current {
@@ -507,11 +545,11 @@ pub async fn publish_trigger(
             return Err(ManageError::Deleted { id: id.clone() });
         }
     }
-    let before = audit::snapshot(&tx, ObjectKind::Trigger, id).await?;
-    let project_active = lock_project_status(&tx, &spec.project_id).await? == ProjectStatus::Active;
-    lock_task_in_project(&tx, &spec.task_id, &spec.project_id).await?;
-    let floor = lock_cursor_floor(&tx, id).await?;
-    let now = db_now(&tx).await?;
+    let before = audit::snapshot(tx, ObjectKind::Trigger, id).await?;
+    let project_active = lock_project_status(tx, &spec.project_id).await? == ProjectStatus::Active;
+    lock_task_in_project(tx, &spec.task_id, &spec.project_id).await?;
+    let floor = lock_cursor_floor(tx, id).await?;
+    let now = db_now(tx).await?;
     let Some(first) = floor.first(&schedule, now, spec.start_at_ms) else {
         return Err(ManageError::NeverFiresAgain {
             id: id.clone(),
@@ -525,24 +563,34 @@ pub async fn publish_trigger(
         // a row an operator enabled against a publish-disabled definition before V8.
         if r.get::<_, String>(1) == digest && r.get::<_, bool>(3) == spec.enabled {
             let revision = r.get(0);
-            tx.commit().await?;
+            let label: Option<String> = r.get(4);
+            if let Some(source) = source.filter(|s| label.as_deref() != Some(*s)) {
+                // Only the owner changes (`qlsched apply --adopt`): no revision, no fence.
+                tx.execute(
+                    "UPDATE qlsched.triggers SET source_label = $2 WHERE trigger_id = $1",
+                    &[id, &source],
+                )
+                .await?;
+                audit::append_change(tx, ObjectKind::Trigger, id, "adopt", before.as_ref(), None)
+                    .await?;
+            }
             return Ok(Published {
                 revision,
                 changed: false,
             });
         }
     }
-    let (revision, enabled) = upsert_trigger(&tx, spec, &digest).await?;
-    super::overlap::set_policy(&tx, id, spec.overlap_policy).await?;
+    let (revision, enabled) = upsert_trigger(tx, spec, &digest, source).await?;
+    super::overlap::set_policy(tx, id, spec.overlap_policy).await?;
     let claimable = enabled && project_active;
     let claimable_at = spec.timing().claimable_at_ms(first).filter(|_| claimable);
-    upsert_schedule(&tx, spec, revision, claimable_at, first).await?;
+    upsert_schedule(tx, spec, revision, claimable_at, first).await?;
     if let Some(first) = claimable_at {
         // Wake the replicas for the first occurrence (delivered at commit).
-        super::wake::notify(&tx, Some(first)).await?;
+        super::wake::notify(tx, Some(first)).await?;
     }
     audit::append_change(
-        &tx,
+        tx,
         ObjectKind::Trigger,
         id,
         "publish",
@@ -550,7 +598,6 @@ pub async fn publish_trigger(
         None,
     )
     .await?;
-    tx.commit().await?;
     Ok(Published {
         revision,
         changed: true,
@@ -563,6 +610,7 @@ async fn upsert_trigger(
     tx: &tokio_postgres::Transaction<'_>,
     spec: &TriggerSpec,
     digest: &str,
+    source: Option<&str>,
 ) -> Result<(i64, bool), ManageError> {
     let id = &spec.trigger_id;
     let row = tx
@@ -571,8 +619,8 @@ async fn upsert_trigger(
                 "INSERT INTO qlsched.triggers (trigger_id, project_id, task_id, revision, kind, enabled, published_enabled,
                                                cron_expr, timezone, misfire_policy, misfire_grace_ms, content_digest,
                                                pause_after_failures, expect_success_within_ms, jitter_ms, start_at_ms, end_at_ms,
-                                               updated_at_ms)
-                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, ",
+                                               source_label, updated_at_ms)
+                 VALUES ($1, $2, $3, 1, 'cron', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, ",
                 db_now_ms!(),
                 ")
                  ON CONFLICT (trigger_id) DO UPDATE
@@ -586,7 +634,8 @@ async fn upsert_trigger(
                        pause_after_failures = EXCLUDED.pause_after_failures,
                        expect_success_within_ms = EXCLUDED.expect_success_within_ms,
                        jitter_ms = EXCLUDED.jitter_ms,
-                       start_at_ms = EXCLUDED.start_at_ms, end_at_ms = EXCLUDED.end_at_ms
+                       start_at_ms = EXCLUDED.start_at_ms, end_at_ms = EXCLUDED.end_at_ms,
+                       source_label = coalesce(EXCLUDED.source_label, qlsched.triggers.source_label)
                  RETURNING revision, enabled"
             ),
             &[
@@ -604,6 +653,7 @@ async fn upsert_trigger(
                 &spec.jitter_ms,
                 &spec.start_at_ms,
                 &spec.end_at_ms,
+                &source,
             ],
         )
         .await?;
@@ -619,9 +669,9 @@ async fn lock_task_in_project(
     project_id: &str,
 ) -> Result<(), ManageError> {
     let row = tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT project_id FROM qlsched.tasks WHERE task_id = $1 FOR SHARE",
-            &[&task_id],
+            &[(&task_id, Type::TEXT)],
         )
         .await?;
     match row {
@@ -780,7 +830,7 @@ pub(crate) async fn lock_cursor_floor(
     trigger_id: &str,
 ) -> Result<CursorFloor, ManageError> {
     let row = tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT greatest(s.admitted_through_ms, s.last_scheduled_at_ms,
                              (SELECT max(r.scheduled_for_ms) FROM qlsched.runs r
                                WHERE r.trigger_id = s.trigger_id
@@ -788,7 +838,7 @@ pub(crate) async fn lock_cursor_floor(
                     CASE WHEN s.claimable_at_ms IS NOT NULL THEN s.next_fire_at_ms END
                FROM qlsched.trigger_schedules s WHERE s.trigger_id = $1
                 FOR UPDATE OF s",
-            &[&trigger_id],
+            &[(&trigger_id, Type::TEXT)],
         )
         .await?;
     Ok(row
@@ -806,9 +856,9 @@ pub(crate) async fn lock_project_status(
     project_id: &str,
 ) -> Result<ProjectStatus, ManageError> {
     match tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT status FROM qlsched.projects WHERE project_id = $1 FOR SHARE",
-            &[&project_id],
+            &[(&project_id, Type::TEXT)],
         )
         .await?
     {

@@ -3,6 +3,8 @@
 //! option); a change in the files is drift named field by field; bad files are refused
 //! before connecting, naming file, line and key.
 
+mod write;
+
 use serde_json::Value;
 
 use crate::helpers::cli::{ok, ql, refused, stdout};
@@ -184,7 +186,9 @@ async fn a_changed_file_is_drift_named_field_by_field_and_check_exits_5() {
         "{text}"
     );
     assert!(
-        text.contains("plan: 1 to create, 1 to update, 4 unchanged, 0 absent, 1 refused"),
+        text.contains(
+            "plan: 1 to create, 1 to update, 0 to delete, 4 unchanged, 0 absent, 1 refused"
+        ),
         "{text}"
     );
     // --dry-run prints the same plan and exits 0; nothing was written.
@@ -199,8 +203,17 @@ async fn a_changed_file_is_drift_named_field_by_field_and_check_exits_5() {
         text.contains("absent (not in the files; left as it is) trigger held"),
         "{text}"
     );
-    // Applying itself is not built yet: refused, naming the flags that are.
-    refused(ql(&db, &["apply", "-f", &f]), 2, &["--dry-run", "--check"]);
+    // Applying it is refused as a whole (the deleted id), naming the way out.
+    refused(
+        ql(&db, &["apply", "-f", &f]),
+        2,
+        &["1 item(s) of the plan refused", "nothing was written"],
+    );
+    assert_eq!(
+        ok(ql(&db, &["export"])),
+        exported,
+        "a refused apply writes nothing"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -360,7 +373,7 @@ async fn a_changed_publish_option_is_drift_named_before_and_after() {
             "{from}: {text}"
         );
         assert!(
-            text.contains("plan: 0 to create, 1 to update, 5 unchanged"),
+            text.contains("plan: 0 to create, 1 to update, 0 to delete, 5 unchanged"),
             "{from}: {text}"
         );
     }

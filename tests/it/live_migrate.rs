@@ -185,6 +185,7 @@ pub const UNDO_AFTER_V18: &str = "
                   qlsched.console_lock_admittable(text), qlsched.console_check_who(text, text),
                   qlsched.console_audit(text, text, text, jsonb, text, text, text),
                   qlsched.console_snapshot(text), qlsched.console_diff(jsonb, jsonb);
+    ALTER TABLE qlsched.triggers DROP COLUMN source_label;
     DROP TABLE qlsched.audit_log;
     DROP FUNCTION qlsched.prune_audit(bigint, integer, text, uuid), qlsched.audit_is_append_only();
     DROP TABLE qlsched.trigger_overlap;

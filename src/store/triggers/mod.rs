@@ -22,7 +22,7 @@ pub use read::{
     list, list_among, list_with_prefix, show, walk_ids, ListQuery, StateFilter, TriggerView,
     LIST_SQL,
 };
-pub use state::{delete, disable, enable};
+pub use state::{delete, delete_in, disable, enable};
 
 use super::manage::ManageError;
 

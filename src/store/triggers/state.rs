@@ -153,11 +153,21 @@ pub async fn delete(
     by: &str,
 ) -> Result<Changed, ManageError> {
     let tx = client.transaction().await?;
-    if lock_trigger(&tx, id, "UPDATE").await?.deleted {
-        tx.commit().await?;
+    let changed = delete_in(&tx, id, by).await?;
+    tx.commit().await?;
+    Ok(changed)
+}
+
+/// [`delete`] in the caller's transaction (`qlsched apply --prune`); the caller commits.
+pub async fn delete_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    id: &str,
+    by: &str,
+) -> Result<Changed, ManageError> {
+    if lock_trigger(tx, id, "UPDATE").await?.deleted {
         return Ok(Changed::AlreadyThatWay);
     }
-    let before = audit::snapshot(&tx, ObjectKind::Trigger, id).await?;
+    let before = audit::snapshot(tx, ObjectKind::Trigger, id).await?;
     tx.execute(
         concat!(
             "UPDATE qlsched.triggers
@@ -169,15 +179,6 @@ pub async fn delete(
     )
     .await?;
     tx.execute(FENCE_OUT, &[&id]).await?;
-    audit::append_change(
-        &tx,
-        ObjectKind::Trigger,
-        id,
-        "delete",
-        before.as_ref(),
-        None,
-    )
-    .await?;
-    tx.commit().await?;
+    audit::append_change(tx, ObjectKind::Trigger, id, "delete", before.as_ref(), None).await?;
     Ok(Changed::Yes)
 }
