@@ -903,14 +903,14 @@ async fn a_worker_refuses_a_schema_without_its_take_and_a_role_that_is_not_the_d
     assert!(
         as_runtime
             .log()
-            .contains("role qlsched_runtime may not EXECUTE qlsched.dispatch_take_batch"),
+            .contains("role qlsched_runtime may not EXECUTE qlsched.dispatch_take_start"),
         "{}",
         as_runtime.log()
     );
     db.superuser()
         .await
         .batch_execute(
-            "DROP FUNCTION qlsched.dispatch_take_batch(text, text[], text[], integer, bigint)",
+            "DROP FUNCTION qlsched.dispatch_finish_batch(uuid[], uuid[], text[], integer[], text[], text[], jsonb[])",
         )
         .await
         .unwrap();
@@ -919,7 +919,7 @@ async fn a_worker_refuses_a_schema_without_its_take_and_a_role_that_is_not_the_d
     assert_eq!(st.code(), Some(1), "log:\n{}", old.log());
     assert!(
         old.log()
-            .contains("dispatch_take_batch(text,text[],text[],integer,bigint) is missing"),
+            .contains("dispatch_finish_batch(uuid[],uuid[],text[],integer[],text[],text[],jsonb[]) is missing"),
         "{}",
         old.log()
     );
