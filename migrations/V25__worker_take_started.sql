@@ -196,6 +196,8 @@ DECLARE
     n integer := cardinality(attempt_ids);
     now_ms bigint;
     held uuid[];
+    held_runs uuid[];
+    held_outcomes text[];
 BEGIN
     IF attempt_ids IS NULL OR n NOT BETWEEN 1 AND 1000
        OR cardinality(tokens) IS DISTINCT FROM n OR cardinality(outcomes) IS DISTINCT FROM n
@@ -214,17 +216,16 @@ BEGIN
       FOR UPDATE OF r;
     -- A new snapshot, after whoever held a lock committed; the clock read after the locks.
     now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    SELECT array_agg(d.a) INTO held
+    SELECT array_agg(d.a), array_agg(x.run_id), array_agg(d.o) INTO held, held_runs, held_outcomes
       FROM unnest(attempt_ids, tokens, outcomes) d(a, t, o)
       JOIN qlsched.attempts x ON x.attempt_id = d.a
      WHERE x.lease_id = d.t::text AND x.lease_expires_at_ms > now_ms
        AND x.state = ANY (CASE d.o WHEN 'succeeded' THEN ARRAY['running']
                                    ELSE ARRAY['dispatching', 'running'] END);
     IF held IS NOT NULL THEN
-        UPDATE qlsched.runs r SET status = d.o
-          FROM unnest(attempt_ids, outcomes) d(a, o)
-          JOIN qlsched.attempts x ON x.attempt_id = d.a
-         WHERE d.a = ANY (held) AND r.run_id = x.run_id;
+        UPDATE qlsched.runs r SET status = h.o
+          FROM unnest(held_runs, held_outcomes) h(run, o)
+         WHERE r.run_id = h.run;
         UPDATE qlsched.attempts x
            SET state = d.o, finished_at_ms = now_ms, exit_status = d.s,
                output_tail = CASE WHEN octet_length(d.t) > 8192 THEN right(d.t, 2048) ELSE d.t END,
@@ -232,7 +233,7 @@ BEGIN
           FROM unnest(attempt_ids, outcomes, exit_statuses, output_tails, errors, results) d(a, o, s, t, e, r)
          WHERE x.attempt_id = d.a AND d.a = ANY (held);
         INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-        SELECT x.run_id, 3, 'run.finished', now_ms FROM qlsched.attempts x WHERE x.attempt_id = ANY (held);
+        SELECT h, 3, 'run.finished', now_ms FROM unnest(held_runs) h;
     END IF;
     RETURN QUERY
     SELECT d.a, d.a = ANY (coalesce(held, '{}'::uuid[]))

@@ -404,3 +404,182 @@ async fn an_older_workers_calls_keep_working_beside_the_started_take() {
     );
     db.assert_invariants().await;
 }
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of `call` as `c`: (buffers of the whole statement, the
+/// execution time in ms).
+async fn explain(c: &tokio_postgres::Client, call: &str) -> (u64, f64) {
+    let plan = crate::helpers::plan(
+        c,
+        &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {call}"),
+        &[],
+    )
+    .await;
+    let ms = plan
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Execution Time: "))
+        .and_then(|v| v.trim_end_matches(" ms").parse().ok())
+        .unwrap_or_else(|| panic!("no execution time in\n{plan}"));
+    (crate::helpers::plan_buffers(&plan, ""), ms)
+}
+
+/// The attempts `worker` holds in `state`: (attempt id, lease token).
+async fn held(su: &tokio_postgres::Client, worker: &str, state: &str) -> Vec<(Uuid, String)> {
+    su.query(
+        "SELECT attempt_id, lease_id FROM qlsched.attempts WHERE worker_id = $1 AND state = $2 ORDER BY attempt_id",
+        &[&worker, &state],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+/// What the database pays per run for the worker's calls (issue 34, row W1), behind a
+/// history of 20,000 finished runs, 64 runs each way in one session: V18's take, then V16's
+/// start and finish per run (what a worker of the previous release makes), against V25's
+/// started take and one batch finish. Printed with each statement of a start (the
+/// breakdown of its buffers: its three writes are most of them, each a new row version with
+/// its index entries); the buffers per run must fall by a fifth at least. When this test was
+/// written: 179 buffers and 0.52 ms of execution per run before, 126 and 0.16 ms after.
+#[tokio::test]
+async fn the_started_take_and_the_batch_finish_cost_fewer_buffers_per_run() {
+    let db = TestDb::new().await;
+    db.seed(1, "* * * * * *").await;
+    let su = db.superuser().await;
+    let rev: Uuid = su
+        .query_one(
+            "SELECT execution_revision_id FROM qlsched.execution_revisions LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    crate::helpers::insert_runs(
+        &su,
+        &format!(
+            "SELECT gen_random_uuid() AS run_id, 'trg-00000' AS trigger_id,
+                    '{rev}'::uuid AS execution_revision_id, 'succeeded' AS status,
+                    -g::bigint AS scheduled_for_ms, -g::bigint AS queued_at_ms, 'history' AS admitted_by
+               FROM generate_series(1, 20000) g"
+        ),
+    )
+    .await;
+    queue_http(&db, 3 * 64).await;
+    for t in ["runs", "attempts", "run_events"] {
+        su.batch_execute(&format!("VACUUM ANALYZE qlsched.{t}"))
+            .await
+            .unwrap();
+    }
+    let d = db.client("qlsched_dispatcher").await;
+    let take = |f: &str| {
+        format!("SELECT * FROM qlsched.{f}('w', ARRAY['default'], ARRAY['http'], 64, 30000)")
+    };
+    let finish_one = |(a, t): &(Uuid, String)| {
+        format!("SELECT qlsched.dispatch_finish('{a}', '{t}', 'succeeded', 0, NULL, NULL, '{{\"http_status\": 200}}')")
+    };
+    // Warm the session (plans, catalog caches) with one run each way.
+    let warm = store::take(&d, "warm", &["default".into()], &["http"], 1, LEASE_MS)
+        .await
+        .unwrap();
+    assert!(store::start(&d, &warm[0], LEASE_MS).await.unwrap());
+    assert!(store::finish(&d, &warm[0], &ok(0)).await.unwrap());
+    let warm = take_started(&d, 1).await;
+    assert_eq!(
+        store::finish_batch(&d, &[(&warm[0], &ok(0))])
+            .await
+            .unwrap(),
+        [true]
+    );
+
+    // Before: the take, then a start and a finish per run.
+    let (mut old_take, mut old_start, mut old_finish) = ((0, 0.0), (0, 0.0), (0, 0.0));
+    let add = |acc: &mut (u64, f64), (b, ms): (u64, f64)| {
+        acc.0 += b;
+        acc.1 += ms;
+    };
+    add(
+        &mut old_take,
+        explain(&d, &take("dispatch_take_batch")).await,
+    );
+    let taken = held(&su, "w", "dispatching").await;
+    assert_eq!(taken.len(), 64);
+    for (a, t) in &taken {
+        add(
+            &mut old_start,
+            explain(
+                &d,
+                &format!("SELECT qlsched.dispatch_start('{a}', '{t}', 30000)"),
+            )
+            .await,
+        );
+    }
+    for at in &taken {
+        add(&mut old_finish, explain(&d, &finish_one(at)).await);
+    }
+    // After: the started take, one finish for the 64.
+    let new_take = explain(&d, &take("dispatch_take_start")).await;
+    let taken = held(&su, "w", "running").await;
+    assert_eq!(taken.len(), 64);
+    let ids: Vec<String> = taken.iter().map(|(a, _)| format!("'{a}'")).collect();
+    let tokens: Vec<String> = taken.iter().map(|(_, t)| format!("'{t}'")).collect();
+    let new_finish = explain(
+        &d,
+        &format!(
+            "SELECT * FROM qlsched.dispatch_finish_batch(ARRAY[{}]::uuid[], ARRAY[{}]::uuid[],
+                    array_fill('succeeded'::text, ARRAY[64]), array_fill(0, ARRAY[64]),
+                    array_fill(NULL::text, ARRAY[64]), array_fill(NULL::text, ARRAY[64]),
+                    array_fill('{{\"http_status\": 200}}'::jsonb, ARRAY[64]))",
+            ids.join(","),
+            tokens.join(",")
+        ),
+    )
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE status = 'succeeded' AND admitted_by <> 'history'").await,
+        2 * 64 + 2
+    );
+
+    // Where a start's buffers go: its statements one by one, on the third batch's first run.
+    add(
+        &mut (0, 0.0),
+        explain(&d, &take("dispatch_take_batch")).await,
+    );
+    let (a, t) = held(&su, "w", "dispatching").await[0].clone();
+    su.batch_execute("BEGIN").await.unwrap();
+    let mut breakdown = Vec::new();
+    for (what, sql) in [
+        ("find the attempt's run", format!("SELECT a.run_id FROM qlsched.attempts a WHERE a.attempt_id = '{a}'")),
+        ("lock the run", format!("SELECT 1 FROM qlsched.runs r WHERE r.run_id = (SELECT run_id FROM qlsched.attempts WHERE attempt_id = '{a}') FOR UPDATE")),
+        ("read the attempt again", format!("SELECT 1 FROM qlsched.attempts a WHERE a.attempt_id = '{a}' AND a.lease_id = '{t}' AND a.state = 'dispatching'")),
+        ("run -> running", format!("UPDATE qlsched.runs r SET status = 'running' WHERE r.run_id = (SELECT run_id FROM qlsched.attempts WHERE attempt_id = '{a}')")),
+        ("attempt -> running", format!("UPDATE qlsched.attempts a SET state = 'running', started_at_ms = 1, lease_expires_at_ms = a.lease_expires_at_ms + 1 WHERE a.attempt_id = '{a}'")),
+        ("event run.started", format!("INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms) SELECT run_id, 3, 'run.started', 1 FROM qlsched.attempts WHERE attempt_id = '{a}'")),
+    ] {
+        // Once to warm the session's caches (undone), then measured.
+        su.batch_execute("SAVEPOINT warm").await.unwrap();
+        explain(&su, &sql).await;
+        su.batch_execute("ROLLBACK TO SAVEPOINT warm").await.unwrap();
+        breakdown.push(format!("  {what}: {} buffers", explain(&su, &sql).await.0));
+    }
+    su.batch_execute("ROLLBACK").await.unwrap();
+
+    let per = |(b, ms): (u64, f64)| (b as f64 / 64.0, ms / 64.0);
+    let (ot, os, of) = (per(old_take), per(old_start), per(old_finish));
+    let (nt, nf) = (per(new_take), per(new_finish));
+    let old = ot.0 + os.0 + of.0;
+    let new = nt.0 + nf.0;
+    println!(
+        "per run, 64 runs behind 20,000 finished (buffers, ms of execution):\n\
+         before: take {:.1} / {:.3}, start {:.1} / {:.3}, finish {:.1} / {:.3}: {old:.1} buffers, {:.3} ms\n\
+         after:  started take {:.1} / {:.3}, batch finish {:.1} / {:.3}: {new:.1} buffers, {:.3} ms\n\
+         one start's statements:\n{}",
+        ot.0, ot.1, os.0, os.1, of.0, of.1, ot.1 + os.1 + of.1,
+        nt.0, nt.1, nf.0, nf.1, nt.1 + nf.1,
+        breakdown.join("\n")
+    );
+    // The start's own writes (a run and an attempt row version, an event: about 60 buffers)
+    // are gone; the finish's remain, batched or not.
+    assert!(new < old * 0.8, "{new:.1} buffers per run against {old:.1}");
+    // (No invariants check: the history rows are bare, written without their later events.)
+}
