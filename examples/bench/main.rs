@@ -29,6 +29,8 @@
 //!   `overlap [--boundaries 3]`: rows O, the 10,000-trigger herd under `forbid` against
 //!   `allow` and their WAL per occurrence, on a stock server (about 6 min);
 //!   `outcome`: row E1, the overdue evaluation at 100k triggers with a success window;
+//!   `apply`: rows A, `qlsched apply` of 10,000 unchanged and changed triggers, the lag of
+//!   200 every-second triggers while it runs, the WAL of an audit row (about 2 min);
 //!   `worker [--secs 300] [--bare-secs 60] [--shell-secs 120]`: rows W, `qlsched worker`
 //!   executing 2,000 HTTP and 200 shell runs a second on a stock server (about 10 min)
 //!
@@ -36,6 +38,7 @@
 //! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
 //! `QLSCHED_BENCH_LAG_ROWS=second` (only the every-second lag row).
 
+mod apply;
 mod capacity;
 mod ceiling;
 mod claim;
@@ -103,6 +106,9 @@ pub enum Mode {
     },
     /// Row E1: the expected-success (overdue) evaluation at 100,000 triggers.
     Outcome,
+    /// Rows A: `qlsched apply` of 10,000 triggers (unchanged, changed), the lag of 200
+    /// every-second triggers meanwhile, and the WAL of an audit row.
+    Apply,
     /// Rows W: 3 workers executing what 3 replicas admit (window lengths in seconds).
     Worker {
         /// W1's window (HTTP executor, 2,000 every-second triggers).

@@ -58,6 +58,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Console => "console",
         Mode::Overlap { .. } => "overlap",
         Mode::Outcome => "outcome",
+        Mode::Apply => "apply",
         Mode::Worker { .. } => "worker",
     }
 }
@@ -164,6 +165,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
         Mode::Console => crate::console::rows(&mut b).await,
         Mode::Overlap { boundaries } => crate::overlap::rows(&mut b, boundaries).await,
         Mode::Outcome => crate::outcome::rows(&mut b).await,
+        Mode::Apply => crate::apply::rows(&mut b).await,
         Mode::Worker {
             secs,
             bare_secs,

@@ -188,12 +188,39 @@ pub struct ConsoleConfig {
     pub login_failures_per_minute: u32,
 }
 
-/// Credentials from `[http] console_auth_file`. `Debug` never shows them.
+/// Credentials from `[http] console_auth_file`, one per line, each with its role.
+/// `Debug` never shows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConsoleAuth {
-    /// A line without `:`: `Authorization: Bearer TOKEN`.
+pub struct ConsoleAuth {
+    pub credentials: Vec<ConsoleCredential>,
+}
+
+/// One credential of the console and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleCredential {
+    pub role: ConsoleRole,
+    pub secret: CredentialSecret,
+    /// Who the audit log names for this credential's actions: the basic user, or
+    /// `token@LINE` for a bearer token (its line in the file).
+    pub user: String,
+}
+
+/// What a console credential may do (docs/console.md, "Roles").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConsoleRole {
+    /// Reads every page; sees no action and may take none.
+    Viewer,
+    /// Reads every page and takes the operator actions.
+    Operator,
+}
+
+/// How a credential is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredentialSecret {
+    /// A token without `:`: `Authorization: Bearer TOKEN`.
     Bearer(Secret),
-    /// A line `USER:PASSWORD`: `Authorization: Basic …` (a browser asks for them).
+    /// `USER:PASSWORD`: `Authorization: Basic …` (a browser asks for them).
     Basic { user: String, password: Secret },
 }
 

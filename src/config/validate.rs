@@ -13,8 +13,9 @@ use super::error::ConfigProblem;
 use super::layers::Merged;
 use super::raw::{RawConfig, RawDatabase, RawHttp, RawLog, RawRetention, RawScheduler};
 use super::{
-    Config, ConsoleAuth, ConsoleConfig, DatabaseConfig, HttpConfig, LogConfig, LogFormat,
-    MetricsConfig, ReplicaId, RetentionConfig, SchedulerConfig, TlsFiles,
+    Config, ConsoleAuth, ConsoleConfig, ConsoleCredential, ConsoleRole, CredentialSecret,
+    DatabaseConfig, HttpConfig, LogConfig, LogFormat, MetricsConfig, ReplicaId, RetentionConfig,
+    SchedulerConfig, TlsFiles,
 };
 use crate::db::credfile::Rule;
 use crate::db::dsn::{self, Secret};
@@ -433,26 +434,82 @@ fn console(
 }
 
 /// Reads `[http] console_auth_file`, checked on the open file as libpq checks a key (0600
-/// owned by us; 0640 owned by root): one non-empty line: `USER:PASSWORD` (basic) or a token
-/// (bearer) of at least 16 characters.
+/// owned by us; 0640 owned by root). Either one line, a credential of the `operator` role
+/// (the file of releases before roles), or one credential per line, each `ROLE CREDENTIAL`
+/// with ROLE `viewer` or `operator` (blank lines and `#` comments skipped). A credential is
+/// `USER:PASSWORD` (basic; password 8+ characters) or a bearer token of 16+ characters.
 fn read_console_auth(path: &str) -> Result<ConsoleAuth, String> {
     let secret = dsn::read_password_file(path, Rule::Key)
         .map_err(|m| m.replacen("password file ", "", 1))?;
-    let line = secret.expose();
-    if line.contains('\n') {
-        return Err("must hold one line: a bearer token, or USER:PASSWORD".into());
-    }
-    match line.split_once(':') {
-        Some((user, password)) if !user.is_empty() && password.len() >= 8 => {
-            Ok(ConsoleAuth::Basic {
-                user: user.to_owned(),
-                password: Secret::new(password),
-            })
+    parse_console_auth(secret.expose())
+}
+
+/// A line `ROLE CREDENTIAL`: its role and credential.
+fn with_role(l: &str) -> Option<(ConsoleRole, &str)> {
+    let (role, rest) = l.split_once(' ')?;
+    let role = match role {
+        "viewer" => ConsoleRole::Viewer,
+        "operator" => ConsoleRole::Operator,
+        _ => return None,
+    };
+    Some((role, rest.trim()))
+}
+
+/// The credentials of an auth file's text (see [`read_console_auth`]).
+pub(crate) fn parse_console_auth(text: &str) -> Result<ConsoleAuth, String> {
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let mut credentials = Vec::new();
+    for &(n, line) in &lines {
+        let (role, cred) = match with_role(line) {
+            Some(rc) => rc,
+            None if lines.len() == 1 => (ConsoleRole::Operator, line),
+            None => {
+                return Err(format!(
+                    "line {n}: a file of several credentials holds `viewer CREDENTIAL` or \
+                     `operator CREDENTIAL` on each line"
+                ))
+            }
+        };
+        let (secret, user) = match cred.split_once(':') {
+            Some((user, password)) if !user.is_empty() && password.len() >= 8 => (
+                CredentialSecret::Basic {
+                    user: user.to_owned(),
+                    password: Secret::new(password),
+                },
+                user.to_owned(),
+            ),
+            Some(_) => {
+                return Err(format!(
+                    "line {n}: USER:PASSWORD needs a user and a password of at least 8 characters"
+                ))
+            }
+            None if cred.len() >= 16 && !cred.contains(char::is_whitespace) => (
+                CredentialSecret::Bearer(Secret::new(cred)),
+                format!("token@{n}"),
+            ),
+            None => {
+                return Err(format!(
+                    "line {n}: a bearer token must be at least 16 characters"
+                ))
+            }
+        };
+        if credentials
+            .iter()
+            .any(|c: &ConsoleCredential| c.user == user)
+        {
+            return Err(format!("line {n}: user `{user}` is given twice"));
         }
-        Some(_) => Err("USER:PASSWORD needs a user and a password of at least 8 characters".into()),
-        None if line.trim().len() >= 16 => Ok(ConsoleAuth::Bearer(Secret::new(line.trim()))),
-        None => Err("a bearer token must be at least 16 characters".into()),
+        credentials.push(ConsoleCredential { role, secret, user });
     }
+    if credentials.is_empty() {
+        return Err("holds no credential: a bearer token, or USER:PASSWORD".into());
+    }
+    Ok(ConsoleAuth { credentials })
 }
 
 /// `[http] tls_cert_file` and `tls_key_file`: both or neither; both are read now (the key
@@ -543,4 +600,54 @@ fn public_names(c: &mut Checker<'_>, names: Option<Vec<String>>) -> Option<Vec<S
         }
     }
     (!bad).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_line_auth_file_is_a_single_operator_and_each_line_may_name_its_role() {
+        let one = parse_console_auth("ops:correct-horse\n").unwrap();
+        assert_eq!(one.credentials.len(), 1);
+        assert_eq!(one.credentials[0].role, ConsoleRole::Operator);
+        assert_eq!(one.credentials[0].user, "ops");
+        let token = parse_console_auth("s3cret-token-0123456789").unwrap();
+        assert_eq!(token.credentials[0].role, ConsoleRole::Operator);
+        assert_eq!(token.credentials[0].user, "token@1");
+        let roles = parse_console_auth(
+            "# console users\noperator alice:alice-password-1\n\nviewer bob:bob-password-12\nviewer s3cret-token-0123456789\n",
+        )
+        .unwrap();
+        let got: Vec<(ConsoleRole, &str)> = roles
+            .credentials
+            .iter()
+            .map(|c| (c.role, c.user.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (ConsoleRole::Operator, "alice"),
+                (ConsoleRole::Viewer, "bob"),
+                (ConsoleRole::Viewer, "token@5"),
+            ]
+        );
+        assert!(matches!(
+            roles.credentials[2].secret,
+            CredentialSecret::Bearer(_)
+        ));
+    }
+
+    #[test]
+    fn an_auth_file_line_without_a_known_role_or_a_weak_secret_is_refused_naming_its_line() {
+        let e = parse_console_auth("operator alice:alice-password-1\nadmin bob:bob-password-12\n")
+            .unwrap_err();
+        assert!(e.starts_with("line 2:"), "{e}");
+        let e = parse_console_auth("viewer bob:short\n").unwrap_err();
+        assert!(e.contains("at least 8"), "{e}");
+        let e = parse_console_auth("operator a:alice-password-1\nviewer a:other-password-1\n")
+            .unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        assert!(parse_console_auth("# nothing\n\n").is_err());
+    }
 }

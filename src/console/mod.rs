@@ -1,5 +1,8 @@
-//! The read-only web console and its JSON (`/api/v1/…`), served on the replica's HTTP port
-//! (docs/console.md).
+//! The web console and its JSON (`/api/v1/…`), served on the replica's HTTP port
+//! (docs/console.md). Pages only read; an operator's actions are POSTs handled in
+//! actions.rs (roles, same-origin and token checks in auth.rs, the forms in forms.rs), each
+//! one call of a V24 function the runtime role may execute (docs/design.md, "Acting from
+//! the console").
 //!
 //! - Pages: `/` (overview), `/triggers`, `/triggers/{id}`, `/runs`, `/runs/{id}` (a run with
 //!   its attempts, each one's error and output tail), `/audit` (the audit log, docs/audit.md):
@@ -18,7 +21,10 @@
 //!   sent), counted in `qlsched_console_login_failures_total`, and past
 //!   `[http] console_login_failures_per_minute` failures its address gets 429 (throttle.rs).
 
+mod actions;
+mod auth;
 mod charts;
+mod forms;
 mod pages;
 mod throttle;
 
@@ -28,7 +34,7 @@ use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
-use crate::config::{ConsoleAuth, ConsoleConfig};
+use crate::config::ConsoleConfig;
 use crate::db;
 use crate::db::{Pool, StoreError};
 use crate::metrics::Metrics;
@@ -67,6 +73,8 @@ pub struct Console {
     replica_id: String,
     history: std::sync::Arc<std::sync::Mutex<Option<ClosedMinutes>>>,
     throttle: std::sync::Arc<throttle::Throttle>,
+    /// The key of the action forms' tokens, drawn when the console starts.
+    tokens: std::sync::Arc<auth::TokenKey>,
     log: slog::Logger,
 }
 
@@ -102,6 +110,7 @@ impl Console {
             metrics,
             replica_id,
             history: Default::default(),
+            tokens: std::sync::Arc::new(auth::TokenKey::random()),
             log: log.new(slog::o!("component" => "console")),
         }
     }
@@ -144,41 +153,22 @@ impl Console {
         self.history.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the request carries the configured credentials (always, when none are).
-    fn authorised(&self, req: &HttpRequest) -> bool {
-        let Some(auth) = &self.cfg.auth else {
-            return true;
+    /// The credentials check of one request, throttled per client address: `Ok` lets the
+    /// request through, with the user its credentials name (`None`: the console has no
+    /// credentials file, pages are open and nobody may act); otherwise the 401 or 429 to
+    /// send. A request that carried wrong credentials is logged (address and path only),
+    /// counted and remembered.
+    fn admit(&self, req: &HttpRequest) -> Result<Option<auth::Who>, Box<HttpResponse>> {
+        let Some(file) = self.cfg.auth.as_ref() else {
+            return Ok(None);
         };
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        match auth {
-            ConsoleAuth::Bearer(token) => given
-                .strip_prefix("Bearer ")
-                .is_some_and(|t| same(t.trim().as_bytes(), token.expose().as_bytes())),
-            ConsoleAuth::Basic { user, password } => {
-                let want = basic_value(user, password.expose());
-                given
-                    .strip_prefix("Basic ")
-                    .is_some_and(|b| same(b.trim().as_bytes(), want.as_bytes()))
-            }
-        }
-    }
-
-    /// The credentials check of one request, throttled per client address: `None` lets the
-    /// request through; otherwise the 401 or 429 to send. A request that carried wrong
-    /// credentials is logged (address and path only), counted and remembered.
-    fn admit(&self, req: &HttpRequest) -> Option<HttpResponse> {
-        self.cfg.auth.as_ref()?;
         let ip = req.peer_addr().map(|a| a.ip());
         let now = std::time::Instant::now();
         if let Some(wait) = ip.and_then(|ip| self.throttle.blocked(ip, now)) {
-            return Some(self.throttled(wait));
+            return Err(Box::new(self.throttled(wait)));
         }
-        if self.authorised(req) {
-            return None;
+        if let Some(who) = auth::identify(file, req) {
+            return Ok(Some(who));
         }
         if req.headers().contains_key(header::AUTHORIZATION) {
             self.metrics.console_login_failures.inc();
@@ -189,7 +179,7 @@ impl Console {
                 "client" => ip.map(|i| i.to_string()).unwrap_or_default(),
                 "path" => req.path());
         }
-        Some(self.unauthorised())
+        Err(Box::new(self.unauthorised()))
     }
 
     fn throttled(&self, wait: Duration) -> HttpResponse {
@@ -205,7 +195,7 @@ impl Console {
 
     fn unauthorised(&self) -> HttpResponse {
         let challenge = match &self.cfg.auth {
-            Some(ConsoleAuth::Basic { .. }) => "Basic realm=\"qlsched console\", charset=\"UTF-8\"",
+            Some(a) if auth::wants_basic(a) => "Basic realm=\"qlsched console\", charset=\"UTF-8\"",
             _ => "Bearer realm=\"qlsched console\"",
         };
         let mut r = HttpResponse::Unauthorized();
@@ -258,39 +248,6 @@ macro_rules! read {
     };
 }
 
-/// Base64 of `user:password` (RFC 7617), what a browser sends.
-fn basic_value(user: &str, password: &str) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let input = format!("{user}:{password}");
-    let bytes = input.as_bytes();
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// Compares without stopping at the first difference.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
-    }
-    diff == 0
-}
-
 /// The headers of every console response.
 fn secure(r: &mut actix_web::HttpResponseBuilder) {
     r.insert_header((header::CONTENT_SECURITY_POLICY, CSP))
@@ -306,6 +263,8 @@ pub(crate) enum Failure {
     /// A parameter out of its bounds (named).
     BadRequest(String),
     NotFound(String),
+    /// The object's state forbids the action (disabled, deleted, republished meanwhile).
+    Conflict(String),
     Store(StoreError),
 }
 
@@ -333,13 +292,14 @@ impl Failure {
         match self {
             Failure::BadRequest(_) => StatusCode::BAD_REQUEST,
             Failure::NotFound(_) => StatusCode::NOT_FOUND,
+            Failure::Conflict(_) => StatusCode::CONFLICT,
             Failure::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
     fn message(&self) -> String {
         match self {
-            Failure::BadRequest(m) | Failure::NotFound(m) => m.clone(),
+            Failure::BadRequest(m) | Failure::NotFound(m) | Failure::Conflict(m) => m.clone(),
             Failure::Store(e) => format!("the database did not answer: {e}"),
         }
     }
@@ -499,10 +459,16 @@ async fn triggers(
     respond(format, r)
 }
 
-async fn trigger(console: web::Data<Console>, id: String, format: Format) -> HttpResponse {
+async fn trigger(
+    console: web::Data<Console>,
+    id: String,
+    format: Format,
+    who: Option<&auth::Who>,
+) -> HttpResponse {
     let r = async {
         let d = read!(console, tx => crate::present::triggers::trigger_detail(&tx, &id, 10, 50).await?)?;
-        Ok((pages::trigger(&d), to_json(&d)?))
+        let actions = forms::trigger_actions(&console.tokens, who, &d.item.view);
+        Ok((pages::trigger(&d, actions), to_json(&d)?))
     }
     .await;
     respond(format, r)
@@ -593,13 +559,19 @@ async fn audit(
     respond(format, r)
 }
 
-async fn run(console: web::Data<Console>, id: String, format: Format) -> HttpResponse {
+async fn run(
+    console: web::Data<Console>,
+    id: String,
+    format: Format,
+    who: Option<&auth::Who>,
+) -> HttpResponse {
     let r = async {
         let run_id = uuid::Uuid::parse_str(&id)
             .map_err(|_| Failure::BadRequest(format!("run `{id}`: not a run id (a UUID)")))?;
         let d = read!(console, tx => browse::run_detail_in(&tx, run_id).await?)?
             .ok_or_else(|| Failure::NotFound(format!("unknown run `{id}`")))?;
-        Ok((pages::run(&d), to_json(&d)?))
+        let actions = forms::run_actions(&console.tokens, who, &d);
+        Ok((pages::run(&d, actions), to_json(&d)?))
     }
     .await;
     respond(format, r)
@@ -607,9 +579,11 @@ async fn run(console: web::Data<Console>, id: String, format: Format) -> HttpRes
 
 /// Every console route, each behind the credentials check.
 async fn dispatch(req: HttpRequest, console: web::Data<Console>) -> HttpResponse {
-    if let Some(refused) = console.admit(&req) {
-        return refused;
-    }
+    let who = match console.admit(&req) {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
+    let who = who.as_ref();
     let path = req.path().to_owned();
     let query = |req: &HttpRequest| req.query_string().to_owned();
     macro_rules! q {
@@ -645,11 +619,15 @@ async fn dispatch(req: HttpRequest, console: web::Data<Console>) -> HttpResponse
             let id = req.match_info().get("id").map(str::to_owned);
             match id {
                 Some(id) if p.starts_with("/api/v1/triggers/") => {
-                    trigger(console, id, Format::Json).await
+                    trigger(console, id, Format::Json, who).await
                 }
-                Some(id) if p.starts_with("/triggers/") => trigger(console, id, Format::Html).await,
-                Some(id) if p.starts_with("/api/v1/runs/") => run(console, id, Format::Json).await,
-                Some(id) if p.starts_with("/runs/") => run(console, id, Format::Html).await,
+                Some(id) if p.starts_with("/triggers/") => {
+                    trigger(console, id, Format::Html, who).await
+                }
+                Some(id) if p.starts_with("/api/v1/runs/") => {
+                    run(console, id, Format::Json, who).await
+                }
+                Some(id) if p.starts_with("/runs/") => run(console, id, Format::Html, who).await,
                 _ => respond(
                     Format::Html,
                     Err(Failure::NotFound(format!("no page at {p}"))),
@@ -682,28 +660,8 @@ pub fn configure(cfg: &mut web::ServiceConfig, console: Console) {
     ] {
         cfg.route(path, web::get().to(dispatch));
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn basic_credentials_encode_as_browsers_send_them() {
-        // RFC 7617's example.
-        assert_eq!(
-            basic_value("Aladdin", "open sesame"),
-            "QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
-        );
-        assert_eq!(basic_value("a", "b"), "YTpi");
-        assert_eq!(basic_value("ab", "c"), "YWI6Yw==");
-    }
-
-    #[test]
-    fn comparison_needs_equal_length_and_bytes() {
-        assert!(same(b"abc", b"abc"));
-        assert!(!same(b"abc", b"abd"));
-        assert!(!same(b"abc", b"abcd"));
-        assert!(!same(b"", b"a"));
+    // The operator actions: POST only (a GET of these paths is a 404 of the page router).
+    for path in ["/triggers/{id}/{action}", "/runs/{id}/{action}"] {
+        cfg.route(path, web::post().to(actions::handle));
     }
 }

@@ -57,13 +57,18 @@ fn layout(title: &str, nav: Nav, body: Markup) -> String {
                     (body)
                 }
                 footer {
-                    span { "Read-only. Times in UTC unless marked local. " }
+                    span { "Times in UTC unless marked local. " }
                     span id="refresh-slot" {}
                 }
             }
         }
     }
     .into_string()
+}
+
+/// What an action did, or the confirmation it asks for (src/console/actions.rs).
+pub fn action_page(title: &str, body: Markup) -> String {
+    layout(title, Nav::None, body)
 }
 
 pub fn error_page(status: u16, message: &str) -> String {
@@ -272,7 +277,7 @@ fn trigger_row(t: &TriggerItem) -> Markup {
     }
 }
 
-pub fn trigger(d: &TriggerDetail) -> String {
+pub fn trigger(d: &TriggerDetail, actions: Markup) -> String {
     let v = &d.item.view;
     let mut lag: Vec<(f64, f64)> = d
         .runs
@@ -318,6 +323,7 @@ pub fn trigger(d: &TriggerDetail) -> String {
                 dt { "Lease" } dd { (holder(v)) " (claim version " (v.claim_version) ", state version " (v.state_version) ")" }
             }
         }
+        (actions)
         section aria-labelledby="outcome-h" {
             h2 id="outcome-h" { "Outcome" @if v.outcome.overdue { " " strong.overdue id="overdue" { "overdue" } } }
             dl.facts id="outcome" {
@@ -479,7 +485,7 @@ pub fn audit(q: &AuditQuery, limit: i64, page: &AuditPage) -> String {
 
 /// One run: what `runs show` prints, with each attempt's error, result and output tail as
 /// recorded by whoever executed it (a worker's stdout and stderr tails, an HTTP body's end).
-pub fn run(d: &RunDetail) -> String {
+pub fn run(d: &RunDetail, actions: Markup) -> String {
     let r = &d.run;
     let body = html! {
         section aria-labelledby="run-h" {
@@ -495,6 +501,7 @@ pub fn run(d: &RunDetail) -> String {
                 dt { "Execution revision" } dd { code { (d.execution_revision_id) } }
             }
         }
+        (actions)
         section aria-labelledby="attempts-h" {
             h2 id="attempts-h" { "Attempts" }
             @for a in &d.attempts {

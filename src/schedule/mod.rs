@@ -120,3 +120,26 @@ impl Schedule {
         &self.expression
     }
 }
+
+/// Every occurrence of `schedule` in `[from_ms, to_ms)`, in order, or `None` as soon as
+/// there are more than `max` (nothing further is computed).
+pub fn occurrences_in(
+    schedule: &Schedule,
+    from_ms: i64,
+    to_ms: i64,
+    max: usize,
+) -> Option<Vec<i64>> {
+    let mut out = Vec::new();
+    let mut at = from_ms - 1;
+    while let Some(t) = schedule.next_after_ms(at) {
+        if t >= to_ms {
+            break;
+        }
+        if out.len() == max {
+            return None;
+        }
+        out.push(t);
+        at = t;
+    }
+    Some(out)
+}

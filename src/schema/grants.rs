@@ -166,7 +166,7 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// triggers on runs: no role executes them, they run as the owner inside whichever role's
 /// insert or status change fires them (the runtime's admission, the admin's fire, backfill
 /// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
-pub const EXECUTE_GRANTS: [(&str, &str); 18] = [
+pub const EXECUTE_GRANTS: [(&str, &str); 24] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -207,6 +207,30 @@ pub const EXECUTE_GRANTS: [(&str, &str); 18] = [
     ("qlsched.overlap_prune_skips(bigint)", "runtime"),
     // Retention of the audit log (V22), under the replicas' 'prune' lease.
     ("qlsched.prune_audit(bigint,integer,text,uuid)", "runtime"),
+    // The console's operator actions (V24, docs/console.md "Actions"): a replica serves the
+    // console as the runtime role and holds no admin credentials; each action is one of
+    // these narrow functions, with its CLI command's checks and one audit row.
+    ("qlsched.console_disable(text,text,text,text)", "runtime"),
+    (
+        "qlsched.console_enable(text,bigint,bigint,text,text)",
+        "runtime",
+    ),
+    (
+        "qlsched.console_fire(text,text,uuid,uuid,uuid,text,text,text)",
+        "runtime",
+    ),
+    (
+        "qlsched.console_backfill(text,bigint,bigint[],uuid[],uuid[],text,text,text)",
+        "runtime",
+    ),
+    (
+        "qlsched.console_cancel_queued(text,bigint,bigint,text,text,text)",
+        "runtime",
+    ),
+    (
+        "qlsched.console_request_cancel(uuid,text,text,text)",
+        "runtime",
+    ),
 ];
 
 /// Every grant of [`GRANTS`], [`DISPATCHER_GRANTS`], [`COLUMN_GRANTS`] and

@@ -68,6 +68,7 @@ pub mod admission;
 pub mod audit;
 pub mod browse;
 pub mod claim;
+pub mod console_actions;
 pub mod definitions;
 pub mod dispatch;
 #[cfg(test)]

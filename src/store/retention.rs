@@ -305,13 +305,18 @@ pub async fn view(
     })
 }
 
+/// How far inside the retention horizon a backfill window must start (`trigger backfill`
+/// and the console's): covers a prune pass that starts while the backfill runs
+/// (docs/design.md, "Retention").
+pub const BACKFILL_HORIZON_MARGIN: Duration = Duration::from_secs(3600);
+
 /// The earliest `scheduled_for` (epoch ms) an operator may still admit without risking a
 /// pruned run's occurrence being admitted again: the later of the highest horizon any prune
 /// used and `now − max(finished_after, floor) + margin` (the floor: V15) (the margin covers a prune that starts while the
 /// backfill runs). `None`: nothing was or will be pruned (no pruning replica yet, or
 /// retention 0 = forever and nothing pruned before).
 pub async fn backfill_floor_ms(
-    client: &tokio_postgres::Client,
+    client: &impl tokio_postgres::GenericClient,
     margin: Duration,
 ) -> Result<Option<(i64, Option<i64>)>, StoreError> {
     let margin_ms = i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);

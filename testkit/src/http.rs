@@ -26,6 +26,26 @@ pub fn get(addr: SocketAddr, host: Option<&str>, path: &str, headers: &[(&str, &
     parse(&String::from_utf8_lossy(&buf))
 }
 
+/// One POST of a form (`application/x-www-form-urlencoded` `body`) to `path`, `Host`
+/// `localhost`, with `headers`.
+pub fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!(
+        "POST {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    parse(&String::from_utf8_lossy(&buf))
+}
+
 /// A response's status line, headers and body.
 pub fn parse(buf: &str) -> Response {
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf, ""));

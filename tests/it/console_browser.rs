@@ -503,3 +503,227 @@ async fn fail_one_run(db: &TestDb, output: &str) -> uuid::Uuid {
     assert!(finished, "the started run finishes");
     run_id
 }
+
+/// Sends `header` with every request of the browser from now on (Chromium's DevTools
+/// protocol): the console's credentials, as a browser sends them after its login prompt.
+async fn send_header(c: &Client, header: (&str, &str)) {
+    for (cmd, params) in [
+        ("Network.enable", json!({})),
+        (
+            "Network.setExtraHTTPHeaders",
+            json!({ "headers": { header.0: header.1 } }),
+        ),
+    ] {
+        c.issue_cmd(Post {
+            path: "goog/cdp/execute",
+            body: json!({ "cmd": cmd, "params": params }),
+        })
+        .await
+        .expect(cmd);
+    }
+}
+
+/// Sets the value of the input `css` selects (a `datetime-local` takes no typed keys
+/// portably).
+async fn set_value(c: &Client, css: &str, value: &str) {
+    c.execute(
+        "document.querySelector(arguments[0]).value = arguments[1];",
+        vec![json!(css), json!(value)],
+    )
+    .await
+    .unwrap();
+}
+
+/// The operator's actions in the browser: disable with a note, a double-clicked fire (one
+/// run), a backfill through its confirmation page, a failed run retried; a viewer's page
+/// has no form, and a form posted from another origin is refused. Screenshots of the
+/// actions, the confirmation and the outcome for docs/console.md.
+#[tokio::test]
+async fn console_actions_in_headless_chromium() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    super::console::seed(&db).await;
+    let file =
+        crate::helpers::http::secret_file(dir.path(), "roles", super::console::ROLES_FILE, 0o600);
+    let mut r = ReplicaProc::spawn(
+        &db.dsn("qlsched_runtime"),
+        "web2",
+        "",
+        &[("QLSCHED__HTTP__CONSOLE_AUTH_FILE", file.as_str())],
+    );
+    r.wait_ready(Duration::from_secs(30)).await;
+    crate::helpers::wait_until("a run of con-a", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a'")
+            .await
+            >= 1
+    })
+    .await;
+    let failed = fail_one_run(&db, "boom").await;
+    let base = format!("http://{}", r.http);
+    let go = |path: &str| format!("{base}{path}");
+    let (_driver, c) = start_browser().await;
+
+    // A viewer: every page, no form that acts.
+    send_header(&c, super::console::BOB).await;
+    c.goto(&go("/triggers/con-a")).await.unwrap();
+    assert!(
+        c.find(Locator::Css("#actions")).await.is_err(),
+        "a viewer sees actions"
+    );
+    assert!(c.find(Locator::Css("form[method=post]")).await.is_err());
+    assert_clean_log(&c, "the viewer's trigger page").await;
+
+    // The operator: disable con-b with a note.
+    send_header(&c, super::console::ALICE).await;
+    c.goto(&go("/triggers/con-b")).await.unwrap();
+    screenshot(&c, "trigger-actions").await;
+    c.find(Locator::Css("#disable-note-input"))
+        .await
+        .unwrap()
+        .send_keys("maintenance <window> & more")
+        .await
+        .unwrap();
+    click(&c, "#disable").await;
+    await_url(&c, "the disable's answer", |u| u.ends_with("/disable")).await;
+    assert!(text_of(&c, "#outcome").await.starts_with("Disabled"));
+    screenshot(&c, "action-done").await;
+    assert_clean_log(&c, "the disable").await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.triggers WHERE trigger_id = 'con-b' AND operator_disabled AND disabled_note = 'maintenance <window> & more'")
+            .await,
+        1
+    );
+    c.goto(&go("/triggers/con-b")).await.unwrap();
+    assert!(text_of(&c, "#disable-note")
+        .await
+        .contains("maintenance <window> & more"));
+    assert!(c.find(Locator::Css("#enable")).await.is_ok());
+
+    // A double click on "Fire now": one run.
+    c.goto(&go("/triggers/con-a")).await.unwrap();
+    c.execute(
+        "const b = document.getElementById('fire'); b.click(); b.click();",
+        vec![],
+    )
+    .await
+    .unwrap();
+    await_url(&c, "the fire's answer", |u| u.ends_with("/fire")).await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a' AND idempotency_key LIKE 'ql3:manual:%'")
+            .await,
+        1,
+        "a double click admitted two runs"
+    );
+
+    // Backfill ten minutes of con-a: the confirmation says what, then it is done.
+    let now = db.now_ms().await;
+    let minute = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms / 60_000 * 60_000)
+            .unwrap()
+            .format("%Y-%m-%dT%H:%M")
+            .to_string()
+    };
+    c.goto(&go("/triggers/con-a")).await.unwrap();
+    set_value(&c, "#backfill-from", &minute(now - 1_800_000)).await;
+    set_value(&c, "#backfill-to", &minute(now - 1_200_000)).await;
+    click(&c, "#backfill").await;
+    await_url(&c, "the backfill's confirmation", |u| {
+        u.ends_with("/backfill")
+    })
+    .await;
+    assert!(text_of(&c, "#plan").await.starts_with("600 occurrences"));
+    screenshot(&c, "backfill-confirm").await;
+    let backfilled = "SELECT count(*) FROM qlsched.runs WHERE trigger_id = 'con-a' AND admitted_by LIKE 'backfill:%'";
+    assert_eq!(db.count(backfilled).await, 0, "the confirmation page wrote");
+    click(&c, "#confirm").await;
+    crate::helpers::wait_until("the backfill's answer", Duration::from_secs(10), || async {
+        c.find(Locator::Css("#outcome")).await.is_ok()
+    })
+    .await;
+    assert_eq!(db.count(backfilled).await, 600);
+    assert_clean_log(&c, "the backfill").await;
+
+    // Retry the failed run: one manual run, however often.
+    c.goto(&go(&format!("/runs/{failed}"))).await.unwrap();
+    click(&c, "#retry").await;
+    await_url(&c, "the retry's answer", |u| u.ends_with("/retry")).await;
+    assert!(text_of(&c, "#outcome")
+        .await
+        .starts_with("Admitted one run"));
+    let retried = format!("SELECT count(*) FROM qlsched.runs WHERE request_id = 'retry.{failed}'");
+    assert_eq!(db.count(&retried).await, 1);
+
+    // Another site's form, posted with the operator's credentials: refused.
+    let token = c
+        .find(Locator::Css("input[name=csrf]"))
+        .await
+        .map(|_| ())
+        .ok();
+    assert!(token.is_none(), "the retry's answer holds no form");
+    c.goto(&go("/triggers/con-a")).await.unwrap();
+    let csrf = c
+        .find(Locator::Css(
+            "#enable-form input[name=csrf], #disable-form input[name=csrf]",
+        ))
+        .await
+        .unwrap()
+        .attr("value")
+        .await
+        .unwrap()
+        .unwrap();
+    let evil = format!(
+        "data:text/html,<form method=post action='{}'><input name=csrf value='{csrf}'><input name=note value=x></form>",
+        go("/triggers/con-a/disable")
+    );
+    c.goto(&evil).await.unwrap();
+    c.execute("document.forms[0].submit();", vec![])
+        .await
+        .unwrap();
+    // The answer is plain text (no page of the console's: nothing to act from).
+    crate::helpers::wait_until(
+        "the cross-site post's answer",
+        Duration::from_secs(10),
+        || async {
+            c.current_url()
+                .await
+                .unwrap()
+                .as_str()
+                .ends_with("/disable")
+                && c.find(Locator::Css("body")).await.is_ok()
+        },
+    )
+    .await;
+    let body = text_of(&c, "body").await;
+    assert!(
+        body.contains("403 Forbidden") && body.contains("same origin"),
+        "{body}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.triggers WHERE trigger_id = 'con-a' AND enabled")
+            .await,
+        1,
+        "the cross-site post disabled the trigger"
+    );
+
+    // Every action in the audit log with the console user.
+    let page: Value = serde_json::from_str(&ok(ql(&db, &["audit", "--json"]))).unwrap();
+    let mine: Vec<(String, String)> = page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["source"] == "console")
+        .map(|e| {
+            assert_eq!(e["actor"], "alice", "{e}");
+            (
+                e["object_id"].as_str().unwrap().to_owned(),
+                e["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(mine.len(), 4, "{mine:?}");
+    for want in ["disable", "fire", "backfill"] {
+        assert!(mine.iter().any(|(_, a)| a == want), "{want}: {mine:?}");
+    }
+    c.close().await.unwrap();
+    r.terminate(Duration::from_secs(20)).await;
+}

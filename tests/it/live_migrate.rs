@@ -209,6 +209,16 @@ pub const UNDO_AFTER_V18: &str = "
         RETURN NEW;
     END
     $$;
+    DROP FUNCTION qlsched.console_disable(text, text, text, text),
+                  qlsched.console_enable(text, bigint, bigint, text, text),
+                  qlsched.console_fire(text, text, uuid, uuid, uuid, text, text, text),
+                  qlsched.console_backfill(text, bigint, bigint[], uuid[], uuid[], text, text, text),
+                  qlsched.console_cancel_queued(text, bigint, bigint, text, text, text),
+                  qlsched.console_request_cancel(uuid, text, text, text),
+                  qlsched.console_admit(text, bigint[], uuid[], uuid[], text[], text[], text, text),
+                  qlsched.console_lock_admittable(text), qlsched.console_check_who(text, text),
+                  qlsched.console_audit(text, text, text, jsonb, text, text, text),
+                  qlsched.console_snapshot(text), qlsched.console_diff(jsonb, jsonb);
     DROP TABLE qlsched.audit_log;
     DROP FUNCTION qlsched.prune_audit(bigint, integer, text, uuid), qlsched.audit_is_append_only();
     DROP TABLE qlsched.trigger_overlap;

@@ -350,6 +350,36 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_runtime",
         "qlsched_admin",
     ),
+    (
+        "qlsched.console_disable(text,text,text,text)",
+        "qlsched_runtime",
+        "qlsched_dispatcher",
+    ),
+    (
+        "qlsched.console_enable(text,bigint,bigint,text,text)",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
+    (
+        "qlsched.console_fire(text,text,uuid,uuid,uuid,text,text,text)",
+        "qlsched_runtime",
+        "qlsched_worker_ingress",
+    ),
+    (
+        "qlsched.console_backfill(text,bigint,bigint[],uuid[],uuid[],text,text,text)",
+        "qlsched_runtime",
+        "qlsched_dispatcher",
+    ),
+    (
+        "qlsched.console_cancel_queued(text,bigint,bigint,text,text,text)",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
+    (
+        "qlsched.console_request_cancel(uuid,text,text,text)",
+        "qlsched_runtime",
+        "qlsched_dispatcher",
+    ),
 ];
 
 /// `db check` expects exactly the one EXECUTE grant of each function: an extra grant to

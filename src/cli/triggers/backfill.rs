@@ -15,34 +15,11 @@ use crate::store::{manage, retention};
 pub const BACKFILL_HARD_CAP: usize = 100_000;
 /// Default `--max`.
 pub const BACKFILL_DEFAULT_MAX: usize = 1_000;
-/// How far inside the retention horizon a backfill window must start: covers a prune pass
-/// that starts while the backfill runs (docs/design.md, "Retention").
-pub const HORIZON_MARGIN: std::time::Duration = std::time::Duration::from_secs(3600);
+pub use crate::store::retention::BACKFILL_HORIZON_MARGIN as HORIZON_MARGIN;
 /// Default occurrences per committed chunk.
 pub const BACKFILL_DEFAULT_CHUNK: usize = 500;
 
-/// Every occurrence of `schedule` in `[from_ms, to_ms)`, in order, or `None` as soon as
-/// there are more than `max` (nothing further is computed).
-pub fn occurrences_in(
-    schedule: &Schedule,
-    from_ms: i64,
-    to_ms: i64,
-    max: usize,
-) -> Option<Vec<i64>> {
-    let mut out = Vec::new();
-    let mut at = from_ms - 1;
-    while let Some(t) = schedule.next_after_ms(at) {
-        if t >= to_ms {
-            break;
-        }
-        if out.len() == max {
-            return None;
-        }
-        out.push(t);
-        at = t;
-    }
-    Some(out)
-}
+pub use crate::schedule::occurrences_in;
 
 /// What `trigger backfill` takes.
 #[derive(Args, Debug)]

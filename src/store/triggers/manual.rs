@@ -398,6 +398,14 @@ pub async fn backfill_definition(
     client: &mut tokio_postgres::Client,
     id: &str,
 ) -> Result<BackfillDefinition, ManageError> {
+    backfill_definition_in(&*client, id).await
+}
+
+/// [`backfill_definition`] on any client (the console reads it in its action's transaction).
+pub async fn backfill_definition_in(
+    client: &impl tokio_postgres::GenericClient,
+    id: &str,
+) -> Result<BackfillDefinition, ManageError> {
     let row = client
         .query_opt(
             "SELECT t.enabled, t.deleted_at_ms IS NOT NULL, t.revision, t.cron_expr, t.timezone,

@@ -14,8 +14,8 @@ mod read;
 mod state;
 
 pub use manual::{
-    backfill_chunk, backfill_chunk_with, backfill_definition, fire, fire_with, manual_key,
-    BackfillCount, BackfillDefinition, Fired,
+    backfill_chunk, backfill_chunk_with, backfill_definition, backfill_definition_in, fire,
+    fire_with, manual_key, BackfillCount, BackfillDefinition, Fired,
 };
 pub use outcome::TriggerOutcome;
 pub use read::{
