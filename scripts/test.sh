@@ -69,7 +69,7 @@ lines=("PostgreSQL $system_version (system): the whole suite")
 lines+=("benchmark smoke (examples/bench smoke): $([ "$bench_status" -eq 0 ] && echo passed || echo FAILED)")
 
 if [ "${QLSCHED_PG_MATRIX:-1}" != 0 ]; then
-  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune:: worker_take:: overlap:: outcomes:: audit:: apply:: console::the_console_functions_)
+  sql_tests=(store_ manage_ edits:: cursor_floor:: connect:: plans:: migrations:: interrupted_migrate:: roles:: integrity:: dispatcher:: dispatch_protocol:: runs_cancel:: runs_prune:: worker_take:: worker_take_start:: overlap:: outcomes:: audit:: apply:: console::the_console_functions_)
   system_major=${system_version%%.*}
   versions=($PG_SUPPORTED_VERSIONS)
   oldest=${versions[0]}

@@ -31,7 +31,8 @@ use crate::sink::Sink;
 /// lease and heartbeat (attempts last milliseconds: no heartbeat is ever due).
 const WORKER_KEYS: &str =
     "concurrency = 64\npoll = \"100ms\"\nlease = \"60s\"\nheartbeat = \"10s\"\ndrain_timeout = \"10s\"";
-/// Each attempt makes its own start and finish calls: 16 connections per worker (default 4).
+/// Heartbeats are per attempt (none is due here), takes and finishes per batch: 16 connections
+/// per worker (default 4) leave room for both.
 const WORKER_ENV: &[(&str, &str)] = &[
     ("QLSCHED__DATABASE__POOL_SIZE", "16"),
     ("QLSCHED__LOG__LEVEL", "info"),

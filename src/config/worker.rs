@@ -78,7 +78,8 @@ pub struct WorkerConfig {
     /// Slots freed since the last take at which the next take is made at once, 1..=256
     /// (at most `concurrency` is used).
     pub take_batch: u32,
-    /// Longest wait from the first slot freed since the last take to the next take, 0s..=1s.
+    /// Longest wait from the first slot freed since the last take to the next take, and from
+    /// an attempt's end to the call that records it with others, 0s..=1s.
     pub take_linger: Duration,
     /// How long a stop waits for running attempts, 0s..=1h.
     pub drain_timeout: Duration,

@@ -144,7 +144,9 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// dispatcher role's only; no replica calls them. `request_cancel` (V16) asks the holders of
 /// taken runs to stop them, an operator's (admin role). `dispatch_take_executable` (V17) is
 /// the take of `qlsched worker` (docs/worker.md) before V18; `dispatch_take_batch` (V18) is
-/// its take from V18 on. `spec_pool` and `spec_executor` (V16, V17) compute V18's generated
+/// its take from V18 on. `dispatch_take_start` and `dispatch_finish_batch` (V25) are its take,
+/// which starts the runs it takes, and its finish of several attempts in one call, from V25 on.
+/// `spec_pool` and `spec_executor` (V16, V17) compute V18's generated
 /// columns of `execution_revisions`, evaluated as the role that inserts a revision: the admin
 /// role's (`task publish`); they only read the text they are given.
 ///
@@ -166,7 +168,7 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
 /// `overlap_decided` (V26) is the admission's (runtime role): the statement decides forbid
 /// and buffer_one itself and writes the overlap rows it read through it, once per batch.
-pub const EXECUTE_GRANTS: [(&str, &str); 23] = [
+pub const EXECUTE_GRANTS: [(&str, &str); 25] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -190,6 +192,14 @@ pub const EXECUTE_GRANTS: [(&str, &str); 23] = [
     ),
     (
         "qlsched.dispatch_take_batch(text,text[],text[],integer,bigint)",
+        "dispatcher",
+    ),
+    (
+        "qlsched.dispatch_take_start(text,text[],text[],integer,bigint)",
+        "dispatcher",
+    ),
+    (
+        "qlsched.dispatch_finish_batch(uuid[],uuid[],text[],integer[],text[],text[],jsonb[])",
         "dispatcher",
     ),
     ("qlsched.request_cancel(uuid[])", "admin"),

@@ -1,6 +1,7 @@
 //! One taken attempt, from the take to its finish (the lease machine in `worker/mod.rs`):
-//! check the spec, resolve its secrets, start, execute while heartbeats extend the lease,
-//! finish. Every call is fenced by the attempt's lease token.
+//! the take started it (V25); check the spec, resolve its secrets, execute while heartbeats
+//! extend the lease, finish (in a batch: [`super::finisher`]). Every call is fenced by the
+//! attempt's lease token.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 use slog::{info, o, warn, Logger};
 use tokio::sync::watch;
 
+use super::finisher::Finisher;
 use super::metrics::WorkerMetrics;
 use super::secrets::{Credentials, Redactor};
 use super::spec::{self, Executor, Spec, Text};
@@ -18,8 +20,6 @@ use crate::store::worker::{self as calls, Beat, Finish, Taken};
 
 /// The database keeps at most this much of an error.
 const ERROR_MAX: usize = 8192;
-/// How often a finish is tried while the database does not answer (each within the lease).
-const FINISH_TRIES: u32 = 5;
 
 /// What every attempt of a worker shares.
 pub(super) struct Shared {
@@ -28,8 +28,8 @@ pub(super) struct Shared {
     pub metrics: WorkerMetrics,
     pub log: Logger,
     pub credentials: Credentials,
-    /// True once the worker stops: an attempt not started yet is released.
-    pub stopping: watch::Receiver<bool>,
+    /// Records the outcomes, several per call.
+    pub finisher: Finisher,
     /// `Some(Stop::Drain)` once the drain timeout passed: running attempts are stopped.
     pub drain: watch::Receiver<Option<Stop>>,
 }
@@ -40,8 +40,9 @@ impl Shared {
     }
 }
 
-/// Runs one taken attempt to its end.
-pub(super) async fn run(shared: Arc<Shared>, t: Taken) {
+/// Runs one taken attempt to its end. The take started it: `held_since` is when the take was
+/// sent (the lease runs from the database's reading of its clock, after that).
+pub(super) async fn run(shared: Arc<Shared>, t: Taken, held_since: Instant) {
     let log = shared
         .log
         .new(o!("run_id" => t.run_id.to_string(), "attempt" => t.attempt_no));
@@ -53,8 +54,9 @@ pub(super) async fn run(shared: Arc<Shared>, t: Taken) {
     let spec = match spec::parse(t.spec.as_deref().unwrap_or("")) {
         Ok(Some(s)) => s,
         Ok(None) => {
-            // Not taken by the V17 take; a spec edited under a digest failure is failed there.
-            release(&shared, &t, &log).await;
+            // The take hands out only runs whose spec names an executor this worker runs.
+            let o = Outcome::failed(None, String::new(), "invalid spec: no executor".into());
+            finish(&shared, &t, o, &Redactor::default(), &log).await;
             return;
         }
         Err(e) => {
@@ -72,32 +74,9 @@ pub(super) async fn run(shared: Arc<Shared>, t: Taken) {
             return;
         }
     };
-    if *shared.stopping.borrow() {
-        release(&shared, &t, &log).await;
-        return;
-    }
-    // The lease runs from the database's reading of its clock, after this.
-    let start_sent = Instant::now();
-    let conn_start = async {
-        let c = db::conn(&shared.pool).await?;
-        calls::start(&c, &t, shared.lease_ms()).await
-    };
-    match conn_start.await {
-        Ok(true) => {}
-        Ok(false) => {
-            m.lost.inc();
-            warn!(log, "lease lost before the start: not executed");
-            return;
-        }
-        Err(e) => {
-            m.lost.inc();
-            warn!(log, "could not start (the lease will expire and the protocol retries or fails the run)"; "error" => %e);
-            return;
-        }
-    }
     m.running.inc();
     let began = Instant::now();
-    let (outcome, lost) = execute(&shared, &t, &spec, resolved, &redactor, start_sent, &log).await;
+    let (outcome, lost) = execute(&shared, &t, &spec, resolved, &redactor, held_since, &log).await;
     m.running.dec();
     m.execution_seconds.observe(began.elapsed().as_secs_f64());
     if lost {
@@ -290,58 +269,24 @@ async fn finish(shared: &Shared, t: &Taken, o: Outcome, redactor: &Redactor, log
         error: error.clone(),
         result: o.result,
     };
-    let mut delay = Duration::from_millis(200);
-    for attempt in 1..=FINISH_TRIES {
-        let res = async {
-            let c = db::conn(&shared.pool).await?;
-            calls::finish(&c, t, &f).await
-        }
-        .await;
-        match res {
-            Ok(true) => {
-                if f.succeeded {
-                    m.succeeded.inc();
-                } else {
-                    m.failed.inc();
-                }
-                info!(log, "finished"; "succeeded" => f.succeeded, "exit_status" => f.exit_status,
-                      "error" => error.as_deref().unwrap_or(""));
-                return;
-            }
-            Ok(false) => {
-                m.lost.inc();
-                warn!(log, "lease lost before the finish: outcome not recorded"; "succeeded" => f.succeeded);
-                return;
-            }
-            Err(e) if attempt < FINISH_TRIES => {
-                warn!(log, "finish failed; trying again"; "error" => %e, "retry_in_ms" => delay.as_millis() as u64);
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            Err(e) => {
-                m.lost.inc();
-                warn!(log, "could not record the outcome (the lease will expire)"; "error" => %e);
-            }
-        }
-    }
-}
-
-async fn release(shared: &Shared, t: &Taken, log: &Logger) {
-    let res = async {
-        let c = db::conn(&shared.pool).await?;
-        calls::release(&c, t).await
-    }
-    .await;
-    match res {
+    match shared.finisher.finish(t, f.clone()).await {
         Ok(true) => {
-            shared.metrics.released.inc();
-            info!(log, "released unstarted");
+            if f.succeeded {
+                m.succeeded.inc();
+            } else {
+                m.failed.inc();
+            }
+            info!(log, "finished"; "succeeded" => f.succeeded, "exit_status" => f.exit_status,
+                  "error" => error.as_deref().unwrap_or(""));
         }
         Ok(false) => {
-            shared.metrics.lost.inc();
-            warn!(log, "lease lost before the release");
+            m.lost.inc();
+            warn!(log, "lease lost before the finish: outcome not recorded"; "succeeded" => f.succeeded);
         }
-        Err(e) => warn!(log, "could not release (the lease will expire)"; "error" => %e),
+        Err(e) => {
+            m.lost.inc();
+            warn!(log, "could not record the outcome (the lease will expire)"; "error" => e);
+        }
     }
 }
 

@@ -2,12 +2,12 @@
 //!
 //! - build: open the pool (the replica's connection path) → wait for the database, the
 //!   pooler probe and the worker's readiness gate (its protocol calls exist and are its);
-//! - run: serve HTTP → READY → loop: expire lapsed attempts, take up to the free
+//! - run: serve HTTP → READY → loop: expire lapsed attempts, take (and start) up to the free
 //!   concurrency, run each taken attempt on its own task; the next take when `take_batch`
-//!   attempts ended, `take_linger` after the first did, or `poll` after the take;
-//! - stop (SIGTERM/SIGINT): not ready, take no more; attempts not started are released;
-//!   running ones get `drain_timeout`, then are stopped (SIGTERM, grace, SIGKILL) and
-//!   finished `failed`; exit 0.
+//!   attempts ended, `take_linger` after the first did, or `poll` after the take; ended
+//!   attempts are finished together, within `take_linger` of the first ([`super::finisher`]);
+//! - stop (SIGTERM/SIGINT): not ready, take no more; running attempts get `drain_timeout`,
+//!   then are stopped (SIGTERM, grace, SIGKILL) and finished `failed`; exit 0.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ use tokio::task::JoinSet;
 
 use super::attempt::{self, Shared};
 use super::cadence::Cadence;
+use super::finisher::Finisher;
 use super::metrics::WorkerMetrics;
 use super::secrets::Credentials;
 use super::serve::{self, Ready};
@@ -97,15 +98,20 @@ async fn run_until_stopped(
     metrics.serve_pools(&w.pools);
     let ready = Ready::default();
     let http = serve_http(&cfg, &ready, &metrics, &log)?;
-    let (stopping_tx, stopping) = watch::channel(false);
     let (drain_tx, drain) = watch::channel(None::<Stop>);
+    let finisher = Finisher::spawn(
+        pool.clone(),
+        w.take_linger,
+        w.concurrency as usize,
+        log.clone(),
+    );
     let shared = Arc::new(Shared {
         pool: pool.clone(),
         cfg: w.clone(),
         metrics: metrics.clone(),
         log: log.clone(),
         credentials: Credentials::new(w.credentials_directory.clone()),
-        stopping,
+        finisher,
         drain,
     });
     let mut running: JoinSet<()> = JoinSet::new();
@@ -116,11 +122,10 @@ async fn run_until_stopped(
 
     take_until_stopped(&shared, &ready, &mut running, signals, watchdog).await;
 
-    // Stop: no more takes; attempts not started are released by their tasks.
+    // Stop: no more takes; every taken attempt was started by its take and drains.
     ready.set(false);
     metrics.ready.set(0);
     notify(&[sd_notify::NotifyState::Stopping]);
-    let _ = stopping_tx.send(true);
     drain_running(&mut running, &drain_tx, &w, &log).await;
     if let Some(h) = http {
         h.stop(true).await;
@@ -184,13 +189,13 @@ async fn take_until_stopped(
         if cadence.due(Instant::now(), free) {
             cadence.took(Instant::now());
             match take(shared, free as i32).await {
-                Ok(taken) => {
+                Ok((sent, taken)) => {
                     ready.set(true);
                     if !taken.is_empty() {
                         debug!(log, "taken"; "runs" => taken.len(), "free" => free);
                     }
                     for t in taken {
-                        running.spawn_local(attempt::run(shared.clone(), t));
+                        running.spawn_local(attempt::run(shared.clone(), t, sent));
                     }
                 }
                 Err(e) => {
@@ -242,8 +247,12 @@ async fn drain_running(
     }
 }
 
-/// Expires lapsed attempts (anyone's), then takes up to `n` runs.
-async fn take(shared: &Shared, n: i32) -> Result<Vec<crate::store::worker::Taken>, db::StoreError> {
+/// Expires lapsed attempts (anyone's), then takes up to `n` runs, started: (when the take was
+/// sent, the runs).
+async fn take(
+    shared: &Shared,
+    n: i32,
+) -> Result<(Instant, Vec<crate::store::worker::Taken>), db::StoreError> {
     let c = db::conn(&shared.pool).await?;
     let (lost, retried) = crate::store::worker::expire(&c, EXPIRE_BATCH).await?;
     if lost > 0 {
@@ -251,7 +260,8 @@ async fn take(shared: &Shared, n: i32) -> Result<Vec<crate::store::worker::Taken
         shared.metrics.retried.inc_by(retried as u64);
         info!(shared.log, "lapsed attempts marked lost"; "lost" => lost, "queued_again" => retried);
     }
-    crate::store::worker::take(
+    let sent = Instant::now();
+    let taken = crate::store::worker::take_started(
         &c,
         shared.cfg.id.as_str(),
         &shared.cfg.pools,
@@ -259,7 +269,8 @@ async fn take(shared: &Shared, n: i32) -> Result<Vec<crate::store::worker::Taken
         n.min(1000),
         shared.cfg.lease.as_millis() as i64,
     )
-    .await
+    .await?;
+    Ok((sent, taken))
 }
 
 /// Waits for the database and runs the readiness gate for the dispatcher role; retries

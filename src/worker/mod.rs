@@ -3,16 +3,17 @@
 //!
 //! An attempt's lease, as this worker moves it (docs/dispatcher.md, "The functions"):
 //!
-//! - **take** (`dispatch_take_batch`, V18): queued runs of this worker's pools whose
-//!   spec names an executor it runs → `dispatching`, under a lease (token + expiry on the
-//!   database clock), several at a time (`take_batch`, `take_linger`);
-//! - **start** → `running`; the executor runs while **heartbeats** extend the lease every
-//!   `[worker] heartbeat`; a heartbeat answering "not held" stops the work (it may run
-//!   elsewhere) and records nothing; one answering "cancel requested" stops it and
-//!   finishes it `failed`;
-//! - **finish** `succeeded` | `failed` with exit status, output tail, error, result;
-//! - on stop: attempts not started are **released**; running ones get `drain_timeout`, then
-//!   are stopped and finished `failed`. None is left to expire while this process lives.
+//! - **take** (`dispatch_take_start`, V25): queued runs of this worker's pools whose
+//!   spec names an executor it runs → `running` (started in the take), under a lease (token +
+//!   expiry on the database clock), several at a time (`take_batch`, `take_linger`);
+//! - the executor runs while **heartbeats** extend the lease every `[worker] heartbeat`; a
+//!   heartbeat answering "not held" stops the work (it may run elsewhere) and records
+//!   nothing; one answering "cancel requested" stops it and finishes it `failed`;
+//! - **finish** `succeeded` | `failed` with exit status, output tail, error, result, several
+//!   attempts per call (`dispatch_finish_batch`, within `take_linger` of the first), each
+//!   judged by its own lease;
+//! - on stop: running attempts get `drain_timeout`, then are stopped and finished `failed`.
+//!   None is left to expire while this process lives.
 //!
 //! The fence is the lease token checked by every call against the database clock: a worker
 //! paused past its lease records nothing.
@@ -24,6 +25,7 @@
 mod attempt;
 pub mod cadence;
 pub mod daemon;
+mod finisher;
 pub mod metrics;
 pub mod request;
 pub mod secrets;

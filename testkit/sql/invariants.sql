@@ -90,6 +90,7 @@ status_of (status, finished, attempt_state, last_event) AS (VALUES
 steps (prev, kind) AS (VALUES
     ('run.created', 'run.queued'),
     ('run.queued', 'run.dispatching'),
+    ('run.queued', 'run.started'),        -- taken and started in one call (V25)
     ('run.queued', 'run.cancelled'),
     ('run.queued', 'run.finished'),       -- its pinned spec failed its digest at the take
     ('run.dispatching', 'run.started'),

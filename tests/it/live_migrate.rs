@@ -175,6 +175,42 @@ fn migration_names() -> Vec<String> {
 pub const UNDO_AFTER_V18: &str = "
     ALTER TABLE qlsched.runs DROP COLUMN overlap_counted CASCADE;
     DROP FUNCTION qlsched.overlap_decided(text[], boolean[], bigint[]);
+    DROP FUNCTION qlsched.dispatch_take_start(text, text[], text[], integer, bigint),
+                  qlsched.dispatch_finish_batch(uuid[], uuid[], text[], integer[], text[], text[], jsonb[]);
+    CREATE OR REPLACE FUNCTION qlsched.run_status_moves_forward() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        step text := OLD.status || '>' || NEW.status;
+    BEGIN
+        IF NEW.status IS DISTINCT FROM OLD.status
+           AND step NOT IN ('queued>dispatching', 'queued>cancelled',
+               'dispatching>running', 'dispatching>failed', 'running>succeeded', 'running>failed')
+           AND NOT (step IN ('dispatching>queued', 'running>queued', 'queued>failed')
+                    AND pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER')) THEN
+            RAISE EXCEPTION 'run % may not move from % to %', OLD.run_id, OLD.status, NEW.status
+                USING ERRCODE = 'check_violation';
+        END IF;
+        IF NEW.cancelled IS DISTINCT FROM (NEW.status = 'cancelled') THEN
+            RAISE EXCEPTION 'run %: cancelled is set together with status cancelled, and only then',
+                OLD.run_id USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END
+    $$;
+    CREATE OR REPLACE FUNCTION qlsched.attempt_state_moves_forward() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        step text := OLD.state || '>' || NEW.state;
+    BEGIN
+        IF NEW.state IS DISTINCT FROM OLD.state
+           AND step NOT IN ('claimed>dispatching', 'claimed>abandoned',
+               'dispatching>running', 'dispatching>failed', 'running>succeeded', 'running>failed')
+           AND NOT (step IN ('dispatching>claimed', 'claimed>failed')
+                    AND pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER')) THEN
+            RAISE EXCEPTION 'attempt % may not move from % to %', OLD.attempt_id, OLD.state, NEW.state
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END
+    $$;
     DROP FUNCTION qlsched.console_disable(text, text, text, text),
                   qlsched.console_enable(text, bigint, bigint, text, text),
                   qlsched.console_fire(text, text, uuid, uuid, uuid, text, text, text),

@@ -51,3 +51,4 @@ mod tls;
 mod transport;
 mod worker;
 mod worker_take;
+mod worker_take_start;

@@ -291,6 +291,16 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_runtime",
     ),
     (
+        "qlsched.dispatch_take_start(text,text[],text[],integer,bigint)",
+        "qlsched_dispatcher",
+        "qlsched_runtime",
+    ),
+    (
+        "qlsched.dispatch_finish_batch(uuid[],uuid[],text[],integer[],text[],text[],jsonb[])",
+        "qlsched_dispatcher",
+        "qlsched_admin",
+    ),
+    (
         "qlsched.spec_pool(text)",
         "qlsched_admin",
         "qlsched_runtime",

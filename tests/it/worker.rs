@@ -903,14 +903,14 @@ async fn a_worker_refuses_a_schema_without_its_take_and_a_role_that_is_not_the_d
     assert!(
         as_runtime
             .log()
-            .contains("role qlsched_runtime may not EXECUTE qlsched.dispatch_take_batch"),
+            .contains("role qlsched_runtime may not EXECUTE qlsched.dispatch_take_start"),
         "{}",
         as_runtime.log()
     );
     db.superuser()
         .await
         .batch_execute(
-            "DROP FUNCTION qlsched.dispatch_take_batch(text, text[], text[], integer, bigint)",
+            "DROP FUNCTION qlsched.dispatch_finish_batch(uuid[], uuid[], text[], integer[], text[], text[], jsonb[])",
         )
         .await
         .unwrap();
@@ -919,8 +919,70 @@ async fn a_worker_refuses_a_schema_without_its_take_and_a_role_that_is_not_the_d
     assert_eq!(st.code(), Some(1), "log:\n{}", old.log());
     assert!(
         old.log()
-            .contains("dispatch_take_batch(text,text[],text[],integer,bigint) is missing"),
+            .contains("dispatch_finish_batch(uuid[],uuid[],text[],integer[],text[],text[],jsonb[]) is missing"),
         "{}",
         old.log()
     );
+}
+
+/// The take starts what it takes (no run is ever `dispatching`: no start call per run), and
+/// attempts that end together are finished in one call: four commands released at the same
+/// moment are recorded at one instant of the database clock, within `take_linger`.
+#[tokio::test]
+async fn a_worker_starts_runs_in_its_take_and_finishes_those_ending_together_in_one_call() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let wait = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
+    let runs = queue_shell(&db, "together", &["sh", "-c", &wait], 4).await;
+    let mut w = start(&db, "concurrency = 4\ntake_linger = \"1s\"");
+    w.wait_ready(WITHIN).await;
+    let sql = db.superuser().await;
+    wait_until("the four runs running", WITHIN, || {
+        let (sql, runs) = (&sql, &runs);
+        async move {
+            let n: i64 = sql
+                .query_one(
+                    "SELECT count(*) FROM qlsched.runs WHERE run_id = ANY ($1) AND status = 'running'",
+                    &[runs],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n == 4
+        }
+    })
+    .await;
+    std::fs::write(&go, "").unwrap();
+    for r in &runs {
+        let o = w.await_finished(&db, *r, WITHIN).await;
+        assert_eq!(o.status, "succeeded", "{o:?}");
+    }
+    let kinds: Vec<String> = sql
+        .query(
+            "SELECT string_agg(kind, ',' ORDER BY seq) FROM qlsched.run_events
+              WHERE run_id = ANY ($1) GROUP BY run_id",
+            &[&runs],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec!["run.created,run.queued,run.started,run.finished"; 4],
+        "started in the take"
+    );
+    let instants: i64 = sql
+        .query_one(
+            "SELECT count(DISTINCT finished_at_ms) FROM qlsched.attempts WHERE run_id = ANY ($1)",
+            &[&runs],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(instants, 1, "the four finished in one call");
+    stop(&mut w).await;
+    db.assert_invariants().await;
 }
