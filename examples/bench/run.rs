@@ -83,7 +83,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
     };
     let tls = matches!(mode, Mode::Tls | Mode::Smoke);
     // The smoke mode runs a second lane on a stock server beside the first (toy sizes leave
-    // the machine mostly idle): S, C, R, K and O there, everything else on the tuned server.
+    // the machine mostly idle): S, C, R, K, O, E and A there, everything else on the tuned server.
     // A third lane runs the retention choice on a server of its own (autovacuum off), a
     // fourth the worker rows W1–W3 on a stock server of their own.
     let stock_srv = (mode == Mode::Smoke).then(|| BenchServer::start_in_background("", false));
@@ -127,6 +127,7 @@ async fn run_mode(mode: Mode) -> ExitCode {
                 crate::retention::rows(&mut st, true).await;
                 crate::console::rows(&mut st).await;
                 crate::outcome::rows(&mut st).await;
+                crate::apply::rows(&mut st).await;
                 st
             };
             let rx = choice_srv.expect("started above");

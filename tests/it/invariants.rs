@@ -63,7 +63,7 @@ const PLANTED: &[(&str, &str)] = &[
     (
         "event not a step",
         "INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
-         SELECT run_id, 3, 'run.started', at_ms FROM qlsched.run_events WHERE seq = 2",
+         SELECT run_id, 3, 'run.queued', at_ms FROM qlsched.run_events WHERE seq = 2",
     ),
     (
         "last event of status",
