@@ -194,7 +194,7 @@ pub async fn rows(b: &mut Bench) {
 /// after a checkpoint writes full-page images of them, which would be counted otherwise).
 async fn audit_wal_row(b: &mut Bench) {
     let m: u64 = if b.sizes.smoke { 5 } else { 50 };
-    let copies: u64 = 20;
+    let copies: u64 = if b.sizes.smoke { 20 } else { 200 };
     let publish_all = |b: &mut Bench, cron: &str| {
         for i in 1..=m {
             let (_, ok, err) = ql(
