@@ -249,21 +249,7 @@ async fn prune_deletes_only_the_files_own_absent_triggers_within_max_delete() {
         &format!("source = \"team/b\"\n{}", trigger("b1", "0 * * * *")),
     );
     ok(ql(&db, &["apply", "-f", &b]));
-    ok(ql(
-        &db,
-        &[
-            "trigger",
-            "publish",
-            "--id",
-            "manual",
-            "--project",
-            "pay",
-            "--task",
-            "report",
-            "--cron",
-            "0 * * * *",
-        ],
-    ));
+    publish_unlabelled(&db, "manual");
     // team/a drops a2 and a3.
     let fewer = write(&dir, "a.toml", &file("team/a", &[("a1", "0 * * * *")]));
     let out = ok(ql(&db, &["apply", "-f", &fewer]));
@@ -353,21 +339,7 @@ async fn adopt_labels_unlabelled_and_other_sources_triggers_without_a_new_revisi
     let dir = tempdir();
     let b = write(&dir, "b.toml", &file("team/b", &[("b1", "0 * * * *")]));
     ok(ql(&db, &["apply", "-f", &b]));
-    ok(ql(
-        &db,
-        &[
-            "trigger",
-            "publish",
-            "--id",
-            "manual",
-            "--project",
-            "pay",
-            "--task",
-            "report",
-            "--cron",
-            "0 * * * *",
-        ],
-    ));
+    publish_unlabelled(&db, "manual");
     let before = versions(&db).await;
     let a = write(
         &dir,
@@ -526,4 +498,24 @@ async fn v23_applies_over_triggers_written_before_it() {
     .unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `qlsched trigger publish` of an hourly trigger `id` of project pay and task report: a
+/// trigger no apply labelled.
+fn publish_unlabelled(db: &TestDb, id: &str) {
+    ok(ql(
+        db,
+        &[
+            "trigger",
+            "publish",
+            "--id",
+            id,
+            "--project",
+            "pay",
+            "--task",
+            "report",
+            "--cron",
+            "0 * * * *",
+        ],
+    ));
 }
