@@ -174,7 +174,8 @@ fn migration_names() -> Vec<String> {
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
     ALTER TABLE qlsched.runs DROP COLUMN overlap_counted CASCADE;
-    DROP FUNCTION qlsched.overlap_decided(text[], boolean[], bigint[]);
+    DROP FUNCTION qlsched.overlap_decide(tid[], text[], text[], text[], boolean[], bigint[]),
+                  qlsched.overlap_undo(text[]);
     DROP FUNCTION qlsched.console_disable(text, text, text, text),
                   qlsched.console_enable(text, bigint, bigint, text, text),
                   qlsched.console_fire(text, text, uuid, uuid, uuid, text, text, text),
