@@ -3,9 +3,9 @@
 --
 -- 1. The overlap decision of a scheduled admission moves into the admission statement
 --    (src/store/admission.rs): for a forbid or buffer_one trigger the statement reads the
---    trigger's qlsched.trigger_overlap row, decides, and writes the row once for the whole
---    batch (the count raised for an admitted run, the skip recorded for a skipped one), in the
---    same SERIALIZABLE transaction. The runs it inserts carry runs.overlap_counted = true: V21's
+--    trigger's qlsched.trigger_overlap row, decides, and writes the row (the count raised for
+--    an admitted run, the skip recorded for a skipped one) in one UPDATE for the whole batch,
+--    in the same SERIALIZABLE transaction. The runs it inserts carry runs.overlap_counted = true: V21's
 --    row triggers before and after the insert (overlap_admit, overlap_counted) are not called
 --    for them, since the statement already did their work. A run's end is unchanged: it lowers
 --    the count (overlap_run_ended) whoever counted it.
@@ -37,34 +37,86 @@ CREATE OR REPLACE TRIGGER runs_overlap_counted AFTER INSERT ON qlsched.runs
     FOR EACH ROW WHEN (NEW.overlap_policy IS NOT NULL AND NEW.overlap_counted IS NULL)
     EXECUTE FUNCTION qlsched.overlap_counted();
 
--- The admission's write of the overlap rows it decided on (src/store/admission.rs, the
--- `ovw` step): for each member, the count raised (a run inserted as counted) or a skip
--- recorded (reason overlap: the count of skips and the last 4 instants, as
--- overlap_record_skip). One UPDATE for the batch, each row by its primary key; the rows
--- are the ones the statement read in its snapshot, so a row changed since fails to
--- serialize. EXECUTE to the runtime role only (the admitting role); it decides nothing.
-CREATE FUNCTION qlsched.overlap_decided(trigger_ids text[], skipped boolean[], sfs bigint[])
-RETURNS integer
+-- The admission's overlap decision (src/store/admission.rs, the `ovd` step): for each
+-- forbid or buffer_one member whose trigger has the row, read the row, decide, and write it,
+-- one row after the other in one UPDATE. The decision (V21's): a run of the trigger is
+-- unfinished and the occurrence's key is new (the key is read only then) is busy; a busy
+-- forbid member, or a busy buffer_one member with an occurrence kept already, is skipped (the
+-- count of skips and the last 4 instants, as overlap_record_skip); a busy buffer_one member
+-- with nothing kept is left to V21's row trigger (the row written unchanged); a member whose
+-- key is a tombstone is not decided (written unchanged); every other member raises the count
+-- for the run the statement then inserts as counted (overlap_undo lowers it again if that
+-- insert finds its key taken). Returns each row's trigger, whether it was busy and whether an
+-- occurrence was kept; a trigger without the row (never adopted) is not returned: not counted.
+--
+-- Why one UPDATE that reads and writes each row in turn: under SERIALIZABLE each row read
+-- takes a tuple-level predicate lock, and a transaction holding more than 2 of one page (or
+-- more than a relation's share of max_pred_locks_per_transaction) has them promoted to one
+-- page-level (relation-level) lock; a batch reading its rows first and writing them after
+-- held such a lock on trigger_overlap's pages, and every other admission's write of a row
+-- there was a read-write conflict (serialization failures at every minute boundary). A tuple
+-- lock is dropped when its own transaction writes the tuple, so read-then-write per row never
+-- holds more than one. Each row is reached by the TID the claim read (`tids`, a TID scan,
+-- no B-tree page lock); a row changed since the claim (a new version at a new TID) or without
+-- a TID is reached by its primary key. A row changed after this transaction's snapshot fails
+-- it to serialize. EXECUTE to the runtime role only (the admitting role).
+CREATE FUNCTION qlsched.overlap_decide(tids tid[], trigger_ids text[], policies text[], keys text[],
+                                       tombed boolean[], sfs bigint[])
+RETURNS TABLE (trigger_id text, busy boolean, kept boolean)
 LANGUAGE sql STRICT SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Point accesses only (a sequential scan under SERIALIZABLE would lock the whole table).
 SET enable_seqscan = off
 AS $$
+    UPDATE qlsched.trigger_overlap o
+       SET unfinished = o.unfinished + (NOT x.tombed AND NOT d.busy)::int,
+           skipped_overlap = o.skipped_overlap + d.skip::int,
+           last_skipped_ms = CASE WHEN d.skip
+                                  THEN (o.last_skipped_ms || x.sf)[greatest(cardinality(o.last_skipped_ms) - 3, 1):]
+                                  ELSE o.last_skipped_ms END,
+           updated_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+      FROM unnest(tids, trigger_ids, policies, keys, tombed, sfs) AS x(tid, trigger_id, policy, ikey, tombed, sf),
+           LATERAL (SELECT p.pt, b.busy, b.busy AND (x.policy = 'forbid' OR p.kept) AS skip, p.kept
+                      -- By the claim's TID; by the key only when that found nothing (the LIMIT
+                      -- stops the append after the first branch's row).
+                      FROM (SELECT q.ctid AS pt, q.unfinished, q.buffered IS NOT NULL AS kept
+                              FROM qlsched.trigger_overlap q
+                             WHERE q.ctid = x.tid AND q.trigger_id || '' = x.trigger_id
+                            UNION ALL
+                            SELECT q.ctid, q.unfinished, q.buffered IS NOT NULL
+                              FROM qlsched.trigger_overlap q
+                             WHERE q.trigger_id = x.trigger_id
+                             LIMIT 1) p,
+                           LATERAL (SELECT CASE WHEN p.unfinished > 0
+                                                THEN NOT x.tombed
+                                                     AND NOT EXISTS (SELECT 1 FROM qlsched.runs r
+                                                                      WHERE r.idempotency_key = x.ikey)
+                                                ELSE false END AS busy
+                                    OFFSET 0) b) d
+     WHERE o.ctid = d.pt
+    RETURNING o.trigger_id, d.busy, d.kept
+$$;
+REVOKE ALL ON FUNCTION qlsched.overlap_decide(tid[], text[], text[], text[], boolean[], bigint[]) FROM PUBLIC;
+
+-- The count overlap_decide raised for a member whose run the admission then did not insert
+-- (its key existed: a backfill admitted the occurrence), lowered again in the same statement.
+-- EXECUTE to the runtime role only.
+CREATE FUNCTION qlsched.overlap_undo(trigger_ids text[])
+RETURNS integer
+LANGUAGE sql STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
     WITH u AS (
         UPDATE qlsched.trigger_overlap o
-           SET unfinished = o.unfinished + (NOT x.skip)::int,
-               skipped_overlap = o.skipped_overlap + x.skip::int,
-               last_skipped_ms = CASE WHEN x.skip
-                                      THEN (o.last_skipped_ms || x.sf)[greatest(cardinality(o.last_skipped_ms) - 3, 1):]
-                                      ELSE o.last_skipped_ms END,
+           SET unfinished = o.unfinished - 1,
                updated_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-          FROM unnest(trigger_ids, skipped, sfs) AS x(trigger_id, skip, sf)
-         WHERE o.trigger_id = x.trigger_id
+         WHERE o.trigger_id = ANY (trigger_ids)
         RETURNING 1
     )
     SELECT count(*)::integer FROM u;
 $$;
-REVOKE ALL ON FUNCTION qlsched.overlap_decided(text[], boolean[], bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION qlsched.overlap_undo(text[]) FROM PUBLIC;
 
 -- V19's function with the audit row of a pause.
 CREATE OR REPLACE FUNCTION qlsched.trigger_outcome_of_run() RETURNS trigger

@@ -166,9 +166,11 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// triggers on runs: no role executes them, they run as the owner inside whichever role's
 /// insert or status change fires them (the runtime's admission, the admin's fire, backfill
 /// and `runs cancel`, the dispatcher's protocol calls); docs/design.md, "Overlap".
-/// `overlap_decided` (V26) is the admission's (runtime role): the statement decides forbid
-/// and buffer_one itself and writes the overlap rows it read through it, once per batch.
-pub const EXECUTE_GRANTS: [(&str, &str); 25] = [
+/// `overlap_decide` and `overlap_undo` (V26) are the admission's (runtime role): the
+/// statement decides forbid and buffer_one itself, reading and writing the overlap rows
+/// through the first in one UPDATE per batch, and the second lowers a count raised for a run
+/// whose key turned out taken.
+pub const EXECUTE_GRANTS: [(&str, &str); 26] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -207,11 +209,12 @@ pub const EXECUTE_GRANTS: [(&str, &str); 25] = [
     ("qlsched.spec_executor(text)", "admin"),
     ("qlsched.overlap_adopt(text)", "admin"),
     ("qlsched.overlap_prune_skips(bigint)", "runtime"),
-    // The admission's write of the overlap rows it decided on (V26), once per batch.
+    // The admission's overlap decision and write (V26), once per batch, and its undo.
     (
-        "qlsched.overlap_decided(text[],boolean[],bigint[])",
+        "qlsched.overlap_decide(tid[],text[],text[],text[],boolean[],bigint[])",
         "runtime",
     ),
+    ("qlsched.overlap_undo(text[])", "runtime"),
     // Retention of the audit log (V22), under the replicas' 'prune' lease.
     ("qlsched.prune_audit(bigint,integer,text,uuid)", "runtime"),
     // The console's operator actions (V24, docs/console.md "Actions"): a replica serves the

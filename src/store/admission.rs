@@ -165,9 +165,10 @@ impl Refusal {
 /// tombstones, so their predicate locks there conflict with no other admission. A row whose
 /// checks fail is simply absent (refused, nothing written for it); any failed write aborts
 /// the statement and the whole transaction rolls back. The overlap policy of a forbid or
-/// buffer_one trigger is decided here too (V26): the statement reads the trigger's
-/// `trigger_overlap` row, decides, and writes the rows it decided on in one
-/// `overlap_decided` call; that write is the row's lock, so a run end or a fire that
+/// buffer_one trigger is decided here too (V26): one `overlap_decide` call reads each
+/// member's `trigger_overlap` row by the TID its claim read, decides and writes it before
+/// reading the next (so its tuple-level predicate locks are dropped as it goes and never
+/// promoted to page locks); that write is the row's lock, so a run end or a fire that
 /// changed the row after this transaction's snapshot fails it to serialize (retried).
 ///
 /// BEGIN, the statement and COMMIT are pipelined, in that order: one round trip and one WAL
@@ -234,6 +235,8 @@ struct Columns {
     /// (NULL without a jitter): docs/policies-jitter.md.
     claimable: Vec<Option<i64>>,
     due: Vec<Option<i64>>,
+    /// The TID of the trigger's overlap row as the claim read it (NULL for allow and replace).
+    overlap_tids: Vec<Option<String>>,
     uuid: [Vec<Uuid>; 3],
 }
 
@@ -269,6 +272,7 @@ impl Columns {
                 .iter()
                 .map(|a| a.timing().recorded_due_at_ms(a.scheduled_for_ms))
                 .collect(),
+            overlap_tids: batch.iter().map(|a| a.claim.overlap_tid.clone()).collect(),
             uuid: [
                 uid(|a| a.claim.fence.token),
                 uid(|a| a.run_id),
@@ -277,8 +281,8 @@ impl Columns {
         }
     }
 
-    /// `$1` … `$19` of [`ADMIT_SQL`], with their types.
-    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 19] {
+    /// `$1` … `$20` of [`ADMIT_SQL`], with their types.
+    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 20] {
         let [tids, ids, owners, tdigs, tasks, keys, bys] = &self.text;
         let [revs, svs, cvs, obs, sfs, nexts] = &self.int;
         let [tokens, runs, atts] = &self.uuid;
@@ -300,9 +304,10 @@ impl Columns {
             (runs, uuid_a.clone()),
             (atts, uuid_a.clone()),
             (keys, text_a.clone()),
-            (bys, text_a),
+            (bys, text_a.clone()),
             (&self.claimable, int8_a.clone()),
             (&self.due, int8_a),
+            (&self.overlap_tids, text_a),
         ]
     }
 }
@@ -342,9 +347,9 @@ WITH obs AS MATERIALIZED (
 ), d AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[], $7::uuid[],
                          $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::text[], $14::uuid[],
-                         $15::uuid[], $16::text[], $17::text[], $18::int8[], $19::int8[])
+                         $15::uuid[], $16::text[], $17::text[], $18::int8[], $19::int8[], $20::text[])
         AS d(tid, trigger_id, rev, sv, cursor_ms, owner, token, cv, observed_ms, sf, next_ms, tdig, task_id, run_id,
-             attempt_id, ikey, admitted_by, claimable_ms, due_ms)
+             attempt_id, ikey, admitted_by, claimable_ms, due_ms, otid)
 ), adv AS (
     UPDATE qlsched.trigger_schedules s
        SET next_fire_at_ms = d.next_ms, last_scheduled_at_ms = d.sf,
@@ -393,34 +398,40 @@ WITH obs AS MATERIALIZED (
               -- reads and writes nothing more and calls no function.
               (SELECT nullif(t.overlap_policy, 'allow') FROM qlsched.triggers t
                 WHERE t.trigger_id = d.trigger_id) AS opol,
-              d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms
+              d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms, d.otid
 ), tomb AS MATERIALIZED (
     -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
     -- the whole batch, skipped (a one-time filter) while there is no tombstone at all, the
     -- usual case (a probe per key of an empty index still reads its metapage each time).
     SELECT p.idempotency_key FROM qlsched.pruned_occurrences p
      WHERE EXISTS (SELECT FROM qlsched.pruned_occurrences) AND p.idempotency_key = ANY ($16::text[])
-), ovr AS MATERIALIZED (
-    -- The overlap decision of the batch's forbid and buffer_one members (V26) reads one row
-    -- per trigger, its count of unfinished runs, as this transaction's snapshot has it; the
-    -- statement then writes every row it decided on (ovw below). A writer that changed the
-    -- row after the snapshot (a run end, a fire) makes that write fail to serialize, one in
-    -- flight is waited for, and a later one waits for this commit: the count decided on is
-    -- the count at the commit. A trigger without the row was never adopted: not counted.
-    SELECT o.trigger_id, o.unfinished, o.buffered IS NOT NULL AS kept
-      FROM qlsched.trigger_overlap o
-     WHERE o.trigger_id IN (SELECT adv.trigger_id FROM adv WHERE adv.opol IN ('forbid', 'buffer_one'))
+), ovd AS MATERIALIZED (
+    -- The overlap decision of the batch's forbid and buffer_one members (V26): each trigger's
+    -- row, its count of unfinished runs as this transaction's snapshot has it, read, decided
+    -- on and written in one UPDATE (the owner's function: no role writes the overlap rows),
+    -- before the runs are inserted: the count raised for a run inserted as counted below,
+    -- the skip recorded for a skipped member. A writer that changed a row after the snapshot
+    -- (a run end, a fire) makes that write fail to serialize, one in flight is waited for,
+    -- and a later one waits for this commit: the count decided on is the count at the
+    -- commit. Each row is read and written in turn, reached by the TID the claim read ($20),
+    -- so this transaction never holds more than one predicate lock on the table's pages (a
+    -- batch that read its rows first and wrote them after had its tuple locks promoted to page
+    -- and relation locks, and conflicted with every concurrent admission's write there). A
+    -- trigger without the row was never adopted: absent, not counted. No call without a
+    -- forbid or buffer_one member (NULL arguments).
+    SELECT o.* FROM (SELECT array_agg(adv.otid::tid) AS tids, array_agg(adv.trigger_id) AS ids,
+                            array_agg(adv.opol) AS pols, array_agg(adv.ikey) AS keys,
+                            array_agg(EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)) AS tombed,
+                            array_agg(adv.sf) AS sfs
+                       FROM adv WHERE adv.opol IN ('forbid', 'buffer_one')) a,
+                    qlsched.overlap_decide(a.tids, a.ids, a.pols, a.keys, a.tombed, a.sfs) o
 ), dec AS MATERIALIZED (
-    SELECT adv.*, ovr.trigger_id IS NOT NULL AS counted,
+    -- busy: a run of the trigger is unfinished and the key is new (a key that exists is left
+    -- to the insert's ON CONFLICT: nothing to decide); kept: buffer_one holds an occurrence.
+    SELECT adv.*, ovd.trigger_id IS NOT NULL AS counted,
            EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey) AS tombed,
-           -- A run of the trigger is unfinished and the key is new (a key that exists is left
-           -- to the insert's ON CONFLICT: nothing to decide). The key is read only then.
-           CASE WHEN ovr.unfinished > 0
-                THEN NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
-                     AND NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = adv.ikey)
-                ELSE false END AS busy,
-           coalesce(ovr.kept, false) AS kept
-      FROM adv LEFT JOIN ovr ON ovr.trigger_id = adv.trigger_id
+           coalesce(ovd.busy, false) AS busy, coalesce(ovd.kept, false) AS kept
+      FROM adv LEFT JOIN ovd ON ovd.trigger_id = adv.trigger_id
 ), run AS (
     -- A busy forbid member (or a buffer_one one with an occurrence kept already) is skipped:
     -- not inserted. A busy buffer_one member with nothing kept goes to V21's row trigger
@@ -446,16 +457,14 @@ WITH obs AS MATERIALIZED (
     INSERT INTO qlsched.run_events (run_id, seq, kind, at_ms)
     SELECT adv.run_id, e.seq, e.kind, adv.now_ms
       FROM adv JOIN run ON run.run_id = adv.run_id, (VALUES (1, 'run.created'), (2, 'run.queued')) AS e(seq, kind)
-), ovw AS MATERIALIZED (
-    -- The decided rows, one write each, in one call for the batch (the owner's function,
-    -- V26: no role writes the overlap rows): the count raised for a run this statement
-    -- inserted as counted, the skip recorded for a skipped member. Called once (NULL
-    -- arguments, no call, when nothing was decided); read by the final SELECT so it runs.
-    SELECT qlsched.overlap_decided(array_agg(x.trigger_id), array_agg(x.skip), array_agg(x.sf)) AS n
-      FROM (SELECT dec.trigger_id, dec.sf, run.run_id IS NULL AS skip
-              FROM dec LEFT JOIN run ON run.run_id = dec.run_id
-             WHERE dec.counted AND NOT dec.tombed
-               AND (run.overlap_counted OR (dec.busy AND (dec.opol = 'forbid' OR dec.kept)))) x
+), ovu AS MATERIALIZED (
+    -- A member whose count ovd raised but whose run was not inserted (its key existed: a
+    -- backfill admitted the occurrence): the count lowered again (the owner's function),
+    -- one call for the batch, none when there is no such member (the usual case). Read by
+    -- the final SELECT so it runs.
+    SELECT qlsched.overlap_undo(array_agg(dec.trigger_id)) AS n
+      FROM dec LEFT JOIN run ON run.run_id = dec.run_id
+     WHERE dec.counted AND NOT dec.tombed AND NOT dec.busy AND run.run_id IS NULL
 )
 SELECT adv.trigger_id, run.queued_at_ms,
        -- Not written although its key is new and not a tombstone: the overlap policy kept it
@@ -465,7 +474,7 @@ SELECT adv.trigger_id, run.queued_at_ms,
             THEN NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
                  AND NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = adv.ikey)
             ELSE false END
-  FROM adv LEFT JOIN run ON run.run_id = adv.run_id CROSS JOIN ovw"
+  FROM adv LEFT JOIN run ON run.run_id = adv.run_id CROSS JOIN ovu"
 );
 
 /// Why an admission statement hit no row. Read after the rollback, outside the transaction,

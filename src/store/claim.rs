@@ -57,6 +57,10 @@ pub struct ClaimedRow {
     /// Physical address of the claimed row version; the admission re-locks by it (a TID
     /// scan takes a tuple-level predicate lock, not a B-tree page lock).
     pub tid: String,
+    /// Physical address of the trigger's `trigger_overlap` row version as the claim read it,
+    /// for a forbid or buffer_one trigger that has the row (V26): the admission reads and
+    /// writes the row by it, for the same reason. `None` otherwise (allow: nothing read).
+    pub overlap_tid: Option<String>,
     pub next_fire_at_ms: Option<i64>,
     pub state_version: i64,
     pub fence: Fence,
@@ -258,7 +262,11 @@ RETURNING s.trigger_id, s.ctid::text AS tid, s.next_fire_at_ms, s.state_version,
           t.content_digest AS trigger_digest, t.cron_expr, t.timezone, t.misfire_policy,
           t.misfire_grace_ms, t.task_id, k.revision AS task_revision,
           k.content_digest AS task_digest, k.execution_revision_id,
-          t.jitter_ms, t.start_at_ms, t.end_at_ms
+          t.jitter_ms, t.start_at_ms, t.end_at_ms,
+          -- Only for a policy the admission decides (a one-time filter: an allow trigger
+          -- reads nothing here).
+          (SELECT o.ctid::text FROM qlsched.trigger_overlap o
+            WHERE t.overlap_policy IN ('forbid', 'buffer_one') AND o.trigger_id = s.trigger_id) AS overlap_tid
 )
 SELECT claimed.*, NULL::bigint AS next_due_ms, NULL::bigint AS guard_extended,
        NULL::bigint AS guard_held
@@ -268,7 +276,7 @@ UNION ALL
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::uuid, NULL::bigint,
        NULL::bigint, obs.now_ms, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text,
        NULL::text, NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::uuid,
-       NULL::bigint, NULL::bigint, NULL::bigint,
+       NULL::bigint, NULL::bigint, NULL::bigint, NULL::text,
        (SELECT n.claimable_at_ms FROM qlsched.trigger_schedules n
          WHERE n.claimable_at_ms > obs.now_ms ORDER BY n.claimable_at_ms LIMIT 1),
        (SELECT count(*) FROM guard WHERE extended), (SELECT count(*) FROM held)
@@ -320,6 +328,7 @@ fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
     ClaimedRow {
         trigger_id: r.get("trigger_id"),
         tid: r.get("tid"),
+        overlap_tid: r.get("overlap_tid"),
         next_fire_at_ms: r.get("next_fire_at_ms"),
         state_version: r.get("state_version"),
         fence: Fence {

@@ -314,6 +314,7 @@ fn ids_are_minted_only_for_admissions() {
     let row = |cursor: Option<i64>, expr: &str, policy: &str| ClaimedRow {
         trigger_id: "t".into(),
         tid: "(0,1)".into(),
+        overlap_tid: None,
         next_fire_at_ms: cursor,
         state_version: 2,
         fence: Fence {

@@ -174,7 +174,8 @@ fn migration_names() -> Vec<String> {
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
     ALTER TABLE qlsched.runs DROP COLUMN overlap_counted CASCADE;
-    DROP FUNCTION qlsched.overlap_decided(text[], boolean[], bigint[]);
+    DROP FUNCTION qlsched.overlap_decide(tid[], text[], text[], text[], boolean[], bigint[]),
+                  qlsched.overlap_undo(text[]);
     DROP FUNCTION qlsched.dispatch_take_start(text, text[], text[], integer, bigint),
                   qlsched.dispatch_finish_batch(uuid[], uuid[], text[], integer[], text[], text[], jsonb[]);
     CREATE OR REPLACE FUNCTION qlsched.run_status_moves_forward() RETURNS trigger LANGUAGE plpgsql AS $$

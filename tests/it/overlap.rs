@@ -718,3 +718,68 @@ async fn the_command_line_publishes_shows_lists_and_fires_under_the_policy() {
     );
     db.assert_invariants().await;
 }
+
+/// A batch of forbid triggers reads and writes each overlap row in turn (V26's
+/// `overlap_decide`): every tuple-level predicate lock it takes on `trigger_overlap` is
+/// dropped when it writes the tuple, so it never holds the page or relation lock PostgreSQL
+/// substitutes for more than 2 tuple locks of a page (or a relation's share of
+/// `max_pred_locks_per_transaction`), which would make every concurrent admission's write of
+/// a row on those pages a read-write conflict (serialization failures at each boundary).
+/// The rows are reached by the TIDs the claim read, so no leaf page of the primary key is
+/// locked either. A serializable transaction open across the admission keeps the committed
+/// admission's predicate locks visible in `pg_locks`.
+#[tokio::test]
+async fn a_forbid_batch_holds_no_page_or_relation_predicate_lock_on_the_overlap_rows() {
+    let db = TestDb::new().await;
+    let mut admin = db.admin_with_project().await;
+    for i in 0..40 {
+        let spec = TriggerSpec {
+            overlap_policy: OverlapPolicy::Forbid,
+            ..TriggerSpec::new(&format!("t{i:02}"), "proj", "task", "* * * * * *", "UTC")
+        };
+        manage::publish_trigger(&mut admin, &spec).await.unwrap();
+    }
+    db.make_due(-100).await;
+    let c = Claimed::up_to(&db, "a", 30_000, 64).await;
+    assert_eq!(c.rows.len(), 40);
+    let watcher = db.superuser().await;
+    watcher
+        .batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT 1")
+        .await
+        .unwrap();
+    let conn = c.conn().await;
+    let out = drive::admit_batch(&conn, &c.admissions()).await.unwrap();
+    assert!(
+        out.iter()
+            .all(|o| matches!(o, AdmitOutcome::Admitted { .. })),
+        "{out:?}"
+    );
+    let locks: Vec<(String, String, i64)> = db
+        .superuser()
+        .await
+        .query(
+            "SELECT relation::regclass::text, locktype, count(*) FROM pg_locks
+              WHERE mode = 'SIReadLock'
+                AND relation IN ('qlsched.trigger_overlap'::regclass,
+                                 'qlsched.trigger_overlap_pkey'::regclass)
+              GROUP BY 1, 2 ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    watcher.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        locks.iter().all(|(_, kind, _)| kind == "tuple"),
+        "page or relation predicate locks on the overlap rows: {locks:?}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.trigger_overlap WHERE unfinished = 1")
+            .await,
+        40,
+        "each admitted run counted once"
+    );
+    db.assert_invariants().await;
+}

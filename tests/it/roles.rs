@@ -346,7 +346,12 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_admin",
     ),
     (
-        "qlsched.overlap_decided(text[],boolean[],bigint[])",
+        "qlsched.overlap_decide(tid[],text[],text[],text[],boolean[],bigint[])",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
+    (
+        "qlsched.overlap_undo(text[])",
         "qlsched_runtime",
         "qlsched_admin",
     ),
