@@ -137,7 +137,9 @@ pub async fn rows(b: &mut Bench) {
         &format!(
             "A3: duplicates {dups}; runs admitted without / during the apply: {cnt0} / {cnt1}"
         ),
-        dups == 0 && cnt0 > 0.0 && cnt1 > 0.0,
+        // An apply shorter than 2 s (the smoke's 300 triggers) may span no whole second: no
+        // run is due inside it, and its row then says nothing about the lag.
+        dups == 0 && cnt0 > 0.0 && (cnt1 > 0.0 || a1 - a0 < 2000),
     );
 
     b.row(
