@@ -758,8 +758,11 @@ async fn a_forbid_batch_holds_no_page_or_relation_predicate_lock_on_the_overlap_
         .superuser()
         .await
         .query(
+            // pg_locks is the cluster's: databases cloned from one template share relation
+            // OIDs, so another test's database is left out by its own OID.
             "SELECT relation::regclass::text, locktype, count(*) FROM pg_locks
               WHERE mode = 'SIReadLock'
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                 AND relation IN ('qlsched.trigger_overlap'::regclass,
                                  'qlsched.trigger_overlap_pkey'::regclass)
               GROUP BY 1, 2 ORDER BY 1, 2",
