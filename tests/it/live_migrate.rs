@@ -173,6 +173,7 @@ fn migration_names() -> Vec<String> {
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
+    ALTER TABLE qlsched.trigger_overlap DROP COLUMN last_busy;
     ALTER TABLE qlsched.runs DROP COLUMN overlap_counted CASCADE;
     DROP FUNCTION qlsched.overlap_decide(tid[], text[], text[], text[], boolean[], bigint[]),
                   qlsched.overlap_undo(text[]);
