@@ -217,12 +217,12 @@ pub async fn rows(b: &mut Bench, boundaries: usize) {
     let pub_a = publish(b, "a", "0 * * * * *", OverlapPolicy::Allow, N).await;
     // QLSCHED_BENCH_OVERLAP_CONTROL=allow publishes the second herd under allow too: an A/A
     // run that measures what the half-minute phase alone costs (autovacuum, checkpoints).
-    let second = match std::env::var("QLSCHED_BENCH_OVERLAP_CONTROL").as_deref() {
-        Ok("allow") => {
-            say("control run: the second herd under allow as well");
-            OverlapPolicy::Allow
-        }
-        _ => OverlapPolicy::Forbid,
+    let control = std::env::var("QLSCHED_BENCH_OVERLAP_CONTROL").as_deref() == Ok("allow");
+    let second = if control {
+        say("control run: the second herd under allow as well");
+        OverlapPolicy::Allow
+    } else {
+        OverlapPolicy::Forbid
     };
     let pub_f = publish(b, "f", "30 * * * * *", second, N).await;
     b.checkpoint().await;
@@ -277,7 +277,12 @@ pub async fn rows(b: &mut Bench, boundaries: usize) {
             "O1",
             "overlap_forbid_herd_ratio",
             format!(
-                "{N}-trigger minute herd under forbid against the same herd under allow, alternating half minutes, same server and replicas, every run ended before its next boundary (published in {pub_a:.0} s and {pub_f:.0} s)"
+                "{}{N}-trigger minute herd under forbid against the same herd under allow, alternating half minutes, same server and replicas, every run ended before its next boundary (published in {pub_a:.0} s and {pub_f:.0} s)",
+                if control {
+                    "CONTROL RUN, the second herd under allow too (what the phase alone costs): "
+                } else {
+                    ""
+                }
             ),
             ratio,
             "× (slowest forbid / slowest allow)",
