@@ -2,10 +2,11 @@
 //!
 //! - build: open the pool (the replica's connection path) → wait for the database, the
 //!   pooler probe and the worker's readiness gate (its protocol calls exist and are its);
-//! - run: serve HTTP → READY → loop: expire lapsed attempts, take (and start) up to the free
-//!   concurrency, run each taken attempt on its own task; the next take when `take_batch`
-//!   attempts ended, `take_linger` after the first did, or `poll` after the take; ended
-//!   attempts are finished together, within `take_linger` of the first ([`super::finisher`]);
+//! - run: serve HTTP → READY → loop: expire lapsed attempts (at most once per `poll`), take
+//!   (and start) up to the free concurrency, run each taken attempt on its own task; the
+//!   next take when `take_batch` attempts ended, `take_linger` after the first did, or
+//!   `poll` after the take; ended attempts are finished together, within `take_linger` of
+//!   the first ([`super::finisher`]);
 //! - stop (SIGTERM/SIGINT): not ready, take no more; running attempts get `drain_timeout`,
 //!   then are stopped (SIGTERM, grace, SIGKILL) and finished `failed`; exit 0.
 
@@ -32,6 +33,42 @@ use crate::startup::Signals;
 
 /// Lapsed attempts marked lost per expiry call.
 const EXPIRE_BATCH: i32 = 100;
+
+/// When the worker asks the database to expire lapsed attempts (anyone's): before a take, at
+/// most once per `poll`, and at the next take again when the last call filled its batch
+/// (more may be waiting). A lease is judged by the database clock and lasts `lease` (seconds
+/// to hours); noticing its end up to one `poll` later changes nothing, while a call before
+/// every take made a busy worker scan the running attempts dozens of times a second.
+#[derive(Debug)]
+struct Expiry {
+    every: Duration,
+    last: Option<Instant>,
+    more: bool,
+}
+
+impl Expiry {
+    fn new(every: Duration) -> Expiry {
+        Expiry {
+            every,
+            last: None,
+            more: false,
+        }
+    }
+
+    /// Whether a take at `now` calls the expiry first.
+    fn due(&self, now: Instant) -> bool {
+        self.more
+            || self
+                .last
+                .map_or(true, |t| now.duration_since(t) >= self.every)
+    }
+
+    /// An expiry call at `now` marked `lost` attempts.
+    fn called(&mut self, now: Instant, lost: i64) {
+        self.last = Some(now);
+        self.more = lost >= EXPIRE_BATCH as i64;
+    }
+}
 
 /// Why `qlsched worker` stopped with an error (exit 1).
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +218,7 @@ async fn take_until_stopped(
 ) {
     let (w, log) = (&shared.cfg, &shared.log);
     let mut cadence = Cadence::new(w.poll, w.take_linger, w.take_batch, w.concurrency);
+    let mut expiry = Expiry::new(w.poll);
     loop {
         if watchdog {
             notify(&[sd_notify::NotifyState::Watchdog]);
@@ -188,7 +226,7 @@ async fn take_until_stopped(
         let free = w.concurrency as usize - running.len();
         if cadence.due(Instant::now(), free) {
             cadence.took(Instant::now());
-            match take(shared, free as i32).await {
+            match take(shared, &mut expiry, free as i32).await {
                 Ok((sent, taken)) => {
                     ready.set(true);
                     if !taken.is_empty() {
@@ -247,18 +285,23 @@ async fn drain_running(
     }
 }
 
-/// Expires lapsed attempts (anyone's), then takes up to `n` runs, started: (when the take was
-/// sent, the runs).
+/// Expires lapsed attempts (anyone's) when [`Expiry`] says so, then takes up to `n` runs,
+/// started: (when the take was sent, the runs).
 async fn take(
     shared: &Shared,
+    expiry: &mut Expiry,
     n: i32,
 ) -> Result<(Instant, Vec<crate::store::worker::Taken>), db::StoreError> {
     let c = db::conn(&shared.pool).await?;
-    let (lost, retried) = crate::store::worker::expire(&c, EXPIRE_BATCH).await?;
-    if lost > 0 {
-        shared.metrics.expired.inc_by(lost as u64);
-        shared.metrics.retried.inc_by(retried as u64);
-        info!(shared.log, "lapsed attempts marked lost"; "lost" => lost, "queued_again" => retried);
+    let now = Instant::now();
+    if expiry.due(now) {
+        let (lost, retried) = crate::store::worker::expire(&c, EXPIRE_BATCH).await?;
+        expiry.called(now, lost);
+        if lost > 0 {
+            shared.metrics.expired.inc_by(lost as u64);
+            shared.metrics.retried.inc_by(retried as u64);
+            info!(shared.log, "lapsed attempts marked lost"; "lost" => lost, "queued_again" => retried);
+        }
     }
     let sent = Instant::now();
     let taken = crate::store::worker::take_started(
@@ -282,4 +325,38 @@ async fn wait_ready(pool: &Pool, target: &db::Target, log: &Logger) -> Result<()
         return Ok(());
     }
     Err(WorkerError::NotReady { problems })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_runs_before_the_first_take_then_once_per_poll_and_again_after_a_full_batch() {
+        let poll = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let mut e = Expiry::new(poll);
+        assert!(e.due(t0), "the first take expires first");
+        e.called(t0, 0);
+        for ms in [0, 1, 20, 500, 999] {
+            assert!(
+                !e.due(t0 + Duration::from_millis(ms)),
+                "{ms} ms after the call"
+            );
+        }
+        assert!(e.due(t0 + poll), "one poll after the call");
+        e.called(t0 + poll, EXPIRE_BATCH as i64);
+        assert!(
+            e.due(t0 + poll + Duration::from_millis(1)),
+            "a full batch: more may be waiting"
+        );
+        e.called(
+            t0 + poll + Duration::from_millis(1),
+            EXPIRE_BATCH as i64 - 1,
+        );
+        assert!(
+            !e.due(t0 + poll + Duration::from_millis(2)),
+            "a batch not full"
+        );
+    }
 }

@@ -220,6 +220,11 @@ impl TestDb {
     /// The runtime role's statements in this database with their calls
     /// (`pg_stat_statements`).
     pub async fn runtime_statement_texts(&self) -> Vec<(String, i64)> {
+        self.statement_texts_of("qlsched_runtime").await
+    }
+
+    /// `role`'s statements in this database with their calls (`pg_stat_statements`).
+    pub async fn statement_texts_of(&self, role: &str) -> Vec<(String, i64)> {
         let (client, connection) = pg_config(self.port, "postgres", "postgres")
             .connect(tokio_postgres::NoTls)
             .await
@@ -233,8 +238,8 @@ impl TestDb {
             .query(
                 "SELECT s.query, s.calls FROM pg_stat_statements s
                    JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid
-                  WHERE d.datname = $1 AND r.rolname = 'qlsched_runtime'",
-                &[&self.name],
+                  WHERE d.datname = $1 AND r.rolname = $2",
+                &[&self.name, &role],
             )
             .await
             .unwrap()

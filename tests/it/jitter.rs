@@ -573,20 +573,7 @@ async fn v20_applies_over_triggers_and_runs_written_before_it() {
         .await
         .unwrap();
     // The database as V18 left it, with those rows in it.
-    db.superuser()
-        .await
-        .batch_execute(&format!(
-            "{}
-             DELETE FROM {} WHERE version > 18;
-             DELETE FROM qlsched.schema_compat WHERE version > 18",
-            crate::live_migrate::UNDO_AFTER_V18,
-            qlsched::schema::HISTORY_TABLE
-        ))
-        .await
-        .unwrap();
-    let applied = qlsched::schema::migrate(&db.config("qlsched_owner"), &crate::helpers::roles())
-        .await
-        .unwrap();
+    let applied = crate::live_migrate::back_to_v18_and_migrate(&db).await;
     assert!(
         applied
             .iter()

@@ -241,6 +241,25 @@ pub const UNDO_AFTER_V18: &str = "
     DROP TABLE qlsched.trigger_outcomes;
     ALTER TABLE qlsched.triggers DROP COLUMN pause_after_failures, DROP COLUMN expect_success_within_ms;";
 
+/// Takes `db` back to the schema V18 left ([`UNDO_AFTER_V18`], the later history and
+/// compatibility rows deleted) with the rows written before, then migrates it forward again
+/// as the owner; returns the migrations applied.
+pub async fn back_to_v18_and_migrate(db: &TestDb) -> Vec<String> {
+    db.superuser()
+        .await
+        .batch_execute(&format!(
+            "{UNDO_AFTER_V18}
+             DELETE FROM {} WHERE version > 18;
+             DELETE FROM qlsched.schema_compat WHERE version > 18",
+            schema::HISTORY_TABLE
+        ))
+        .await
+        .unwrap();
+    schema::migrate(&db.config("qlsched_owner"), &roles())
+        .await
+        .unwrap()
+}
+
 /// The real binary behind a reader: each wait on stderr, then exit 1 with V13 not applied;
 /// after the reader, V13 and V14 apply and `db check` passes.
 #[tokio::test]
