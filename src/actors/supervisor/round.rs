@@ -64,11 +64,13 @@ impl Supervisor {
             return;
         }
         self.admit_addr();
-        let free = self
+        let budget = self
             .settings
             .claim_budget
-            .min(crate::actors::HARD_CLAIM_CAP)
-            .saturating_sub(self.live.len() as u32);
+            .min(crate::actors::HARD_CLAIM_CAP);
+        let free = (budget * crate::actors::ROUNDS_IN_FLIGHT)
+            .saturating_sub(self.live.len() as u32)
+            .min(budget);
         if free == 0 {
             return;
         }
