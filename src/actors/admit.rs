@@ -18,9 +18,6 @@ pub struct AdmitActor {
     log: Logger,
     queue: Vec<(Job, oneshot::Sender<JobResult>)>,
     busy: bool,
-    /// Most decisions in one batch: one round's budget (`claim_budget`), though the next
-    /// round's decisions may already be queued behind it.
-    max_batch: usize,
 }
 
 impl AdmitActor {
@@ -40,12 +37,10 @@ impl AdmitActor {
             log,
             queue: Vec::new(),
             busy: false,
-            max_batch: settings.claim_budget.clamp(1, super::HARD_CLAIM_CAP) as usize,
         }
     }
 
-    /// Takes what is queued, oldest first and at most `max_batch`, and runs it as one batch;
-    /// when done, the next batch.
+    /// Takes everything queued and runs it as one batch; when done, the next batch.
     fn run_batch(&mut self, ctx: &mut Context<Self>) {
         if self.queue.is_empty() {
             self.busy = false;
@@ -54,8 +49,8 @@ impl AdmitActor {
         let Some(mut engine) = self.engine.take() else {
             return;
         };
-        let n = self.queue.len().min(self.max_batch);
-        let (jobs, replies): (Vec<Job>, Vec<_>) = self.queue.drain(..n).unzip();
+        let (jobs, replies): (Vec<Job>, Vec<_>) =
+            std::mem::take(&mut self.queue).into_iter().unzip();
         ctx.spawn(
             async move {
                 let results = engine.process(jobs).await;
@@ -90,10 +85,8 @@ impl Actor for AdmitActor {
     }
 }
 
-/// Mailbox bound: at most one message per live claim actor, which the hard cap and the
-/// rounds in flight bound.
-pub const HARD_MAILBOX: usize =
-    super::HARD_CLAIM_CAP as usize * super::ROUNDS_IN_FLIGHT as usize * 2;
+/// Mailbox bound: at most one message per live claim actor, which the hard cap bounds.
+pub const HARD_MAILBOX: usize = super::HARD_CLAIM_CAP as usize * 2;
 
 /// One decided lease, sent by a claim actor: queued for the next batch, answered with how
 /// the lease ended.

@@ -46,12 +46,6 @@ pub struct Settings {
 /// The hard cap on claims per round, whatever the config says.
 pub const HARD_CLAIM_CAP: u32 = 256;
 
-/// Rounds whose rows may be in flight at once (claimed, not yet reported): the next round's
-/// claim runs while the previous round's admission does, so the admit connection is not left
-/// idle during each claim statement. Each admission batch still holds at most one round's
-/// budget (`claim_budget`).
-pub const ROUNDS_IN_FLIGHT: u32 = 2;
-
 impl Settings {
     pub fn from_config(cfg: &crate::config::Config, connector: Connector) -> Settings {
         let s = &cfg.scheduler;

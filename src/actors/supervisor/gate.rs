@@ -21,7 +21,7 @@ pub enum Round {
 pub enum Next {
     /// At the next timer tick.
     AtCadence,
-    /// As soon as a whole round's budget is free (more is due right now).
+    /// As soon as no claim actor is alive (more is due right now).
     AtOnce,
 }
 
@@ -64,11 +64,9 @@ impl RoundGate {
     pub fn due_again(&mut self) {
         self.next = Next::AtOnce;
     }
-    /// Whether to start a round now, without waiting for the timer: none runs, more is due,
-    /// and at most one round's rows (`budget`) are still in flight, so the next round may
-    /// claim a whole budget while they are admitted.
-    pub fn start_at_once(&self, live_claims: usize, budget: usize) -> bool {
-        self.idle() && live_claims <= budget && self.next == Next::AtOnce
+    /// Whether to start a round now, without waiting for the timer.
+    pub fn start_at_once(&self, live_claims: usize) -> bool {
+        self.idle() && live_claims == 0 && self.next == Next::AtOnce
     }
 }
 
@@ -210,25 +208,21 @@ mod tests {
         gate.started(); // the timer's round, while a claim actor is still admitting
         gate.due_again(); // the actor: its next occurrence is already due
         gate.round_done(false); // the round leased less than its budget
-        assert!(gate.start_at_once(0, 64), "catch-up lost: {gate:?}");
+        assert!(gate.start_at_once(0), "catch-up lost: {gate:?}");
         gate.started();
         assert!(
-            !gate.start_at_once(0, 64),
+            !gate.start_at_once(0),
             "starting a round consumes the signal"
         );
     }
 
     #[test]
-    fn a_filled_round_starts_the_next_at_once_while_at_most_one_round_is_in_flight() {
+    fn a_filled_round_starts_the_next_at_once_only_when_its_actors_are_done() {
         let mut gate = RoundGate::default();
         gate.started();
         gate.round_done(true);
-        // Its 64 rows are being admitted: the next round claims meanwhile.
-        assert!(gate.start_at_once(64, 64));
-        // Two rounds' rows in flight: the next waits for the first round's reports.
-        assert!(!gate.start_at_once(65, 64));
-        assert!(!gate.start_at_once(128, 64));
-        assert!(gate.start_at_once(0, 64));
+        assert!(!gate.start_at_once(3));
+        assert!(gate.start_at_once(0));
     }
 
     #[test]
@@ -237,6 +231,6 @@ mod tests {
         gate.started();
         gate.due_again();
         assert!(!gate.idle());
-        assert!(!gate.start_at_once(0, 64));
+        assert!(!gate.start_at_once(0));
     }
 }

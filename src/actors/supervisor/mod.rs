@@ -11,10 +11,9 @@
 //!
 //! The catch-up signal (`Next::AtOnce`) is raised by a round that filled its budget and by a
 //! claim actor whose row is due again right now; only starting a round clears it, so no event
-//! can wipe it. Under catch-up the next round starts as soon as a whole round's budget is free
-//! (at most [`super::ROUNDS_IN_FLIGHT`] rounds' rows in flight): right after a filled round,
-//! while its rows are being admitted, so that the next claim overlaps that admission and a
-//! backlog drains at admission speed; otherwise the timer starts it after the cadence.
+//! can wipe it. Under catch-up the next round starts as soon as the last claim actor has
+//! reported (a backlog drains at admission speed); otherwise the timer starts it after the
+//! cadence.
 //!
 //! Every round carries its own id, stamped on the rows it leases. A round whose reply never
 //! came (client time-out, lost connection) is remembered, and its rows are released by the
@@ -145,11 +144,10 @@ impl Supervisor {
     }
 
     /// After a round or a claim actor ended: wake drain waiters, or start the next round at
-    /// once when more is due and a whole round's budget is free.
+    /// once when more is due and no claim actor is alive.
     fn after_event(&mut self, ctx: &mut Context<Self>) {
         self.maybe_drained();
-        let budget = self.settings.claim_budget.min(super::HARD_CLAIM_CAP) as usize;
-        if self.gate.start_at_once(self.live.len(), budget) {
+        if self.gate.start_at_once(self.live.len()) {
             self.start_round(ctx);
         }
     }

@@ -64,13 +64,11 @@ impl Supervisor {
             return;
         }
         self.admit_addr();
-        let budget = self
+        let free = self
             .settings
             .claim_budget
-            .min(crate::actors::HARD_CLAIM_CAP);
-        let free = (budget * crate::actors::ROUNDS_IN_FLIGHT)
-            .saturating_sub(self.live.len() as u32)
-            .min(budget);
+            .min(crate::actors::HARD_CLAIM_CAP)
+            .saturating_sub(self.live.len() as u32);
         if free == 0 {
             return;
         }
