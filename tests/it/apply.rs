@@ -65,21 +65,7 @@ fn seed(db: &TestDb) {
             "--disabled",
         ],
     ));
-    ok(ql(
-        db,
-        &[
-            "trigger",
-            "publish",
-            "--id",
-            "paused",
-            "--project",
-            "pay",
-            "--task",
-            "report",
-            "--cron",
-            "0 * * * *",
-        ],
-    ));
+    publish_hourly(db, "paused");
     ok(ql(
         db,
         &["trigger", "disable", "paused", "--note", "incident"],
@@ -100,6 +86,26 @@ fn seed(db: &TestDb) {
         ],
     ));
     ok(ql(db, &["trigger", "delete", "gone"]));
+}
+
+/// `qlsched trigger publish` of an hourly trigger `id` of project pay and task report (a
+/// trigger no apply labelled).
+fn publish_hourly(db: &TestDb, id: &str) {
+    ok(ql(
+        db,
+        &[
+            "trigger",
+            "publish",
+            "--id",
+            id,
+            "--project",
+            "pay",
+            "--task",
+            "report",
+            "--cron",
+            "0 * * * *",
+        ],
+    ));
 }
 
 fn write(dir: &std::path::Path, name: &str, text: &str) -> String {

@@ -719,8 +719,8 @@ async fn the_command_line_publishes_shows_lists_and_fires_under_the_policy() {
     db.assert_invariants().await;
 }
 
-/// A batch of forbid triggers reads and writes each overlap row in turn (V26's
-/// `overlap_decide`): every tuple-level predicate lock it takes on `trigger_overlap` is
+/// A batch of forbid triggers reads and writes each overlap row in turn (`overlap_decide`,
+/// V26, rewritten by V27): every tuple-level predicate lock it takes on `trigger_overlap` is
 /// dropped when it writes the tuple, so it never holds the page or relation lock PostgreSQL
 /// substitutes for more than 2 tuple locks of a page (or a relation's share of
 /// `max_pred_locks_per_transaction`), which would make every concurrent admission's write of

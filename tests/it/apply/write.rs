@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{seed, tempdir, write};
+use super::{publish_hourly, seed, tempdir, write};
 use crate::helpers::cli::{command, json, ok, ql, refused, stderr, stdout};
 use crate::helpers::{wait_until, TestDb};
 
@@ -116,21 +116,7 @@ async fn applying_an_export_mints_nothing_and_never_re_enables_a_disabled_or_pau
     let db = TestDb::new().await;
     seed(&db);
     // A system pause (what V19's pause after failures writes).
-    ok(ql(
-        &db,
-        &[
-            "trigger",
-            "publish",
-            "--id",
-            "flaky",
-            "--project",
-            "pay",
-            "--task",
-            "report",
-            "--cron",
-            "0 * * * *",
-        ],
-    ));
+    publish_hourly(&db, "flaky");
     db.superuser()
         .await
         .execute(
@@ -249,7 +235,7 @@ async fn prune_deletes_only_the_files_own_absent_triggers_within_max_delete() {
         &format!("source = \"team/b\"\n{}", trigger("b1", "0 * * * *")),
     );
     ok(ql(&db, &["apply", "-f", &b]));
-    publish_unlabelled(&db, "manual");
+    publish_hourly(&db, "manual");
     // team/a drops a2 and a3.
     let fewer = write(&dir, "a.toml", &file("team/a", &[("a1", "0 * * * *")]));
     let out = ok(ql(&db, &["apply", "-f", &fewer]));
@@ -339,7 +325,7 @@ async fn adopt_labels_unlabelled_and_other_sources_triggers_without_a_new_revisi
     let dir = tempdir();
     let b = write(&dir, "b.toml", &file("team/b", &[("b1", "0 * * * *")]));
     ok(ql(&db, &["apply", "-f", &b]));
-    publish_unlabelled(&db, "manual");
+    publish_hourly(&db, "manual");
     let before = versions(&db).await;
     let a = write(
         &dir,
@@ -485,24 +471,4 @@ async fn v23_applies_over_triggers_written_before_it() {
     .unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// `qlsched trigger publish` of an hourly trigger `id` of project pay and task report: a
-/// trigger no apply labelled.
-fn publish_unlabelled(db: &TestDb, id: &str) {
-    ok(ql(
-        db,
-        &[
-            "trigger",
-            "publish",
-            "--id",
-            id,
-            "--project",
-            "pay",
-            "--task",
-            "report",
-            "--cron",
-            "0 * * * *",
-        ],
-    ));
 }
