@@ -169,8 +169,10 @@ pub fn expected_column_privileges(kind: &str) -> Vec<(String, String, String)> {
 /// `overlap_decide` and `overlap_undo` (V26) are the admission's (runtime role): the
 /// statement decides forbid and buffer_one itself, reading and writing the overlap rows
 /// through the first in one UPDATE per batch, and the second lowers a count raised for a run
-/// whose key turned out taken.
-pub const EXECUTE_GRANTS: [(&str, &str); 26] = [
+/// whose key turned out taken. `overlap_decide_with` and `overlap_release` (V28) are the
+/// same for a count kept partly on the schedule row: the decision given that part, and the
+/// undo of a run counted there.
+pub const EXECUTE_GRANTS: [(&str, &str); 28] = [
     (
         "qlsched.prune_finished(bigint,integer,text,uuid)",
         "runtime",
@@ -215,6 +217,13 @@ pub const EXECUTE_GRANTS: [(&str, &str); 26] = [
         "runtime",
     ),
     ("qlsched.overlap_undo(text[])", "runtime"),
+    // V28: the decision on the count kept partly on the schedule row, and the undo of a run
+    // counted there.
+    (
+        "qlsched.overlap_decide_with(tid[],text[],text[],text[],boolean[],bigint[],bigint[])",
+        "runtime",
+    ),
+    ("qlsched.overlap_release(text[])", "runtime"),
     // Retention of the audit log (V22), under the replicas' 'prune' lease.
     ("qlsched.prune_audit(bigint,integer,text,uuid)", "runtime"),
     // The console's operator actions (V24, docs/console.md "Actions"): a replica serves the

@@ -237,6 +237,8 @@ struct Columns {
     due: Vec<Option<i64>>,
     /// The TID of the trigger's overlap row as the claim read it (NULL for allow and replace).
     overlap_tids: Vec<Option<String>>,
+    /// Whether the claim found the member's forbid trigger idle (V28's fast path).
+    overlap_idle: Vec<bool>,
     uuid: [Vec<Uuid>; 3],
 }
 
@@ -273,6 +275,7 @@ impl Columns {
                 .map(|a| a.timing().recorded_due_at_ms(a.scheduled_for_ms))
                 .collect(),
             overlap_tids: batch.iter().map(|a| a.claim.overlap_tid.clone()).collect(),
+            overlap_idle: batch.iter().map(|a| a.claim.overlap_idle).collect(),
             uuid: [
                 uid(|a| a.claim.fence.token),
                 uid(|a| a.run_id),
@@ -281,8 +284,8 @@ impl Columns {
         }
     }
 
-    /// `$1` … `$20` of [`ADMIT_SQL`], with their types.
-    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 20] {
+    /// `$1` … `$21` of [`ADMIT_SQL`], with their types.
+    fn params(&self) -> [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 21] {
         let [tids, ids, owners, tdigs, tasks, keys, bys] = &self.text;
         let [revs, svs, cvs, obs, sfs, nexts] = &self.int;
         let [tokens, runs, atts] = &self.uuid;
@@ -308,6 +311,7 @@ impl Columns {
             (&self.claimable, int8_a.clone()),
             (&self.due, int8_a),
             (&self.overlap_tids, text_a),
+            (&self.overlap_idle, Type::BOOL_ARRAY),
         ]
     }
 }
@@ -347,15 +351,18 @@ WITH obs AS MATERIALIZED (
 ), d AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[], $7::uuid[],
                          $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::text[], $14::uuid[],
-                         $15::uuid[], $16::text[], $17::text[], $18::int8[], $19::int8[], $20::text[])
+                         $15::uuid[], $16::text[], $17::text[], $18::int8[], $19::int8[], $20::text[], $21::bool[])
         AS d(tid, trigger_id, rev, sv, cursor_ms, owner, token, cv, observed_ms, sf, next_ms, tdig, task_id, run_id,
-             attempt_id, ikey, admitted_by, claimable_ms, due_ms, otid)
+             attempt_id, ikey, admitted_by, claimable_ms, due_ms, otid, idle)
 ), adv AS (
     UPDATE qlsched.trigger_schedules s
        SET next_fire_at_ms = d.next_ms, last_scheduled_at_ms = d.sf,
            admitted_through_ms = greatest(s.admitted_through_ms, d.sf),
            claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL,
-           claimable_at_ms = d.claimable_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms
+           claimable_at_ms = d.claimable_ms, state_version = s.state_version + 1, updated_at_ms = obs.now_ms,
+           -- A forbid trigger the claim found idle: its run counted here, on the row this
+           -- UPDATE writes anyway (V28), and no overlap row read or written.
+           overlap_admitted = s.overlap_admitted + d.idle::int
       FROM obs, d
      WHERE s.ctid = ANY ($1::text[]::tid[]) AND s.ctid = d.tid::tid
        -- Compared as an expression, not as an index key: the schedule row must be reached by
@@ -398,7 +405,8 @@ WITH obs AS MATERIALIZED (
               -- reads and writes nothing more and calls no function.
               (SELECT nullif(t.overlap_policy, 'allow') FROM qlsched.triggers t
                 WHERE t.trigger_id = d.trigger_id) AS opol,
-              d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms, d.otid
+              d.run_id, d.attempt_id, d.ikey, d.sf, d.admitted_by, d.due_ms, d.otid, d.idle,
+              s.overlap_admitted AS oadm
 ), tomb AS MATERIALIZED (
     -- The batch's keys whose run was pruned (V15): one scan of the tombstones' primary key for
     -- the whole batch, skipped (a one-time filter) while there is no tombstone at all, the
@@ -418,17 +426,19 @@ WITH obs AS MATERIALIZED (
     -- batch that read its rows first and wrote them after had its tuple locks promoted to page
     -- and relation locks, and conflicted with every concurrent admission's write there). A
     -- trigger without the row was never adopted: absent, not counted. No call without a
-    -- forbid or buffer_one member (NULL arguments).
+    -- forbid or buffer_one member (NULL arguments). A member the claim found idle is not
+    -- decided here: counted on its schedule row by adv (V28). The count decided on is the
+    -- overlap row's part plus the schedule row's (overlap_admitted as adv left it).
     SELECT o.* FROM (SELECT array_agg(adv.otid::tid) AS tids, array_agg(adv.trigger_id) AS ids,
                             array_agg(adv.opol) AS pols, array_agg(adv.ikey) AS keys,
                             array_agg(EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)) AS tombed,
-                            array_agg(adv.sf) AS sfs
-                       FROM adv WHERE adv.opol IN ('forbid', 'buffer_one')) a,
-                    qlsched.overlap_decide(a.tids, a.ids, a.pols, a.keys, a.tombed, a.sfs) o
+                            array_agg(adv.sf) AS sfs, array_agg(adv.oadm) AS adms
+                       FROM adv WHERE adv.opol IN ('forbid', 'buffer_one') AND NOT adv.idle) a,
+                    qlsched.overlap_decide_with(a.tids, a.ids, a.pols, a.keys, a.tombed, a.sfs, a.adms) o
 ), dec AS MATERIALIZED (
     -- busy: a run of the trigger is unfinished and the key is new (a key that exists is left
     -- to the insert's ON CONFLICT: nothing to decide); kept: buffer_one holds an occurrence.
-    SELECT adv.*, ovd.trigger_id IS NOT NULL AS counted,
+    SELECT adv.*, ovd.trigger_id IS NOT NULL OR adv.idle AS counted,
            EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey) AS tombed,
            coalesce(ovd.busy, false) AS busy, coalesce(ovd.kept, false) AS kept
       FROM adv LEFT JOIN ovd ON ovd.trigger_id = adv.trigger_id
@@ -464,7 +474,13 @@ WITH obs AS MATERIALIZED (
     -- the final SELECT so it runs.
     SELECT qlsched.overlap_undo(array_agg(dec.trigger_id)) AS n
       FROM dec LEFT JOIN run ON run.run_id = dec.run_id
-     WHERE dec.counted AND NOT dec.tombed AND NOT dec.busy AND run.run_id IS NULL
+     WHERE dec.counted AND NOT dec.idle AND NOT dec.tombed AND NOT dec.busy AND run.run_id IS NULL
+), ovr AS MATERIALIZED (
+    -- The same for a member counted on its schedule row (V28), whose key existed or was a
+    -- tombstone: released on the overlap row (the owner's function), none in the usual case.
+    SELECT qlsched.overlap_release(array_agg(dec.trigger_id)) AS n
+      FROM dec LEFT JOIN run ON run.run_id = dec.run_id
+     WHERE dec.idle AND run.run_id IS NULL
 )
 SELECT adv.trigger_id, run.queued_at_ms,
        -- Not written although its key is new and not a tombstone: the overlap policy kept it
@@ -474,7 +490,7 @@ SELECT adv.trigger_id, run.queued_at_ms,
             THEN NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.idempotency_key = adv.ikey)
                  AND NOT EXISTS (SELECT 1 FROM qlsched.runs r WHERE r.idempotency_key = adv.ikey)
             ELSE false END
-  FROM adv LEFT JOIN run ON run.run_id = adv.run_id CROSS JOIN ovu"
+  FROM adv LEFT JOIN run ON run.run_id = adv.run_id CROSS JOIN ovu CROSS JOIN ovr"
 );
 
 /// Why an admission statement hit no row. Read after the rollback, outside the transaction,

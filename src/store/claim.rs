@@ -61,6 +61,10 @@ pub struct ClaimedRow {
     /// for a forbid or buffer_one trigger that has the row (V26): the admission reads and
     /// writes the row by it, for the same reason. `None` otherwise (allow: nothing read).
     pub overlap_tid: Option<String>,
+    /// A forbid trigger with no unfinished run and nothing kept as the claim read it (V28):
+    /// the admission counts its run on the schedule row and reads no overlap row
+    /// (`overlap_tid` is then `None`).
+    pub overlap_idle: bool,
     pub next_fire_at_ms: Option<i64>,
     pub state_version: i64,
     pub fence: Fence,
@@ -264,8 +268,12 @@ RETURNING s.trigger_id, s.ctid::text AS tid, s.next_fire_at_ms, s.state_version,
           k.content_digest AS task_digest, k.execution_revision_id,
           t.jitter_ms, t.start_at_ms, t.end_at_ms,
           -- Only for a policy the admission decides (a one-time filter: an allow trigger
-          -- reads nothing here).
-          (SELECT o.ctid::text FROM qlsched.trigger_overlap o
+          -- reads nothing here): 'idle' for a forbid trigger with no unfinished run (V28:
+          -- the admission then counts its run on the schedule row alone), else the TID.
+          (SELECT CASE WHEN t.overlap_policy = 'forbid' AND o.buffered IS NULL
+                            AND o.unfinished + s.overlap_admitted - o.overlap_released = 0
+                       THEN 'idle' ELSE o.ctid::text END
+             FROM qlsched.trigger_overlap o
             WHERE t.overlap_policy IN ('forbid', 'buffer_one') AND o.trigger_id = s.trigger_id) AS overlap_tid
 )
 SELECT claimed.*, NULL::bigint AS next_due_ms, NULL::bigint AS guard_extended,
@@ -323,12 +331,17 @@ pub fn claim_variant(limit: u32) -> (&'static str, u32) {
     (sql, limit)
 }
 
+/// What the claim's `overlap_tid` column holds for an idle forbid trigger (instead of a TID).
+const IDLE: &str = "idle";
+
 /// A leased row of [`CLAIM_DUE_SQL`] (or a variant), by column name.
 fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
+    let overlap: Option<String> = r.get("overlap_tid");
     ClaimedRow {
         trigger_id: r.get("trigger_id"),
         tid: r.get("tid"),
-        overlap_tid: r.get("overlap_tid"),
+        overlap_tid: overlap.clone().filter(|t| t != IDLE),
+        overlap_idle: overlap.as_deref() == Some(IDLE),
         next_fire_at_ms: r.get("next_fire_at_ms"),
         state_version: r.get("state_version"),
         fence: Fence {

@@ -30,10 +30,12 @@ fn opened(sql: &str) -> Vec<String> {
 }
 
 /// The owner's functions the statements call that lock rows of a table (V26: the admission's
-/// overlap decision reads and writes the overlap rows through them).
-const FUNCTION_OPENS: [(&str, &str); 2] = [
+/// overlap decision reads and writes the overlap rows through them; V28's variant and undo).
+const FUNCTION_OPENS: [(&str, &str); 4] = [
     ("overlap_decide", "trigger_overlap"),
     ("overlap_undo", "trigger_overlap"),
+    ("overlap_decide_with", "trigger_overlap"),
+    ("overlap_release", "trigger_overlap"),
 ];
 
 #[test]

@@ -94,23 +94,23 @@ impl ByKind {
 pub async fn due_backlog(
     client: &impl tokio_postgres::GenericClient,
 ) -> Result<(i64, Option<i64>), StoreError> {
+    // The clock is read first and passed as a value: the range is then planned with it (a
+    // handful of due rows, an index range read). Compared with the clock inside the same
+    // statement (a materialised scalar subquery), the planner had to guess a third of the
+    // table and chose a sequential scan and a sort once the rows grew by a column (V28);
+    // a volatile `clock_timestamp()` compared row by row would scan the whole table.
+    // `ORDER BY … LIMIT` keeps the range in index order; the count is capped at a million.
+    let now: i64 = client
+        .query_one(concat!("SELECT ", crate::db_now_ms!()), &[])
+        .await?
+        .get(0);
     let r = client
         .query_one(
-            // The clock is read once (materialised) and compared through a scalar subquery, an
-            // init plan the index range scan can use; a volatile `clock_timestamp()` compared
-            // row by row would scan the whole table.
-            // `ORDER BY … LIMIT` keeps the planner on the index whatever it guesses about
-            // the range; the count is capped at a million.
-            concat!(
-                "WITH n AS MATERIALIZED (SELECT ",
-                crate::db_now_ms!(),
-                " AS ms)
-             SELECT count(*), (SELECT ms FROM n) - min(claimable_at_ms)
+            "SELECT count(*), $1::bigint - min(claimable_at_ms)
                FROM (SELECT claimable_at_ms FROM qlsched.trigger_schedules
-                      WHERE claimable_at_ms <= (SELECT ms FROM n)
-                      ORDER BY claimable_at_ms LIMIT 1000000) due"
-            ),
-            &[],
+                      WHERE claimable_at_ms <= $1::bigint
+                      ORDER BY claimable_at_ms LIMIT 1000000) due",
+            &[&now],
         )
         .await?;
     Ok((r.get(0), r.get(1)))

@@ -50,6 +50,9 @@
 --   dangling run                 a run whose project, trigger, task or execution revision
 --                                does not exist
 --   unfinished run removed       a removed run that was queued, dispatching or running
+--   overlap count                a trigger whose overlap count (the overlap row's part, and
+--                                since V28 the schedule row's) is not its number of unfinished
+--                                counted runs (overlap_policy set)
 
 BEGIN;
 SET LOCAL client_min_messages = warning;
@@ -72,6 +75,21 @@ BEGIN
             UNION ALL
             SELECT o.trigger_id, (o.buffered ->> 'scheduled_for_ms')::bigint FROM qlsched.trigger_overlap o
              WHERE o.buffered IS NOT NULL AND o.buffered ->> 'request_id' IS NULL;
+    END IF;
+    -- The count an overlap policy decides on (V21; since V28 partly kept on the schedule row).
+    IF to_regclass('qlsched.trigger_overlap') IS NULL THEN
+        CREATE TEMPORARY VIEW overlap_counts (trigger_id, counted) AS
+            SELECT NULL::text, NULL::bigint WHERE false;
+    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                   WHERE a.attrelid = 'qlsched.trigger_overlap'::regclass
+                     AND a.attname = 'overlap_released' AND NOT a.attisdropped) THEN
+        EXECUTE 'CREATE TEMPORARY VIEW overlap_counts (trigger_id, counted) AS
+            SELECT o.trigger_id, o.unfinished + coalesce(s.overlap_admitted, 0) - o.overlap_released
+              FROM qlsched.trigger_overlap o
+              LEFT JOIN qlsched.trigger_schedules s ON s.trigger_id = o.trigger_id';
+    ELSE
+        CREATE TEMPORARY VIEW overlap_counts (trigger_id, counted) AS
+            SELECT o.trigger_id, o.unfinished::bigint FROM qlsched.trigger_overlap o;
     END IF;
 END
 $$;
@@ -175,6 +193,11 @@ offences (invariant, key) AS (
         OR NOT EXISTS (SELECT 1 FROM qlsched.tasks k WHERE k.task_id = r.task_id)
         OR NOT EXISTS (SELECT 1 FROM qlsched.execution_revisions x
                         WHERE x.execution_revision_id = r.execution_revision_id)
+    UNION ALL
+    SELECT 'overlap count', c.trigger_id FROM overlap_counts c
+     WHERE c.counted <> (SELECT count(*) FROM qlsched.runs r
+                          WHERE r.trigger_id = c.trigger_id AND r.overlap_policy IS NOT NULL
+                            AND r.status IN ('queued', 'dispatching', 'running'))
     UNION ALL
     SELECT 'unfinished run removed', d.run_id::text FROM removed_runs d
      WHERE d.status NOT IN (SELECT status FROM status_of WHERE finished))

@@ -314,6 +314,7 @@ fn ids_are_minted_only_for_admissions() {
         trigger_id: "t".into(),
         tid: "(0,1)".into(),
         overlap_tid: None,
+        overlap_idle: false,
         next_fire_at_ms: cursor,
         state_version: 2,
         fence: Fence {

@@ -173,6 +173,10 @@ fn migration_names() -> Vec<String> {
 /// Undoes every migration after V18, newest first (for the tests that start from an older
 /// schema): its objects only, the history rows are the caller's.
 pub const UNDO_AFTER_V18: &str = "
+    DROP FUNCTION qlsched.overlap_decide_with(tid[], text[], text[], text[], boolean[], bigint[], bigint[]),
+                  qlsched.overlap_release(text[]);
+    ALTER TABLE qlsched.trigger_overlap DROP COLUMN overlap_released;
+    ALTER TABLE qlsched.trigger_schedules DROP COLUMN overlap_admitted;
     ALTER TABLE qlsched.trigger_overlap DROP COLUMN last_busy;
     ALTER TABLE qlsched.runs DROP COLUMN overlap_counted CASCADE;
     DROP FUNCTION qlsched.overlap_decide(tid[], text[], text[], text[], boolean[], bigint[]),

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use qlsched::db::StoreError;
-use qlsched::store::admission::AdmitOutcome;
+use qlsched::store::admission::{AdmitOutcome, Refusal};
 use qlsched::store::manage::{self, ManageError, OverlapPolicy, TriggerSpec};
 use qlsched::store::{runs, triggers};
 use uuid::Uuid;
@@ -100,6 +100,18 @@ async fn install_hold(db: &TestDb, role: &str) {
         ))
         .await
         .unwrap();
+}
+
+/// Releases `c`'s lease as the engine does after a refusal that leaves it ours.
+async fn release_lease(c: &Claimed) {
+    let row = c.row();
+    let conn = c.conn().await;
+    assert!(
+        qlsched::store::release::release_claim(&conn, &row.trigger_id, &row.fence, 0)
+            .await
+            .unwrap(),
+        "the lease was still ours"
+    );
 }
 
 /// A session holding [`HOLD`] until [`release`].
@@ -281,6 +293,115 @@ async fn forbid_is_decided_in_the_admission_and_an_older_binarys_admission_is_st
         .unwrap()
         .0;
     cancel(&db, old).await;
+    assert_eq!(state(&db).await.0, Some(0));
+    db.assert_invariants().await;
+}
+
+/// The count's parts for `t`: (the overlap row's unfinished, the schedule row's
+/// overlap_admitted, the overlap row's overlap_released); the count is the first plus the
+/// second minus the third (V28).
+async fn parts(db: &TestDb) -> (i32, i64, i64) {
+    let r = db
+        .superuser()
+        .await
+        .query_one(
+            "SELECT o.unfinished, s.overlap_admitted, o.overlap_released
+               FROM qlsched.trigger_overlap o JOIN qlsched.trigger_schedules s USING (trigger_id)
+              WHERE trigger_id = 't'",
+            &[],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// V28: a run an idle forbid trigger's admission counted on the schedule row is seen by every
+/// other reader of the count (an older binary's decision, a republish's recount, the run's
+/// end), and an idle admission whose run is not inserted (its key existed) undoes its count.
+#[tokio::test]
+async fn the_part_of_the_count_on_the_schedule_row_is_seen_by_every_reader_and_undone_when_no_run_is_inserted(
+) {
+    let db = with_policy(OverlapPolicy::Forbid).await;
+    let (sf, first) = scheduled(&db, "a").await;
+    assert!(
+        matches!(first, Ok(AdmitOutcome::Admitted { .. })),
+        "{first:?}"
+    );
+    assert_eq!(
+        parts(&db).await,
+        (0, 1, 0),
+        "counted on the schedule row alone"
+    );
+    assert_eq!(state(&db).await.0, Some(1));
+
+    // A V26/V27 binary's decision (overlap_decide, the runtime role's) sees the run unfinished.
+    let rt = db.client("qlsched_runtime").await;
+    rt.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        .await
+        .unwrap();
+    let busy: bool = rt
+        .query_one(
+            "SELECT d.busy FROM qlsched.trigger_overlap o,
+                    qlsched.overlap_decide(ARRAY[o.ctid], ARRAY['t'], ARRAY['forbid'], ARRAY['not-a-key'],
+                                           ARRAY[false], ARRAY[$1::int8]) d
+              WHERE o.trigger_id = 't'",
+            &[&(sf + 1000)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    rt.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        busy,
+        "an older binary's decision missed the run counted on the schedule row"
+    );
+
+    // A republish recounts: the run moves to the overlap row's part, the schedule row's is 0.
+    let mut admin = db.admin().await;
+    let republish = |policy| TriggerSpec {
+        overlap_policy: policy,
+        ..TriggerSpec::new("t", "proj", "task", "* * * * * *", "UTC")
+    };
+    manage::publish_trigger(&mut admin, &republish(OverlapPolicy::BufferOne))
+        .await
+        .unwrap();
+    assert_eq!(parts(&db).await, (1, 1, 1));
+    let run = runs_of_t(&db).await[0].0;
+    cancel(&db, run).await;
+    assert_eq!(
+        parts(&db).await,
+        (0, 1, 1),
+        "the run's end lowered the count"
+    );
+    manage::publish_trigger(&mut admin, &republish(OverlapPolicy::Forbid))
+        .await
+        .unwrap();
+
+    // An occurrence a backfill admitted (and whose run ended) is claimed idle: its key exists,
+    // so no run is inserted and the count the admission raised is released again.
+    db.make_due(-100).await;
+    let instant = db
+        .count("SELECT next_fire_at_ms FROM qlsched.trigger_schedules WHERE trigger_id = 't'")
+        .await;
+    let revision = db
+        .count("SELECT revision FROM qlsched.triggers WHERE trigger_id = 't'")
+        .await;
+    let n = triggers::backfill_chunk(&mut admin, "t", revision, &[instant], "ops")
+        .await
+        .unwrap();
+    assert_eq!(n.admitted, 1);
+    assert_eq!(
+        parts(&db).await,
+        (1, 2, 2),
+        "the backfill marked the idle trigger"
+    );
+    let backfilled = runs_of_t(&db).await.pop().unwrap().0;
+    cancel(&db, backfilled).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    let a = c.admission();
+    assert_eq!(a.scheduled_for_ms, instant);
+    assert_eq!(c.admit(&a).await, AdmitOutcome::AlreadyAdmitted);
+    assert_eq!(parts(&db).await, (0, 3, 3), "raised and released");
     assert_eq!(state(&db).await.0, Some(0));
     db.assert_invariants().await;
 }
@@ -592,8 +713,19 @@ async fn a_fire_and_an_admission_racing_under_forbid_admit_one_run() {
         matches!(second, Err(ManageError::Overlap { .. })),
         "{second:?}"
     );
+    // The fire found the trigger idle, so it marked the schedule row (V28): the claim taken
+    // before it, which read the trigger idle, is refused and decided again at once, as the
+    // engine does; the new claim's admission sees the fired run.
     let out = c.admit(&c.admission()).await;
-    assert_eq!(out, AdmitOutcome::Overlap);
+    assert_eq!(
+        out,
+        AdmitOutcome::Refused {
+            why: Refusal::RowMoved
+        }
+    );
+    release_lease(&c).await;
+    let (_, out) = scheduled(&db, "a").await;
+    assert_eq!(out.unwrap(), AdmitOutcome::Overlap);
     assert_eq!(runs_of_t(&db).await.len(), 1, "one run of the three tries");
     assert_eq!(state(&db).await.0, Some(1));
     assert_eq!(
@@ -719,15 +851,17 @@ async fn the_command_line_publishes_shows_lists_and_fires_under_the_policy() {
     db.assert_invariants().await;
 }
 
-/// A batch of forbid triggers reads and writes each overlap row in turn (`overlap_decide`,
-/// V26, rewritten by V27): every tuple-level predicate lock it takes on `trigger_overlap` is
-/// dropped when it writes the tuple, so it never holds the page or relation lock PostgreSQL
-/// substitutes for more than 2 tuple locks of a page (or a relation's share of
-/// `max_pred_locks_per_transaction`), which would make every concurrent admission's write of
-/// a row on those pages a read-write conflict (serialization failures at each boundary).
-/// The rows are reached by the TIDs the claim read, so no leaf page of the primary key is
-/// locked either. A serializable transaction open across the admission keeps the committed
-/// admission's predicate locks visible in `pg_locks`.
+/// A batch of forbid triggers whose runs have all ended reads no overlap row at all (V28:
+/// each run counted on the schedule row its admission writes anyway). A batch of busy ones
+/// reads and writes each overlap row in turn (`overlap_decide_with`; V26, V27): every
+/// tuple-level predicate lock it takes on `trigger_overlap` is dropped when it writes the
+/// tuple, so it never holds the page or relation lock PostgreSQL substitutes for more than 2
+/// tuple locks of a page (or a relation's share of `max_pred_locks_per_transaction`), which
+/// would make every concurrent admission's write of a row on those pages a read-write
+/// conflict (serialization failures at each boundary). The rows are reached by the TIDs the
+/// claim read, so no leaf page of the primary key is locked either. A serializable
+/// transaction open across the admission keeps the committed admission's predicate locks
+/// visible in `pg_locks`.
 #[tokio::test]
 async fn a_forbid_batch_holds_no_page_or_relation_predicate_lock_on_the_overlap_rows() {
     let db = TestDb::new().await;
@@ -739,8 +873,66 @@ async fn a_forbid_batch_holds_no_page_or_relation_predicate_lock_on_the_overlap_
         };
         manage::publish_trigger(&mut admin, &spec).await.unwrap();
     }
+    let written = "SELECT count(*) FROM qlsched.trigger_overlap WHERE last_busy IS NOT NULL";
+    let counted_once = "SELECT count(*) FROM qlsched.trigger_overlap o JOIN qlsched.trigger_schedules s USING (trigger_id)
+                         WHERE o.unfinished + s.overlap_admitted - o.overlap_released = 1";
+
+    // Idle: admitted, counted on the schedule rows, the overlap rows neither read nor written.
+    let (out, locks) = admit_all_watching_overlap_locks(&db).await;
+    assert!(
+        out.iter()
+            .all(|o| matches!(o, AdmitOutcome::Admitted { .. })),
+        "{out:?}"
+    );
+    assert_eq!(locks, vec![], "the idle batch read overlap rows");
+    assert_eq!(
+        db.count(written).await,
+        0,
+        "the idle batch wrote overlap rows"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.trigger_schedules WHERE overlap_admitted = 1")
+            .await,
+        40
+    );
+    assert_eq!(
+        db.count(counted_once).await,
+        40,
+        "each admitted run counted once"
+    );
+
+    // Busy (every run still queued): decided on the overlap rows, each skip recorded.
+    let (out, locks) = admit_all_watching_overlap_locks(&db).await;
+    assert!(
+        out.iter().all(|o| matches!(o, AdmitOutcome::Overlap)),
+        "{out:?}"
+    );
+    assert!(
+        locks.iter().all(|(_, kind, _)| kind == "tuple"),
+        "page or relation predicate locks on the overlap rows: {locks:?}"
+    );
+    assert_eq!(
+        db.count(written).await,
+        40,
+        "every busy member decided on its row"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM qlsched.trigger_overlap WHERE skipped_overlap = 1")
+            .await,
+        40
+    );
+    assert_eq!(db.count(counted_once).await, 40, "skips count no run");
+    db.assert_invariants().await;
+}
+
+/// Claims every due row (made due now), admits them in one batch, and returns the outcomes
+/// and the predicate locks the admission left on `trigger_overlap` and its primary key
+/// (relation, lock type, count), seen from a serializable transaction open across it.
+async fn admit_all_watching_overlap_locks(
+    db: &TestDb,
+) -> (Vec<AdmitOutcome>, Vec<(String, String, i64)>) {
     db.make_due(-100).await;
-    let c = Claimed::up_to(&db, "a", 30_000, 64).await;
+    let c = Claimed::up_to(db, "a", 30_000, 64).await;
     assert_eq!(c.rows.len(), 40);
     let watcher = db.superuser().await;
     watcher
@@ -749,12 +941,7 @@ async fn a_forbid_batch_holds_no_page_or_relation_predicate_lock_on_the_overlap_
         .unwrap();
     let conn = c.conn().await;
     let out = drive::admit_batch(&conn, &c.admissions()).await.unwrap();
-    assert!(
-        out.iter()
-            .all(|o| matches!(o, AdmitOutcome::Admitted { .. })),
-        "{out:?}"
-    );
-    let locks: Vec<(String, String, i64)> = db
+    let locks = db
         .superuser()
         .await
         .query(
@@ -774,15 +961,5 @@ async fn a_forbid_batch_holds_no_page_or_relation_predicate_lock_on_the_overlap_
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
     watcher.batch_execute("COMMIT").await.unwrap();
-    assert!(
-        locks.iter().all(|(_, kind, _)| kind == "tuple"),
-        "page or relation predicate locks on the overlap rows: {locks:?}"
-    );
-    assert_eq!(
-        db.count("SELECT count(*) FROM qlsched.trigger_overlap WHERE unfinished = 1")
-            .await,
-        40,
-        "each admitted run counted once"
-    );
-    db.assert_invariants().await;
+    (out, locks)
 }

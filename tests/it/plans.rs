@@ -189,7 +189,7 @@ async fn the_admission_keeps_its_tid_access_after_six_executions_and_as_a_generi
                 ARRAY['a'], ARRAY[gen_random_uuid()], ARRAY[1::int8], ARRAY[0::int8], ARRAY[0::int8],
                 ARRAY[1000::int8], ARRAY['d'], ARRAY['task'], ARRAY[gen_random_uuid()],
                 ARRAY[gen_random_uuid()], ARRAY['k'], ARRAY['a'], ARRAY[1000::int8],
-                ARRAY[NULL::int8], ARRAY[NULL::text]";
+                ARRAY[NULL::int8], ARRAY[NULL::text], ARRAY[false]";
     // Six executions (they admit nothing: the fence does not match), then the plan in use.
     for _ in 0..6 {
         su.batch_execute(&format!("EXECUTE admit({args})"))
@@ -288,7 +288,8 @@ async fn the_admission_reaches_definitions_by_key_when_no_table_was_analysed() {
                      format('%L::text[]', array_agg('a'::text)),
                      format('%L::int8[]', array_agg(61000::int8)),
                      format('%L::int8[]', array_agg(NULL::int8)),
-                     format('%L::text[]', array_agg(NULL::text)))
+                     format('%L::text[]', array_agg(NULL::text)),
+                     format('%L::bool[]', array_agg(false)))
                    FROM c"
             ),
             &[],

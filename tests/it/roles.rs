@@ -356,6 +356,16 @@ const EXECUTE_GRANTS: &[(&str, &str, &str)] = &[
         "qlsched_admin",
     ),
     (
+        "qlsched.overlap_decide_with(tid[],text[],text[],text[],boolean[],bigint[],bigint[])",
+        "qlsched_runtime",
+        "qlsched_dispatcher",
+    ),
+    (
+        "qlsched.overlap_release(text[])",
+        "qlsched_runtime",
+        "qlsched_admin",
+    ),
+    (
         "qlsched.prune_audit(bigint,integer,text,uuid)",
         "qlsched_runtime",
         "qlsched_admin",

@@ -245,11 +245,24 @@ async fn the_backlog_gauge_is_an_index_range_read() {
         oldest.unwrap() > 1_000_000_000_000,
         "oldest due age from claimable_at_ms = 0"
     );
-    let plan = crate::helpers::plan(&su, "EXPLAIN WITH n AS MATERIALIZED (SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint AS ms)
-             SELECT count(*), (SELECT ms FROM n) - min(claimable_at_ms)
-               FROM (SELECT claimable_at_ms FROM qlsched.trigger_schedules
-                      WHERE claimable_at_ms <= (SELECT ms FROM n)
-                      ORDER BY claimable_at_ms LIMIT 1000000) due", &[]).await;
+    // As the gauge plans it: with the clock's value (read by a statement before it).
+    let now: i64 = su
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp())*1000)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let plan = crate::helpers::plan(
+        &su,
+        "EXPLAIN SELECT count(*), $1::bigint - min(claimable_at_ms)
+           FROM (SELECT claimable_at_ms FROM qlsched.trigger_schedules
+                  WHERE claimable_at_ms <= $1::bigint
+                  ORDER BY claimable_at_ms LIMIT 1000000) due",
+        &[&now],
+    )
+    .await;
     assert!(plan.contains("trigger_schedules_claimable_idx"), "{plan}");
     assert!(!plan.contains("Seq Scan on trigger_schedules"), "{plan}");
 }

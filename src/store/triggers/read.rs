@@ -108,7 +108,7 @@ const VIEW_COLUMNS: &str = concat!(
                 false) AS ended,
        t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
        coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
-       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished, ",
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, (ov.unfinished + s.overlap_admitted - ov.overlap_released)::int AS overlap_unfinished, ",
     crate::outcome_columns!()
 );
 
@@ -134,7 +134,7 @@ SELECT ",
                 false) AS ended,
        t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
        coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
-       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, ov.unfinished AS overlap_unfinished, ",
+       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, (ov.unfinished + s.overlap_admitted - ov.overlap_released)::int AS overlap_unfinished, ",
     crate::outcome_columns!(),
     "
   FROM qlsched.triggers t
