@@ -40,9 +40,9 @@
 -- Older binaries: their claim reads the overlap row's TID and their admission calls
 -- overlap_decide, which now reads the schedule row's part by the trigger's key and decides
 -- on the sum (under SERIALIZABLE that read takes a page-level predicate lock on the schedule
--- table's primary key: possibly more serialization retries while they run); a binary older
--- than V26 sends every counted run through the row trigger, which reads it the same way for
--- forbid. Their `trigger show` prints the overlap row's part of the count only.
+-- table's primary key: possibly more serialization retries while they run); their counted
+-- inserts through the row trigger (every one for a binary older than V26) read and mark it
+-- as a fire does. Their `trigger show` prints the overlap row's part of the count only.
 --
 -- Expand: two columns with a constant default (catalog changes, no rewrite), functions
 -- replaced in place with the same signatures (grants kept), two new functions.
@@ -163,13 +163,17 @@ $$;
 REVOKE ALL ON FUNCTION qlsched.overlap_release(text[]) FROM PUBLIC;
 
 -- V21's decision for an insert of a counted run by anything but V26's admission statement,
--- on the sum. Outside an admission (READ COMMITTED: fire, backfill, the console's) it locks
--- the schedule row first and, when the trigger has no unfinished run, marks it (see above;
--- with a run unfinished no claim can hold the trigger idle, and none can see it idle before
--- this commits: a run end waits for the overlap row held here). Inside one (SERIALIZABLE:
--- the lease holder, which has written the schedule row itself) it marks nothing; the
--- schedule row's part is read only for forbid (a binary older than V26), and is 0 for the
--- other policies (overlap_adopt).
+-- on the sum. Inside the admission statement of a V28 binary (the transaction setting
+-- qlsched.in_admission: the lease holder, which has written the schedule row itself; a
+-- replace member, or a buffer_one member that keeps its occurrence) it reads only the overlap
+-- row: the schedule row's part is 0 for those policies (overlap_adopt), and reading the
+-- schedule table by key under SERIALIZABLE would lock leaf pages of its primary key.
+-- Everywhere else (fire, backfill, the console's; an older binary's admission) it locks the
+-- schedule row first and, when the trigger has no unfinished run, marks it (see above; with
+-- a run unfinished no claim can hold the trigger idle, and none can see it idle before this
+-- commits: a run end waits for the overlap row held here). The mark is harmless where it is
+-- not needed (the sum unchanged), so whatever a session's default isolation level, nothing
+-- but the V28 admission skips it.
 CREATE OR REPLACE FUNCTION qlsched.overlap_admit() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -180,15 +184,12 @@ DECLARE
     n bigint;
     released bigint;
     admitted bigint;
-    outside boolean := current_setting('transaction_isolation') <> 'serializable';
+    outside boolean := current_setting('qlsched.in_admission', true) IS DISTINCT FROM 'on';
     has_buffer boolean;
 BEGIN
     IF outside THEN
         SELECT s.overlap_admitted INTO admitted FROM qlsched.trigger_schedules s
          WHERE s.trigger_id = NEW.trigger_id FOR NO KEY UPDATE;
-    ELSIF NEW.overlap_policy = 'forbid' THEN
-        SELECT s.overlap_admitted INTO admitted FROM qlsched.trigger_schedules s
-         WHERE s.trigger_id = NEW.trigger_id;
     END IF;
     IF NEW.overlap_policy = 'replace' THEN
         -- The runs before the row: the order of every run end (run row, then this row).
@@ -238,8 +239,8 @@ END
 $$;
 
 -- V21's run end on the sum. The schedule row is read, not locked (it comes before this row
--- in the lock order); inside an admission (SERIALIZABLE: a replace admission's cancels) its
--- part is 0 (overlap_adopt) and it is not read. A buffered occurrence admitted here is
+-- in the lock order); inside a V28 admission statement (qlsched.in_admission: a replace
+-- member's cancels) its part is 0 (overlap_adopt) and it is not read. A buffered occurrence admitted here is
 -- inserted as counted (overlap_counted true: the row triggers are not called for it) and
 -- counted on this row.
 CREATE OR REPLACE FUNCTION qlsched.overlap_run_ended() RETURNS trigger
@@ -262,7 +263,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    IF current_setting('transaction_isolation') <> 'serializable' THEN
+    IF current_setting('qlsched.in_admission', true) IS DISTINCT FROM 'on' THEN
         SELECT s.overlap_admitted INTO admitted FROM qlsched.trigger_schedules s
          WHERE s.trigger_id = OLD.trigger_id;
     END IF;

@@ -197,7 +197,11 @@ async fn admit_with(
         // scan under SERIALIZABLE takes a relation-level predicate lock that conflicts with
         // every concurrent admission (the TID scan and the definition-row probes must stay
         // point accesses).
-        client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off"),
+        // qlsched.in_admission: V28's row triggers know they run inside this statement.
+        client.batch_execute(
+            "BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off;
+             SET LOCAL qlsched.in_admission = on",
+        ),
         // The statement is prepared already, so its Bind and Execute go out in order between
         // BEGIN and COMMIT (the test
         // `the_admission_statement_runs_inside_its_serializable_transaction` proves the order).

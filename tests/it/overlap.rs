@@ -406,6 +406,60 @@ async fn the_part_of_the_count_on_the_schedule_row_is_seen_by_every_reader_and_u
     db.assert_invariants().await;
 }
 
+/// Whatever isolation level sessions default to, a run's end lowers the count an idle
+/// admission kept on the schedule row, and a fire marks an idle forbid trigger so that a
+/// claim that read it idle is refused and decided again (only the admission statement itself
+/// skips those steps, by a setting of its own transaction, not by its isolation level).
+#[tokio::test]
+async fn a_serializable_default_isolation_changes_neither_a_run_end_nor_the_mark_of_a_fire() {
+    let db = with_policy(OverlapPolicy::Forbid).await;
+    db.superuser()
+        .await
+        .batch_execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = serializable',
+                                        current_database()); END $$",
+        )
+        .await
+        .unwrap();
+    let (_, first) = scheduled(&db, "a").await;
+    assert!(
+        matches!(first, Ok(AdmitOutcome::Admitted { .. })),
+        "{first:?}"
+    );
+    let run = runs_of_t(&db).await[0].0;
+    cancel(&db, run).await;
+    assert_eq!(
+        parts(&db).await,
+        (0, 1, 1),
+        "the run's end released its count"
+    );
+    assert_eq!(state(&db).await.0, Some(0));
+
+    db.make_due(-100).await;
+    let c = Claimed::new(&db, "a", 30_000).await;
+    assert!(c.row().overlap_idle, "claimed idle");
+    let fired = triggers::fire(&mut db.admin().await, "t", "one", "ops")
+        .await
+        .unwrap();
+    assert!(fired.admitted);
+    assert_eq!(
+        c.admit(&c.admission()).await,
+        AdmitOutcome::Refused {
+            why: Refusal::RowMoved
+        },
+        "the fire did not mark the schedule row"
+    );
+    release_lease(&c).await;
+    let (_, out) = scheduled(&db, "a").await;
+    assert_eq!(out.unwrap(), AdmitOutcome::Overlap);
+    assert_eq!(
+        runs_of_t(&db).await.len(),
+        2,
+        "the first run and the fired one"
+    );
+    db.assert_invariants().await;
+}
+
 #[tokio::test]
 async fn buffer_one_keeps_one_occurrence_skips_the_next_and_admits_it_when_the_run_ends() {
     let db = with_policy(OverlapPolicy::BufferOne).await;
