@@ -102,12 +102,65 @@ pub fn server_command(program: &Path, kill_with_parent: bool) -> Command {
     cmd
 }
 
+/// A loopback port nothing listens on, for a server a test starts (PostgreSQL, a replica's
+/// HTTP, a proxy). It is taken from outside the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port from inside it can become the source port of any
+/// outgoing connection (a pool's, a dispatcher's) between this check and the server's bind,
+/// which then fails with "Address already in use". One process never hands out the same port
+/// twice; each starts at its own place in the range, so two test processes rarely meet, and a
+/// port someone listens on is skipped.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    static START: OnceLock<u32> = OnceLock::new();
+    let (lo, hi) = fixed_port_range();
+    let span = u32::from(hi - lo) + 1;
+    let start = *START.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        std::process::id().wrapping_mul(7919).wrapping_add(nanos) % span
+    });
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = lo + ((start + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {lo}..={hi}");
+}
+
+/// The ports `free_port` hands out: the larger of the stretches below and above the kernel's
+/// ephemeral range, leaving out the ports below 10000 (well-known and registered services).
+pub fn fixed_port_range() -> (u16, u16) {
+    let (eph_lo, eph_hi) = ephemeral_port_range();
+    let below = (10_000u16, eph_lo.saturating_sub(1));
+    let above = (eph_hi.saturating_add(1).max(10_000), u16::MAX);
+    let len = |(a, b): (u16, u16)| if b >= a { u32::from(b - a) + 1 } else { 0 };
+    let best = if len(below) >= len(above) {
+        below
+    } else {
+        above
+    };
+    assert!(
+        len(best) >= 1000,
+        "the ephemeral port range {eph_lo}-{eph_hi} (net.ipv4.ip_local_port_range) leaves fewer \
+         than 1000 ports above 10000 for the test servers; narrow it"
+    );
+    best
+}
+
+/// `net.ipv4.ip_local_port_range`, or Linux's default when it cannot be read.
+pub fn ephemeral_port_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|w| w.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999))
 }
 
 /// One PostgreSQL server with its own data directory.

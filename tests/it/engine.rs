@@ -39,10 +39,7 @@ fn admit_job(claim: &ClaimedRow, kind: Kind, deadline: Instant) -> Job {
 
 /// A connector to a port where nothing listens (the connect is refused).
 async fn refusing() -> Connector {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    drop(l);
-    to_port(port)
+    to_port(crate::helpers::pg::free_port())
 }
 
 /// A connector to a port that accepts TCP and never answers (the connect hangs), and the

@@ -21,6 +21,7 @@ mod edges;
 mod edits;
 mod engine;
 mod guard;
+mod harness;
 mod integrity;
 #[cfg(feature = "fault-injection")]
 mod interrupted_migrate;
