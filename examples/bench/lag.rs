@@ -1,6 +1,7 @@
 //! Rows 3 and 3b: lag (queued_at − scheduled_for) of steady load with 3 replicas at the
 //! default configuration: triggers spread over a minute (`S * * * * *`), and every-second
-//! triggers with where their lag goes.
+//! triggers with where their lag goes: batches per instant, each replica's share and last
+//! batch, and what the runtime role's backends wait on (sampled every 5 ms).
 
 use crate::env::{clk_tck, now_ms, nproc, say, sleep_s, Bench};
 use crate::load::{Layout, Load};
@@ -54,7 +55,15 @@ async fn lag_row(
     b.checkpoint().await;
     b.pgss_reset().await;
     let ts = now_ms();
-    let g = Group::start(3, &Setup::default_config(&b.runtime_dsn));
+    // The default configuration, or another claim budget to see what the rounds cost.
+    let setup = match std::env::var("QLSCHED_BENCH_LAG_BUDGET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(budget) => Setup::with_budget(&b.runtime_dsn, budget, "30s"),
+        None => Setup::default_config(&b.runtime_dsn),
+    };
+    let g = Group::start(3, &setup);
     sleep_s(s.warm_s).await;
     let (r0, s0, m0, c0) = (
         g.cpu_ticks(),
@@ -62,7 +71,12 @@ async fn lag_row(
         crate::env::machine_busy_ticks(),
         now_ms(),
     );
-    sleep_s(secs - s.warm_s - s.tail_s).await;
+    let waits = if breakdown {
+        sample_waits(b, secs - s.warm_s - s.tail_s).await
+    } else {
+        sleep_s(secs - s.warm_s - s.tail_s).await;
+        String::new()
+    };
     let cpu = Cpu {
         replicas: g.cpu_ticks() - r0,
         server: b.server_ticks().saturating_sub(s0),
@@ -102,6 +116,7 @@ async fn lag_row(
             .target("p99 ≤ 50 ms", p99 <= 50.0 && count >= expected && dups == 0),
     );
     if breakdown {
+        b.note(format!("{label}: the runtime role's active backends, sampled every 5 ms in the window: {waits}"));
         where_it_goes(b, label, w0, w1, cpu).await;
     }
 }
@@ -141,6 +156,35 @@ async fn where_it_goes(b: &mut Bench, label: &str, w0: i64, w1: i64, cpu: Cpu) {
         r.get(6),
     );
     let per_s = |t: u64| 1000.0 * t as f64 / clk_tck() / (cpu.ms as f64 / 1000.0);
+    let per = b
+        .su
+        .query(
+            "with r as (select scheduled_for_ms sf, queued_at_ms - scheduled_for_ms lag, admitted_by a from qlsched.runs
+                         where scheduled_for_ms between $1 and $2),
+                  p as (select sf, a, count(*) n, count(distinct lag) batches, min(lag) first, max(lag) last,
+                               row_number() over (partition by sf order by max(lag) desc) rk from r group by sf, a)
+             select rk, avg(n)::float8, avg(batches)::float8, avg(first)::float8, avg(last)::float8,
+                    (select string_agg(a || ' ' || k, ', ') from (select a, count(*) k from p p2 where p2.rk = p.rk group by a) x)
+               from p group by rk order by rk",
+            &[&w0, &w1],
+        )
+        .await
+        .unwrap();
+    b.note(format!(
+        "{label}: per replica and instant, ranked by its last batch (runs, batches, first and last batch ms): {}",
+        per.iter()
+            .map(|r| format!(
+                "#{}: {:.0} runs, {:.1} batches, {:.0}..{:.0} ms ({})",
+                r.get::<_, i64>(0),
+                r.get::<_, f64>(1),
+                r.get::<_, f64>(2),
+                r.get::<_, f64>(3),
+                r.get::<_, f64>(4),
+                r.get::<_, String>(5)
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
     let top = b.pgss_top("total_plan_time + total_exec_time", 6).await;
     b.note(format!("{label}: top statements of the runtime role (pg_stat_statements, by plan + execution time):\n\n{top}"));
     b.row(
@@ -195,4 +239,55 @@ pub async fn rows(b: &mut Bench) {
         true,
     )
     .await;
+}
+
+/// Samples the runtime role's active backends every 5 ms for `secs`: what they wait on, and how
+/// many are active in each 20 ms slice of the second (the instant is at the slice 0).
+async fn sample_waits(b: &Bench, secs: f64) -> String {
+    use std::collections::BTreeMap;
+    let end = now_ms() + (secs * 1000.0) as i64;
+    let (mut waits, mut slices): (BTreeMap<String, u64>, BTreeMap<i64, (u64, u64)>) =
+        Default::default();
+    let mut samples = 0u64;
+    while now_ms() < end {
+        let t = now_ms();
+        let rows = b
+            .su_pg
+            .query(
+                "select coalesce(wait_event_type, 'CPU') || ':' || coalesce(wait_event, '-'), count(*)
+                   from pg_stat_activity where usename = 'qlsched_runtime' and state = 'active' group by 1",
+                &[],
+            )
+            .await
+            .unwrap();
+        samples += 1;
+        let slice = slices.entry((t % 1000) / 20 * 20).or_default();
+        slice.1 += 1;
+        for r in rows {
+            let n: i64 = r.get(1);
+            *waits.entry(r.get(0)).or_default() += n as u64;
+            slice.0 += n as u64;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut w: Vec<_> = waits.into_iter().collect();
+    w.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    if w.is_empty() {
+        return format!("{samples} samples; no backend was ever seen active");
+    }
+    format!(
+        "{samples} samples; backend-samples by wait: {}; mean active backends by ms after the instant: {}",
+        w.iter().take(12).map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", "),
+        slices
+            .iter()
+            .take_while(|(ms, _)| {
+                // Up to the last slice with activity worth printing (0.05 backends).
+                slices
+                    .range(**ms..)
+                    .any(|(_, (n, k))| *n as f64 >= 0.05 * (*k).max(1) as f64)
+            })
+            .map(|(ms, (n, k))| format!("{ms}:{:.1}", *n as f64 / (*k).max(1) as f64))
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
 }

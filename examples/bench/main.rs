@@ -36,7 +36,9 @@
 //!
 //! Environment: `QLSCHED_BIN` (the replica binary, else the one beside this program),
 //! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
-//! `QLSCHED_BENCH_LAG_ROWS=second` (only the every-second lag row).
+//! `QLSCHED_BENCH_LAG_ROWS=second` (only the every-second lag row),
+//! `QLSCHED_BENCH_SECOND_N` (its every-second triggers, 200), `QLSCHED_BENCH_LAG_BUDGET`
+//! (the lag rows' replicas' `claim_budget`, else the default configuration's).
 
 mod apply;
 mod capacity;

@@ -49,7 +49,10 @@ impl Sizes {
             steady_s: 70.0,
             warm_s: 5.0,
             tail_s: 3.0,
-            second_n: 200,
+            second_n: std::env::var("QLSCHED_BENCH_SECOND_N")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(200),
             second_s: 30.0,
             claim_ns: vec![1_000, 100_000],
             claim_live: 10_000,
