@@ -60,7 +60,12 @@ async fn lag_row(
         .ok()
         .and_then(|v| v.parse().ok())
     {
-        Some(budget) => Setup::with_budget(&b.runtime_dsn, budget, "30s"),
+        Some(budget) => {
+            b.note(format!(
+                "{label}: the replicas' claim_budget is {budget} (QLSCHED_BENCH_LAG_BUDGET)"
+            ));
+            Setup::with_budget(&b.runtime_dsn, budget, "30s")
+        }
         None => Setup::default_config(&b.runtime_dsn),
     };
     let g = Group::start(3, &setup);

@@ -242,12 +242,19 @@ async fn run_mode(mode: Mode) -> ExitCode {
     } else {
         root.join("results")
     };
-    let stem = format!(
+    let mut stem = format!(
         "{}-{commit}{}-{}",
         started_at.format("%Y-%m-%dT%H%MZ"),
         if dirty { "-dirty" } else { "" },
         mode_name(mode)
     );
+    // Two runs started in one minute keep both files.
+    let base = stem.clone();
+    let mut k = 1;
+    while dir.join(format!("{stem}.json")).exists() {
+        k += 1;
+        stem = format!("{base}-{k}");
+    }
     let path = file.write(&dir, &stem).expect("write the result file");
     println!(
         "{}",
