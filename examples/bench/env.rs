@@ -197,6 +197,28 @@ impl Bench {
             .await as i64
     }
 
+    /// With `QLSCHED_BENCH_WAL_WARM_MB=N`: writes and drops N MB of table and checkpoints, so
+    /// the server reuses old WAL segments as one that has run for a while does (a fresh server
+    /// writes each new 16 MB segment full of zeros first, a stall for the commits waiting on it).
+    pub async fn warm_wal(&mut self, label: &str) {
+        let Some(mb) = std::env::var("QLSCHED_BENCH_WAL_WARM_MB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        else {
+            return;
+        };
+        self.exec(&format!(
+            "create table bench_wal_warm as
+             select g, repeat('x', 1000) pad from generate_series(1, {mb} * 1000) g"
+        ))
+        .await;
+        self.exec("drop table bench_wal_warm").await;
+        self.checkpoint().await;
+        self.note(format!(
+            "{label}: {mb} MB of WAL written and checkpointed before it (QLSCHED_BENCH_WAL_WARM_MB), so the server reuses segments"
+        ));
+    }
+
     pub async fn checkpoint(&self) {
         self.exec("CHECKPOINT").await;
     }

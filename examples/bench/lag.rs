@@ -52,6 +52,7 @@ async fn lag_row(
     let mut l = Load::new(layout);
     l.lead_ms = s.lag_lead_ms;
     b.load(n, &l).await;
+    b.warm_wal(label).await;
     b.checkpoint().await;
     b.pgss_reset().await;
     let ts = now_ms();

@@ -38,7 +38,9 @@
 //! `QLSCHED_PG_BINDIR` (the server), `QLSCHED_BENCH_BUDGET` (drain claim budget, 64),
 //! `QLSCHED_BENCH_LAG_ROWS=second` (only the every-second lag row),
 //! `QLSCHED_BENCH_SECOND_N` (its every-second triggers, 200), `QLSCHED_BENCH_LAG_BUDGET`
-//! (the lag rows' replicas' `claim_budget`, else the default configuration's).
+//! (the lag rows' replicas' `claim_budget`, else the default configuration's),
+//! `QLSCHED_BENCH_WAL_WARM_MB` (lag and worker rows: write and drop that much table and
+//! checkpoint first, so the server reuses WAL segments as a long-running one does).
 
 mod apply;
 mod capacity;

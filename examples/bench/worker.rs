@@ -143,6 +143,7 @@ async fn phase(
         .num("select min(next_fire_at_ms) from qlsched.trigger_schedules")
         .await as i64;
     set_spec(b, spec).await;
+    b.warm_wal(key).await;
     b.checkpoint().await;
     b.pgss_reset().await;
     let dsn = b.srv.dsn("qlsched_dispatcher", "qlsched");
