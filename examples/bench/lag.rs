@@ -78,7 +78,8 @@ async fn lag_row(
         now_ms(),
     );
     let waits = if breakdown {
-        sample_waits(b, secs - s.warm_s - s.tail_s).await
+        b.sample_waits("qlsched_runtime", secs - s.warm_s - s.tail_s)
+            .await
     } else {
         sleep_s(secs - s.warm_s - s.tail_s).await;
         String::new()
@@ -245,55 +246,4 @@ pub async fn rows(b: &mut Bench) {
         true,
     )
     .await;
-}
-
-/// Samples the runtime role's active backends every 5 ms for `secs`: what they wait on, and how
-/// many are active in each 20 ms slice of the second (the instant is at the slice 0).
-async fn sample_waits(b: &Bench, secs: f64) -> String {
-    use std::collections::BTreeMap;
-    let end = now_ms() + (secs * 1000.0) as i64;
-    let (mut waits, mut slices): (BTreeMap<String, u64>, BTreeMap<i64, (u64, u64)>) =
-        Default::default();
-    let mut samples = 0u64;
-    while now_ms() < end {
-        let t = now_ms();
-        let rows = b
-            .su_pg
-            .query(
-                "select coalesce(wait_event_type, 'CPU') || ':' || coalesce(wait_event, '-'), count(*)
-                   from pg_stat_activity where usename = 'qlsched_runtime' and state = 'active' group by 1",
-                &[],
-            )
-            .await
-            .unwrap();
-        samples += 1;
-        let slice = slices.entry((t % 1000) / 20 * 20).or_default();
-        slice.1 += 1;
-        for r in rows {
-            let n: i64 = r.get(1);
-            *waits.entry(r.get(0)).or_default() += n as u64;
-            slice.0 += n as u64;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    let mut w: Vec<_> = waits.into_iter().collect();
-    w.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
-    if w.is_empty() {
-        return format!("{samples} samples; no backend was ever seen active");
-    }
-    format!(
-        "{samples} samples; backend-samples by wait: {}; mean active backends by ms after the instant: {}",
-        w.iter().take(12).map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", "),
-        slices
-            .iter()
-            .take_while(|(ms, _)| {
-                // Up to the last slice with activity worth printing (0.05 backends).
-                slices
-                    .range(**ms..)
-                    .any(|(_, (n, k))| *n as f64 >= 0.05 * (*k).max(1) as f64)
-            })
-            .map(|(ms, (n, k))| format!("{ms}:{:.1}", *n as f64 / (*k).max(1) as f64))
-            .collect::<Vec<_>>()
-            .join(" ")
-    )
 }

@@ -177,7 +177,16 @@ async fn phase(
         machine_busy_ticks(),
     ];
     let w1 = w0 + (win_s - 1) * 1000;
-    sleep_s((w1 + 1000 - now_ms()) as f64 / 1000.0).await;
+    if std::env::var("QLSCHED_BENCH_SAMPLE_WAITS").as_deref() == Ok("1") {
+        // What the admissions wait on beside the workers (costs the server a little CPU).
+        let waits = b
+            .sample_waits("qlsched_runtime", (w1 + 1000 - now_ms()) as f64 / 1000.0)
+            .await;
+        b.note(format!(
+            "W {key}: the runtime role's active backends over the window: {waits}"
+        ));
+    }
+    sleep_s(((w1 + 1000 - now_ms()) as f64 / 1000.0).max(0.0)).await;
     let t1 = [
         b.server_ticks(),
         g.cpu_ticks(),
