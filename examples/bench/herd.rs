@@ -71,6 +71,7 @@ pub async fn row(b: &mut Bench, h: Herd) {
     if h.second_n > 0 {
         b.publish("s", 1, h.second_n, "* * * * * *", 4).await;
     }
+    b.warm_wal(h.key).await;
     b.checkpoint().await;
     let mut g = Group::start(3, &Setup::default_config(&b.runtime_dsn));
     g.wait_ready().await;

@@ -39,7 +39,7 @@
 //! `QLSCHED_BENCH_LAG_ROWS=second` (only the every-second lag row),
 //! `QLSCHED_BENCH_SECOND_N` (its every-second triggers, 200), `QLSCHED_BENCH_LAG_BUDGET`
 //! (the lag rows' replicas' `claim_budget`, else the default configuration's),
-//! `QLSCHED_BENCH_WAL_WARM_MB` (lag and worker rows: write and drop that much table and
+//! `QLSCHED_BENCH_WAL_WARM_MB` (lag, worker and herd rows: write and drop that much table and
 //! checkpoint first, so the server reuses WAL segments as a long-running one does),
 //! `QLSCHED_BENCH_SAMPLE_WAITS=1` (worker rows: sample what the admissions wait on).
 
