@@ -93,24 +93,33 @@ pub struct ListQuery<'a> {
     pub limit: i64,
 }
 
-const VIEW_COLUMNS: &str = concat!(
-    "
-       t.trigger_id, t.project_id, t.task_id, t.revision, t.cron_expr, t.timezone, t.misfire_policy,
-       t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
-       t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
-       s.next_fire_at_ms, s.last_scheduled_at_ms,
-       (SELECT r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) FROM qlsched.runs r
-         WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
-         ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
-       t.jitter_ms, t.start_at_ms, t.end_at_ms,
-       coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
-                false) AS ended,
-       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
-       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
-       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, (ov.unfinished + s.overlap_admitted - ov.overlap_released)::int AS overlap_unfinished, ",
-    crate::outcome_columns!()
-);
+/// The columns of one trigger's view (`trigger show` and `trigger list`), from the aliases
+/// `t` (triggers), `s` (schedule), `p` (project), `o` (outcomes), `ov` (overlap), `n` (clock).
+/// The overlap count is the overlap row's part plus the schedule row's (V28).
+macro_rules! view_columns {
+    () => {
+        concat!(
+            "
+                   t.trigger_id, t.project_id, t.task_id, t.revision, t.cron_expr, t.timezone, t.misfire_policy,
+                   t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
+                   t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
+                   s.next_fire_at_ms, s.last_scheduled_at_ms,
+                   (SELECT r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) FROM qlsched.runs r
+                     WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
+                     ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
+                   s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
+                   t.jitter_ms, t.start_at_ms, t.end_at_ms,
+                   coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
+                            false) AS ended,
+                   t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
+                   coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
+                   (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, (ov.unfinished + s.overlap_admitted - ov.overlap_released)::int AS overlap_unfinished, ",
+            crate::outcome_columns!()
+        )
+    };
+}
+
+const VIEW_COLUMNS: &str = view_columns!();
 
 /// The page query of `trigger list`, public so a test can EXPLAIN it. A keyset page walks
 /// `triggers_pkey` (or `triggers_project_page_idx` with a project) from `$3` in id order and
@@ -121,21 +130,7 @@ pub const LIST_SQL: &str = concat!(
     db_now_ms!(),
     " AS now_ms)
 SELECT ",
-    "t.trigger_id, t.project_id, t.task_id, t.revision, t.cron_expr, t.timezone, t.misfire_policy,
-       t.misfire_grace_ms, t.enabled, t.operator_disabled, t.disabled_note, t.disabled_by, t.disabled_at_ms,
-       t.enabled_by, t.enabled_at_ms, t.deleted_by, t.deleted_at_ms, p.status AS project_status,
-       s.next_fire_at_ms, s.last_scheduled_at_ms,
-       (SELECT r.queued_at_ms - coalesce(r.due_at_ms, r.scheduled_for_ms) FROM qlsched.runs r
-         WHERE r.trigger_id = t.trigger_id AND r.scheduled_for_ms = s.last_scheduled_at_ms
-         ORDER BY r.queued_at_ms LIMIT 1) AS last_lag_ms,
-       s.claim_owner, s.claim_expires_at_ms, s.claim_version, s.state_version, n.now_ms,
-       t.jitter_ms, t.start_at_ms, t.end_at_ms,
-       coalesce(s.next_fire_at_ms > t.end_at_ms OR (t.end_at_ms < n.now_ms AND s.claimable_at_ms IS NULL),
-                false) AS ended,
-       t.overlap_policy, coalesce(ov.skipped_overlap, 0) AS skipped_overlap,
-       coalesce(ov.last_skipped_ms, '{}') AS last_skipped_ms,
-       (ov.buffered ->> 'scheduled_for_ms')::bigint AS buffered_for_ms, (ov.unfinished + s.overlap_admitted - ov.overlap_released)::int AS overlap_unfinished, ",
-    crate::outcome_columns!(),
+    view_columns!(),
     "
   FROM qlsched.triggers t
   JOIN qlsched.trigger_schedules s ON s.trigger_id = t.trigger_id
