@@ -337,11 +337,12 @@ const IDLE: &str = "idle";
 /// A leased row of [`CLAIM_DUE_SQL`] (or a variant), by column name.
 fn claimed_row(r: &tokio_postgres::Row) -> ClaimedRow {
     let overlap: Option<String> = r.get("overlap_tid");
+    let overlap_idle = overlap.as_deref() == Some(IDLE);
     ClaimedRow {
         trigger_id: r.get("trigger_id"),
         tid: r.get("tid"),
-        overlap_tid: overlap.clone().filter(|t| t != IDLE),
-        overlap_idle: overlap.as_deref() == Some(IDLE),
+        overlap_tid: overlap.filter(|_| !overlap_idle),
+        overlap_idle,
         next_fire_at_ms: r.get("next_fire_at_ms"),
         state_version: r.get("state_version"),
         fence: Fence {
